@@ -1,0 +1,94 @@
+"""The exported artifact directory: what export writes and the engine reads (DESIGN.md §2).
+
+Layout: ``model.onnx`` (+ ``model.onnx.data``), ``ortserve.json`` (this manifest), the tokenizer
+files with the chat template, and ``generation_config.json``.
+Graph I/O names: inputs ``input_ids``, ``positions``, ``slot_mapping``, ``block_tables``,
+``context_lens``, ``query_start_loc``, ``logits_indices``, ``key_cache.{l}``, ``value_cache.{l}``;
+outputs ``logits``, ``key_cache_out.{l}``, ``value_cache_out.{l}``.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+FORMAT_VERSION = 1
+MANIFEST = "ortserve.json"
+MODEL_FILE = "model.onnx"
+
+Precision = Literal["fp32", "int8", "int4"]
+
+
+class ArtifactManifest(BaseModel):
+    """``ortserve.json``: the facts the engine needs without opening the graph."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format_version: int = FORMAT_VERSION
+    op_version: int = 1
+    architecture: str = Field(description="Hugging Face model_type, e.g. 'llama'")
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_size: int
+    vocab_size: int
+    max_model_len: int
+    weight_precision: Precision
+    lm_head_precision: Precision
+    kv_cache_dtype: Literal["float32"] = "float32"
+    num_parameters: int
+    weight_bytes: int
+    source: str = Field(description="what was exported: a path or a built-in model name")
+    source_fingerprint: str = Field(description="sha256 over the source's config and weight files")
+    eos_token_ids: list[int] = Field(default_factory=list)
+
+    @staticmethod
+    def key_cache_input(layer: int) -> str:
+        return f"key_cache.{layer}"
+
+    @staticmethod
+    def value_cache_input(layer: int) -> str:
+        return f"value_cache.{layer}"
+
+    @staticmethod
+    def key_cache_output(layer: int) -> str:
+        return f"key_cache_out.{layer}"
+
+    @staticmethod
+    def value_cache_output(layer: int) -> str:
+        return f"value_cache_out.{layer}"
+
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of K and V for one token across all layers (fp32 cache)."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_size * 4
+
+
+class ArtifactError(ValueError):
+    """The directory is not a loadable ortserve artifact."""
+
+
+def is_artifact(path: str | Path) -> bool:
+    return (Path(path) / MANIFEST).is_file() and (Path(path) / MODEL_FILE).is_file()
+
+
+def load_manifest(path: str | Path) -> ArtifactManifest:
+    folder = Path(path)
+    if not is_artifact(folder):
+        raise ArtifactError(
+            f"{folder} is not an ortserve artifact (no {MANIFEST} and {MODEL_FILE}). "
+            f"Create one with: ortserve export CHECKPOINT -o {folder}"
+        )
+    manifest = ArtifactManifest.model_validate(json.loads((folder / MANIFEST).read_text()))
+    if manifest.format_version != FORMAT_VERSION:
+        raise ArtifactError(
+            f"{folder} has artifact format {manifest.format_version}; this ortserve reads "
+            f"{FORMAT_VERSION}. Re-export it with: ortserve export SRC -o {folder}"
+        )
+    return manifest
+
+
+def save_manifest(path: str | Path, manifest: ArtifactManifest) -> None:
+    (Path(path) / MANIFEST).write_text(manifest.model_dump_json(indent=2) + "\n")

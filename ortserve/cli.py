@@ -1,0 +1,43 @@
+"""`ortserve` command line: one subcommand per module, imported only when it runs."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> module exposing HELP, add_arguments(parser) and run(args) -> int.
+# Each module keeps heavy imports inside run(), so `ortserve --help` stays fast.
+COMMANDS = {
+    "export": "ortserve.export.cli",
+    "generate": "ortserve.generate_cli",
+    "serve": "ortserve.server.cli",
+    "bench": "ortserve.bench.cli",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ortserve", description="LLM serving on CPU with ONNX Runtime")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, module_name in COMMANDS.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and module_name.startswith(exc.name):
+                continue  # subcommand not built yet
+            raise
+        sub = subparsers.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(sub)
+        sub.set_defaults(run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
