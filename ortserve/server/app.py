@@ -1,0 +1,62 @@
+"""The Litestar app: controllers, dependencies (the engine client and the services), error
+handlers, metrics, and the engine's life cycle tied to the app's."""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from litestar import Litestar
+from litestar.di import Provide
+from litestar.openapi import OpenAPIConfig
+
+from ortserve import __version__
+
+from .chat import ChatService
+from .completions import CompletionsService
+from .controllers import OpenAIController, OpsController, TokenizerController
+from .engine_client import EngineClient
+from .errors import EXCEPTION_HANDLERS
+from .metrics import ServerMetrics
+from .settings import ServerSettings
+
+
+def create_app(client: EngineClient, settings: ServerSettings) -> Litestar:
+    """The app around an engine client; the client is started with the app and stopped after it."""
+    metrics = ServerMetrics(settings.served_model_name)
+    client.observers.append(metrics)
+    singletons = {
+        "client": client,
+        "settings": settings,
+        "metrics": metrics,
+        "completions": CompletionsService(client, settings.served_model_name),
+        "chat": ChatService(client, settings.served_model_name),
+    }
+
+    @asynccontextmanager
+    async def engine_lifespan(_: Litestar) -> AsyncIterator[None]:
+        await client.start()
+        try:
+            yield
+        finally:
+            await client.shutdown()
+
+    return Litestar(
+        route_handlers=[OpenAIController, TokenizerController, OpsController],
+        dependencies={name: Provide(_constant(value), use_cache=True, sync_to_thread=False)
+                      for name, value in singletons.items()},
+        exception_handlers=EXCEPTION_HANDLERS,
+        request_max_body_size=settings.max_request_body_bytes,
+        lifespan=[engine_lifespan],
+        state={"settings": settings},  # type: ignore[arg-type]
+        openapi_config=OpenAPIConfig(title="ortserve", version=__version__,
+                                     description="OpenAI-compatible LLM serving on CPU"),
+        logging_config=None,
+    )
+
+
+def _constant(value: object):  # noqa: ANN202
+    def provide() -> object:
+        return value
+
+    provide.__annotations__["return"] = type(value)
+    return provide

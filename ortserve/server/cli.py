@@ -1,0 +1,120 @@
+"""``ortserve serve [MODEL]``: the OpenAI-compatible server.
+
+Binds first, so /health answers 503 while the engine process loads (and, on first run, exports
+the embedded model); a start-up failure is printed and exits non-zero. SIGTERM drains: stop
+accepting, let in-flight requests finish within --drain-timeout (then abort them), exit 0.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+
+HELP = "serve a model over an OpenAI-compatible HTTP API"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ortserve.engine.config import add_engine_arguments
+
+    from .settings import DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_MAX_WAITING_REQUESTS
+
+    parser.add_argument("model_arg", nargs="?", metavar="MODEL", default=None,
+                        help="artifact directory or built-in model name (default: the embedded "
+                             "SmolLM2-135M-Instruct, exported on first run and cached)")
+    http = parser.add_argument_group("http")
+    http.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    http.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0 = any free)")
+    http.add_argument("--api-key", default=None,
+                      help="require 'Authorization: Bearer KEY' on /v1 and tokenizer routes "
+                           "(env ORTSERVE_API_KEY)")
+    http.add_argument("--served-model-name", default=None,
+                      help="the name clients put in 'model' (default: MODEL as given)")
+    http.add_argument("--max-waiting-requests", type=int, default=DEFAULT_MAX_WAITING_REQUESTS,
+                      help="answer 503 when more requests than this would wait for the engine "
+                           f"(default {DEFAULT_MAX_WAITING_REQUESTS})")
+    http.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_REQUEST_BODY_BYTES,
+                      help=f"answer 413 above this body size (default {DEFAULT_MAX_REQUEST_BODY_BYTES})")
+    http.add_argument("--drain-timeout", type=float, default=30.0,
+                      help="on SIGTERM, seconds to let in-flight requests finish (default 30)")
+    http.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add_engine_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+
+    from .prompts import block_torch_import
+
+    block_torch_import()  # before transformers: this process only needs the tokenizer
+    from ortserve.engine.config import EngineConfig
+    from ortserve.models import DEFAULT_MODEL
+
+    from .settings import ServerSettings
+
+    if args.model_arg is not None:
+        if args.model not in (None, args.model_arg):
+            print(f"error: MODEL {args.model_arg!r} and --model {args.model!r} disagree; give one",
+                  file=sys.stderr)
+            return 2
+        args.model = args.model_arg
+    try:
+        config = EngineConfig.from_args(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    settings = ServerSettings(
+        served_model_name=args.served_model_name or args.model or DEFAULT_MODEL,
+        api_key=args.api_key or os.environ.get("ORTSERVE_API_KEY") or None,
+        max_waiting_requests=args.max_waiting_requests,
+        max_request_body_bytes=args.max_request_body_bytes,
+        drain_timeout=args.drain_timeout,
+    )
+    return asyncio.run(serve(config, settings, args.host, args.port, args.log_level))
+
+
+async def serve(config, settings, host: str, port: int, log_level: str = "info",  # noqa: ANN001
+                factory=None) -> int:  # noqa: ANN001
+    """Run the server until SIGTERM/SIGINT or an engine failure; the process exit code."""
+    import uvicorn
+
+    from .app import create_app
+    from .engine_client import EngineClient
+    from .engine_process import build_engine_core
+
+    client = EngineClient(config, max_waiting_requests=settings.max_waiting_requests,
+                          factory=factory or build_engine_core)
+    app = create_app(client, settings)
+    server = uvicorn.Server(uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=settings.drain_timeout,
+        lifespan="on", access_log=log_level == "debug"))
+    failures: list[str] = []
+
+    def on_failure(message: str) -> None:
+        failures.append(message)
+        server.should_exit = True
+
+    client.on_failure.append(on_failure)
+    client_ready = asyncio.ensure_future(_announce_ready(client, settings))
+    sock = server.config.bind_socket()
+    bound_host, bound_port = sock.getsockname()[:2]
+    print(f"ortserve: listening on http://{bound_host}:{bound_port} "
+          f"(model {settings.served_model_name!r} loading; GET /health is 503 until ready; "
+          f"OpenAPI at /schema)", flush=True)
+    # uvicorn re-raises a handled SIGTERM after shutdown; with this no-op it stays a clean exit 0.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        client_ready.cancel()
+    if failures:
+        print(f"ortserve: error: {failures[0]}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+async def _announce_ready(client, settings) -> None:  # noqa: ANN001
+    await client.ready.wait()
+    info = client.info
+    print(f"ortserve: ready: {settings.served_model_name!r} from {info.artifact_dir} "
+          f"(max_model_len {info.max_model_len})", flush=True)

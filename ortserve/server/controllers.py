@@ -1,0 +1,119 @@
+"""The HTTP routes, as Litestar controllers: declarations only; the work is in the services."""
+from __future__ import annotations
+
+from litestar import Controller, Request, Response, get, post
+from litestar.openapi import ResponseSpec
+from litestar.response import ServerSentEvent
+
+from .auth import require_api_key
+from .chat import ChatService
+from .completions import CompletionsService
+from .engine_client import EngineClient
+from .errors import EngineUnavailable, ModelNotFound
+from .metrics import CONTENT_TYPE_LATEST, ServerMetrics
+from .protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from .responses import (ChatCompletionChunk, ChatCompletionResponse, CompletionResponse, DetokenizeResponse, ErrorResponse,
+                        ModelCard, ModelList, TokenizeResponse)
+from .settings import ServerSettings
+
+CLIENT_GONE = 499  # nginx's "client closed request": nobody reads this response
+
+ERRORS = {status: ResponseSpec(ErrorResponse, description=text, generate_examples=False) for status, text in {
+    400: "Invalid request; the message names the field",
+    401: "Missing or wrong API key (when the server has --api-key)",
+    404: "Unknown model",
+    413: "Body larger than --max-request-body-bytes",
+    503: "Model loading, engine down, or waiting queue above --max-waiting-requests",
+}.items()}
+
+
+def generation_responses(body: type, chunk: type) -> dict[int, ResponseSpec]:
+    """The 200 of a generation route: JSON, or with stream=true an SSE stream of chunks."""
+    return {200: ResponseSpec(body, generate_examples=False,
+                              description=f"{body.__name__}; with stream=true, text/event-stream "
+                                          f"events of {chunk.__name__} ending with 'data: [DONE]'"),
+            **ERRORS}
+
+
+def check_model(settings: ServerSettings, model: str | None) -> None:
+    if model is not None and model not in settings.model_names():
+        raise ModelNotFound(f"The model '{model}' does not exist; this server serves "
+                            f"'{settings.served_model_name}' (GET /v1/models)", "model")
+
+
+class OpenAIController(Controller):
+    """The OpenAI API: completions, chat completions, models."""
+
+    path = "/v1"
+    guards = [require_api_key]
+    tags = ["OpenAI"]
+
+    @post("/completions", status_code=200, summary="Create a completion",
+          responses=generation_responses(CompletionResponse, CompletionResponse))
+    async def create_completion(self, data: CompletionRequest, request: Request,
+                                completions: CompletionsService, settings: ServerSettings
+                                ) -> CompletionResponse | ServerSentEvent | Response[bytes]:
+        check_model(settings, data.model)
+        result = await completions.create(data, request)
+        return result if result is not None else Response(b"", status_code=CLIENT_GONE)
+
+    @post("/chat/completions", status_code=200, summary="Create a chat completion",
+          responses=generation_responses(ChatCompletionResponse, ChatCompletionChunk))
+    async def create_chat_completion(self, data: ChatCompletionRequest, request: Request,
+                                     chat: ChatService, settings: ServerSettings
+                                     ) -> ChatCompletionResponse | ServerSentEvent | Response[bytes]:
+        check_model(settings, data.model)
+        result = await chat.create(data, request)
+        return result if result is not None else Response(b"", status_code=CLIENT_GONE)
+
+    @get("/models", summary="List the served models", responses=ERRORS)
+    async def list_models(self, client: EngineClient, settings: ServerSettings) -> ModelList:
+        info = client.info
+        return ModelList(data=[ModelCard(id=settings.served_model_name, created=settings.started_at,
+                                         root=info.artifact_dir if info else None,
+                                         max_model_len=info.max_model_len if info else None)])
+
+
+class TokenizerController(Controller):
+    """vLLM's /tokenize and /detokenize."""
+
+    tags = ["Tokenizer"]
+    guards = [require_api_key]
+
+    @post("/tokenize", status_code=200, summary="Token ids of a prompt or of chat messages",
+          responses=ERRORS)
+    async def tokenize(self, data: TokenizeRequest, client: EngineClient,
+                       settings: ServerSettings) -> TokenizeResponse:
+        check_model(settings, data.model)
+        data.check()
+        prompts = client.check_ready()
+        if data.messages is not None:
+            tokens = prompts.render_chat(data.messages, data.add_generation_prompt,
+                                         data.continue_final_message)
+        else:
+            tokens = prompts.encode(data.prompt or "", data.add_special_tokens)
+        return TokenizeResponse(count=len(tokens), max_model_len=prompts.max_model_len, tokens=tokens)
+
+    @post("/detokenize", status_code=200, summary="Text of token ids", responses=ERRORS)
+    async def detokenize(self, data: DetokenizeRequest, client: EngineClient,
+                         settings: ServerSettings) -> DetokenizeResponse:
+        check_model(settings, data.model)
+        prompts = client.check_ready()
+        return DetokenizeResponse(prompt=prompts.decode(prompts.check_ids(data.tokens, "tokens")))
+
+
+class OpsController(Controller):
+    """Health and Prometheus metrics (no API key, as for vLLM)."""
+
+    tags = ["Operations"]
+
+    @get("/health", summary="200 once the model is loaded, 503 before or if the engine died")
+    async def health(self, client: EngineClient) -> Response[bytes]:
+        if client.state != "ready":
+            raise EngineUnavailable("the model is still loading" if client.state == "loading"
+                                    else f"the engine is not running: {client.failure or client.state}")
+        return Response(b"", status_code=200)
+
+    @get("/metrics", summary="Prometheus metrics", media_type=CONTENT_TYPE_LATEST)
+    async def metrics(self, metrics: ServerMetrics) -> Response[bytes]:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)

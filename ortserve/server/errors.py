@@ -1,0 +1,129 @@
+"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
+
+Everything a client can get wrong maps to a 4xx whose message names the field; only our own
+bugs and a dead engine answer 5xx.
+"""
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+from typing import Any
+
+from litestar import Request, Response
+from litestar.exceptions import HTTPException, ValidationException
+
+from .responses import ErrorInfo, ErrorResponse
+
+logger = logging.getLogger("ortserve.server")
+
+
+class APIError(Exception):
+    """An error answered to the client as-is."""
+
+    status_code = 400
+    type = "invalid_request_error"
+    code: str | None = None
+
+    def __init__(self, message: str, param: str | None = None, *, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code or self.code
+        self.headers = headers
+
+    def to_response(self) -> Response[ErrorResponse]:
+        return error_response(self.status_code, self.message, self.type, self.param, self.code,
+                              self.headers)
+
+
+class BadRequest(APIError):
+    status_code = 400
+
+
+class Unauthorized(APIError):
+    status_code = 401
+    code = "invalid_api_key"
+
+
+class ModelNotFound(APIError):
+    status_code = 404
+    code = "model_not_found"
+
+
+class Overloaded(APIError):
+    status_code = 503
+    type = "server_overloaded"
+    code = "engine_overloaded"
+
+
+class EngineUnavailable(APIError):
+    status_code = 503
+    type = "service_unavailable"
+    code = "engine_unavailable"
+
+
+class EngineFailure(APIError):
+    status_code = 500
+    type = "internal_server_error"
+    code = "engine_error"
+
+
+def error_response(status: int, message: str, type_: str | None = None, param: str | None = None,
+                   code: str | None = None, headers: dict[str, str] | None = None
+                   ) -> Response[ErrorResponse]:
+    if type_ is None:
+        type_ = "invalid_request_error" if status < 500 else "internal_server_error"
+    body = ErrorResponse(error=ErrorInfo(message=message, type=type_, param=param,
+                                         code=code if code is not None else str(status)))
+    return Response(body, status_code=status, headers=headers)
+
+
+def _validation_message(exc: ValidationException) -> tuple[str, str | None]:
+    """One readable sentence from Litestar's list of pydantic errors, and the first field."""
+    problems: dict[str, list[str]] = {}
+    for item in exc.extra if isinstance(exc.extra, list) else []:
+        key = str(item.get("key") or "") if isinstance(item, dict) else ""
+        message = str(item.get("message", item)) if isinstance(item, dict) else str(item)
+        if not key or key == "data":  # the body as a whole
+            message = "the request body must be a JSON object" if key == "data" else message
+            key = ""
+        field = key.split(".")[0]  # "prompt.list[int]" is one branch of prompt's union
+        problems.setdefault(field, [])
+        if message not in problems[field]:
+            problems[field].append(message)
+    if not problems:
+        return exc.detail, None
+    parts = [f"'{f}': {' or '.join(m)}" if f else "; ".join(m) for f, m in problems.items()]
+    first = next(iter(problems)) or None
+    return "Invalid request: " + "; ".join(parts), first
+
+
+def handle_api_error(_: Request, exc: APIError) -> Response[ErrorResponse]:
+    return exc.to_response()
+
+
+def handle_http_exception(_: Request, exc: HTTPException) -> Response[ErrorResponse]:
+    status = exc.status_code
+    if isinstance(exc, ValidationException):
+        message, param = _validation_message(exc)
+        return error_response(400, message, param=param)
+    if status == 413:
+        return error_response(413, "Request body too large; the limit is set by "
+                              "--max-request-body-bytes", param=None, code="request_too_large")
+    detail = exc.detail or HTTPStatus(status).phrase
+    if status == 400 and "JSON" in detail:
+        detail = f"Malformed JSON body: {detail}"
+    return error_response(status, detail, headers=exc.headers)
+
+
+def handle_internal_error(request: Request, exc: Exception) -> Response[ErrorResponse]:
+    logger.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(500, f"Internal server error: {type(exc).__name__}")
+
+
+EXCEPTION_HANDLERS: dict[type[Exception], Any] = {
+    APIError: handle_api_error,
+    HTTPException: handle_http_exception,
+    Exception: handle_internal_error,
+}

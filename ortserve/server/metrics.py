@@ -1,0 +1,80 @@
+"""Prometheus metrics: vLLM's set under the ``ortserve:`` prefix, in a registry of this app's own.
+
+The engine reports cumulative counters and the latencies of requests finished since its last
+report (``EngineStats``); counters here advance by the difference.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST  # noqa: F401  (re-exported for the controller)
+
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+TPOT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+               120.0, 240.0, 480.0, 960.0)
+
+# EngineStats counter field -> metric name (Prometheus adds _total).
+COUNTERS = {
+    "prefix_queries": ("prefix_cache_queries", "Prefix-cache queries, in tokens"),
+    "prefix_hits": ("prefix_cache_hits", "Prefix-cache hits, in tokens"),
+    "num_preemptions": ("num_preemptions", "Requests preempted (to be recomputed)"),
+    "prompt_tokens": ("prompt_tokens", "Prompt tokens processed (prefill)"),
+    "generation_tokens": ("generation_tokens", "Tokens generated"),
+}
+# EngineStats latency list -> histogram.
+HISTOGRAMS = {
+    "ttft": ("time_to_first_token_seconds", "Time to first token", TTFT_BUCKETS),
+    "tpot": ("time_per_output_token_seconds", "Time per output token after the first", TPOT_BUCKETS),
+    "e2e": ("e2e_request_latency_seconds", "End-to-end request latency", E2E_BUCKETS),
+}
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str, prefix: str = "ortserve:") -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        labels = ["model_name"]
+
+        def label(metric: Any) -> Any:
+            return metric.labels(model_name=model_name)
+
+        reg = self.registry
+        self.running = label(Gauge(f"{prefix}num_requests_running", "Requests in the running batch",
+                                   labels, registry=reg))
+        self.waiting = label(Gauge(f"{prefix}num_requests_waiting", "Requests waiting to run",
+                                   labels, registry=reg))
+        self.kv_usage = label(Gauge(f"{prefix}kv_cache_usage_perc",
+                                    "Fraction of KV-cache blocks in use (0 to 1)", labels, registry=reg))
+        self.counters = {field: label(Counter(f"{prefix}{name}", doc, labels, registry=reg))
+                         for field, (name, doc) in COUNTERS.items()}
+        self.histograms = {field: label(Histogram(f"{prefix}{name}", doc, labels, buckets=buckets,
+                                                  registry=reg))
+                           for field, (name, doc, buckets) in HISTOGRAMS.items()}
+        success = Counter(f"{prefix}request_success", "Finished requests by finish reason",
+                          ["model_name", "finished_reason"], registry=reg)
+        self.finished = {reason: success.labels(model_name=model_name, finished_reason=reason)
+                         for reason in ("stop", "length", "abort")}
+        self._last_totals: dict[str, float] = {field: 0 for field in COUNTERS}
+
+    def observe_stats(self, stats: Any) -> None:
+        self.running.set(stats.num_running)
+        self.waiting.set(stats.num_waiting)
+        self.kv_usage.set(stats.kv_usage)
+        for field, counter in self.counters.items():
+            total = getattr(stats, field, 0) or 0
+            delta = total - self._last_totals[field]
+            if delta > 0:
+                counter.inc(delta)
+            self._last_totals[field] = total
+        for field, histogram in self.histograms.items():
+            for value in getattr(stats, field, None) or ():
+                histogram.observe(value)
+
+    def observe_finished(self, reason: str | None) -> None:
+        metric = self.finished.get(reason or "abort")
+        if metric is not None:
+            metric.inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

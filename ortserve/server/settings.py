@@ -1,0 +1,21 @@
+"""What the HTTP side is configured with (the engine's own flags are in EngineConfig)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+DEFAULT_MAX_WAITING_REQUESTS = 256
+DEFAULT_MAX_REQUEST_BODY_BYTES = 8 * 1024 * 1024
+
+
+@dataclass
+class ServerSettings:
+    served_model_name: str
+    api_key: str | None = None
+    max_waiting_requests: int = DEFAULT_MAX_WAITING_REQUESTS
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
+    drain_timeout: float = 30.0
+    started_at: int = field(default_factory=lambda: int(time.time()))
+
+    def model_names(self) -> set[str]:
+        return {self.served_model_name}

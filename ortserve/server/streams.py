@@ -1,0 +1,70 @@
+"""Async helpers for the HTTP handlers: merge several generation streams, and stop work when
+the HTTP client goes away."""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import aclosing
+from typing import TypeVar
+
+from litestar import Request
+
+T = TypeVar("T")
+_DONE = object()
+
+
+async def merge(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
+    """Items of all streams as (stream index, item), in arrival order. Closing the merged
+    stream closes every source (which aborts their requests)."""
+    if len(streams) == 1:
+        async with aclosing(streams[0]) as only:  # type: ignore[type-var]
+            async for item in only:
+                yield 0, item
+        return
+    arrivals: asyncio.Queue[tuple[int, object]] = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncIterator[T]) -> None:
+        try:
+            async with aclosing(stream):  # type: ignore[type-var]
+                async for item in stream:
+                    arrivals.put_nowait((index, item))
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer
+            arrivals.put_nowait((index, exc))
+        finally:
+            arrivals.put_nowait((index, _DONE))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            index, item = await arrivals.get()
+            if item is _DONE:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield index, item  # type: ignore[misc]
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def until_disconnected(request: Request, work: Awaitable[T]) -> T | None:
+    """Run ``work``; if the HTTP client disconnects first, cancel it (aborting its engine
+    requests) and return None."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.create_task(_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    return task.result() if not task.cancelled() else None
+
+
+async def _disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
