@@ -1,0 +1,89 @@
+"""Engine configuration: one pydantic model, and the command-line flags that fill it.
+
+`ortserve serve` and `ortserve generate` both call ``add_engine_arguments(parser)`` and
+``EngineConfig.from_args(args)``, so the engine flags are spelled once.
+
+Defaults were picked from measurements on the 2-core AVX-512 machine with SmolLM2-135M
+(see benchmarks/bench_offline.py and the numbers quoted next to each default).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ortserve.artifact import Precision
+
+KVCACHE_SPACE_ENV = "ORTSERVE_KVCACHE_SPACE"
+THREADS_BIND_ENV = "ORTSERVE_THREADS_BIND"
+
+# Block size: 16 tokens. The op's decode time for a sequence is flat across 16/32 (it streams the
+# same bytes); smaller blocks waste less memory at the tail and give finer prefix-cache hits.
+DEFAULT_BLOCK_SIZE = 16
+# Sequence cap: 32. Decode throughput of SmolLM2 fp32 on 2 cores rises steeply up to 32 running
+# sequences (weights are streamed once per step) and then flattens while per-token latency grows.
+DEFAULT_MAX_NUM_SEQS = 32
+# Token budget per step: 256. A 256-token prefill chunk already runs the matmuls at near-peak
+# throughput; larger chunks only lengthen the stall that running decodes see.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 256
+# KV space when neither the flag nor the env var is set: 4 GiB like vLLM's CPU backend, lowered
+# at start-up to what fits next to the weights (the memory check in engine/memory.py).
+DEFAULT_KV_CACHE_SPACE_GIB = 4.0
+
+
+def _env_float(name: str) -> float | None:
+    value = os.environ.get(name)
+    return float(value) if value not in (None, "") else None
+
+
+class EngineConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model: str | None = Field(None, description="artifact directory or built-in model name")
+    precision: Precision = Field("fp32", description="weight precision of a built-in model: fp32, int8, int4")
+    block_size: int = Field(DEFAULT_BLOCK_SIZE, ge=1, le=256)
+    kv_cache_space: float | None = Field(
+        default_factory=lambda: _env_float(KVCACHE_SPACE_ENV), gt=0,
+        description=f"KV cache size in GiB (env {KVCACHE_SPACE_ENV}); None = "
+                    f"{DEFAULT_KV_CACHE_SPACE_GIB:g} GiB or what fits")
+    max_num_seqs: int = Field(DEFAULT_MAX_NUM_SEQS, ge=1)
+    max_num_batched_tokens: int = Field(DEFAULT_MAX_NUM_BATCHED_TOKENS, ge=1)
+    max_model_len: int | None = Field(None, ge=1, description="None = the model's, capped by the KV cache")
+    threads_bind: str = Field(default_factory=lambda: os.environ.get(THREADS_BIND_ENV) or "auto")
+    reserved_cpus: int = Field(0, ge=0)
+    enable_prefix_caching: bool = True
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> EngineConfig:
+        values = {name: getattr(args, name) for name in cls.model_fields if getattr(args, name, None) is not None}
+        return cls(**values)
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The engine flags. Every default is None so that ``from_args`` leaves the model's default
+    (and its environment variable) in charge when a flag is not given."""
+    group = parser.add_argument_group("engine")
+    group.add_argument("--model", default=None,
+                       help="artifact directory or built-in model name (default: the embedded SmolLM2)")
+    group.add_argument("--precision", choices=["fp32", "int8", "int4"], default=None,
+                       help="weight precision when MODEL is a built-in name (default fp32)")
+    group.add_argument("--block-size", type=int, default=None,
+                       help=f"tokens per KV block (default {DEFAULT_BLOCK_SIZE})")
+    group.add_argument("--kv-cache-space", type=float, default=None, metavar="GiB",
+                       help=f"KV cache size in GiB (env {KVCACHE_SPACE_ENV}; default "
+                            f"{DEFAULT_KV_CACHE_SPACE_GIB:g} or what fits in memory)")
+    group.add_argument("--max-num-seqs", type=int, default=None,
+                       help=f"most sequences in one step (default {DEFAULT_MAX_NUM_SEQS})")
+    group.add_argument("--max-num-batched-tokens", type=int, default=None,
+                       help=f"most tokens in one step (default {DEFAULT_MAX_NUM_BATCHED_TOKENS})")
+    group.add_argument("--max-model-len", type=int, default=None,
+                       help="longest prompt + output in tokens (default: the model's, capped by the KV cache)")
+    group.add_argument("--threads-bind", default=None,
+                       help=f"cores for the engine: a CPU list like 0-3, 'auto' or 'nobind' "
+                            f"(env {THREADS_BIND_ENV}; default auto)")
+    group.add_argument("--reserved-cpus", type=int, default=None,
+                       help="with --threads-bind auto, leave this many cores to other work (default 0)")
+    group.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
+                       default=None, help="disable prefix caching")
+    return parser

@@ -1,0 +1,134 @@
+"""Logits -> next tokens, in numpy, vectorised over the batch.
+
+Order (as vLLM v1): min_tokens masking of EOS and stop ids, logit_bias, repetition / frequency /
+presence penalties, then greedy argmax or: temperature, min-p, top-k, top-p, and a draw from the
+remaining distribution by inverse CDF with one uniform number from the sample's own generator.
+A sample's token depends only on its own logits row and its own generator, never on the batch.
+Logprobs are taken from the raw logits, before any of the above (vLLM v1's default).
+
+Penalties, as in vLLM: repetition divides positive logits and multiplies negative ones of every
+token seen in the prompt or output; frequency subtracts ``f * count`` and presence ``p`` for every
+token in the output.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ortserve.engine.messages import TokenLogprob
+from ortserve.engine.sequence import Sequence
+
+NEG_INF = np.float32(-np.inf)
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x - x.max(axis=1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
+
+
+class Sampler:
+    def sample(self, logits: np.ndarray, seqs: list[Sequence]) -> tuple[list[int], list[TokenLogprob] | None]:
+        """One token per row of ``logits`` (float32 [len(seqs), vocab], modified in place)."""
+        params = [s.request.params for s in seqs]
+        lp_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+        raw_logprobs = log_softmax(logits[lp_rows]) if lp_rows else None
+        self._apply_processors(logits, seqs)
+        greedy = np.fromiter((p.greedy for p in params), dtype=bool, count=len(params))
+        tokens = np.empty(len(seqs), dtype=np.int64)
+        if greedy.any():
+            tokens[greedy] = (logits if greedy.all() else logits[greedy]).argmax(axis=1)
+        if not greedy.any():  # the runner's buffer is ours until the next step: no copy
+            tokens[:] = self._sample_random(logits, seqs)
+        elif not greedy.all():
+            rows = np.flatnonzero(~greedy)
+            tokens[rows] = self._sample_random(logits[rows], [seqs[i] for i in rows])
+        token_list = tokens.tolist()
+        if not lp_rows:
+            return token_list, None
+        logprobs = [None] * len(seqs)  # rows without logprobs asked get None
+        for j, i in enumerate(lp_rows):
+            logprobs[i] = _token_logprob(raw_logprobs[j], token_list[i], params[i].logprobs)
+        return token_list, logprobs
+
+    # -- logits processors -------------------------------------------------------------------
+    def _apply_processors(self, logits: np.ndarray, seqs: list[Sequence]) -> None:
+        bias_rows, bias_ids, bias_values = [], [], []
+        rep_rows, rep_ids, rep_pen = [], [], []
+        out_rows, out_ids, out_sub = [], [], []
+        for i, seq in enumerate(seqs):
+            request = seq.request
+            p = request.params
+            if seq.num_output_tokens < p.min_tokens and request.min_tokens_mask.size:
+                logits[i, request.min_tokens_mask] = NEG_INF
+            if request.bias_ids.size:
+                bias_rows.append(np.full(request.bias_ids.size, i))
+                bias_ids.append(request.bias_ids)
+                bias_values.append(request.bias_values)
+            counts = seq.output_counts
+            if counts is None:
+                continue
+            ids = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
+            if p.repetition_penalty != 1.0:
+                seen = np.union1d(request.prompt_uniques, ids)
+                rep_rows.append(np.full(seen.size, i))
+                rep_ids.append(seen)
+                rep_pen.append(np.full(seen.size, p.repetition_penalty, dtype=np.float32))
+            if ids.size and (p.frequency_penalty or p.presence_penalty):
+                num = np.fromiter(counts.values(), dtype=np.float32, count=len(counts))
+                out_rows.append(np.full(ids.size, i))
+                out_ids.append(ids)
+                out_sub.append(p.frequency_penalty * num + p.presence_penalty)
+        if bias_rows:  # (row, token) pairs are unique, so fancy-index += is exact
+            logits[np.concatenate(bias_rows), np.concatenate(bias_ids)] += np.concatenate(bias_values)
+        if rep_rows:
+            r, t, pen = np.concatenate(rep_rows), np.concatenate(rep_ids), np.concatenate(rep_pen)
+            x = logits[r, t]
+            logits[r, t] = np.where(x > 0, x / pen, x * pen)
+        if out_rows:
+            logits[np.concatenate(out_rows), np.concatenate(out_ids)] -= np.concatenate(out_sub).astype(np.float32)
+
+    # -- random sampling ---------------------------------------------------------------------
+    def _sample_random(self, x: np.ndarray, seqs: list[Sequence]) -> np.ndarray:
+        """``x``: processed logits of the non-greedy rows (modified in place)."""
+        params = [s.request.params for s in seqs]
+        temperature = np.array([p.temperature for p in params], dtype=np.float32)
+        if (temperature != 1.0).any():
+            x /= temperature[:, None]
+        x -= x.max(axis=1, keepdims=True)
+        weights = np.exp(x, out=x)  # unnormalised probabilities, the largest is exactly 1
+        for i, p in enumerate(params):
+            if p.min_p > 0.0:
+                row = weights[i]
+                row[row < p.min_p] = 0.0  # p_i < min_p * p_max, with p_max = 1 here
+            if 0 < p.top_k < weights.shape[1]:
+                row = weights[i]
+                kth = np.partition(row, row.size - p.top_k)[row.size - p.top_k]
+                row[row < kth] = 0.0
+        top_p_rows = [i for i, p in enumerate(params) if p.top_p < 1.0]
+        if top_p_rows:
+            top_p = np.array([params[i].top_p for i in top_p_rows], dtype=np.float32)
+            w = weights[top_p_rows]
+            desc = -np.sort(-w, axis=1)
+            mass_before = (np.cumsum(desc, axis=1) - desc) / desc.sum(axis=1, keepdims=True)
+            keep = np.maximum((mass_before < top_p[:, None]).sum(axis=1), 1)  # tokens in the nucleus
+            threshold = desc[np.arange(len(top_p_rows)), keep - 1]
+            w[w < threshold[:, None]] = 0.0
+            weights[top_p_rows] = w
+        cdf = np.cumsum(weights, axis=1, out=weights)
+        u = np.fromiter((s.rng.random() for s in seqs), dtype=np.float64, count=len(seqs))
+        tokens = np.empty(len(seqs), dtype=np.int64)
+        for i in range(len(seqs)):  # the first token whose cdf exceeds u * total (u < 1)
+            row = cdf[i]
+            target = min(np.float32(u[i] * row[-1]), np.nextafter(row[-1], np.float32(0)))
+            tokens[i] = np.searchsorted(row, target, side="right")
+        return tokens
+
+
+def _token_logprob(row: np.ndarray, token: int, k: int) -> TokenLogprob:
+    value = row[token]
+    rank = int((row > value).sum()) + 1
+    top: list[tuple[int, float]] = []
+    if k:
+        ids = np.argpartition(-row, k - 1)[:k]
+        ids = ids[np.argsort(-row[ids], kind="stable")]
+        top = list(zip(ids.tolist(), row[ids].tolist()))
+    return TokenLogprob(float(value), rank, top)

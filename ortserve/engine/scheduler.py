@@ -1,0 +1,220 @@
+"""What runs this step. The only owner of request lifecycles: waiting -> running -> finished.
+
+One rule covers prefill, chunked prefill, decode and recompute: a scheduled sequence computes the
+next ``num_new_tokens`` of ``token_ids[num_computed_tokens:]``, and samples when that reaches its
+last token. Each step fills a token budget (``max_num_batched_tokens``) under a sequence cap
+(``max_num_seqs``):
+
+1. running sequences first, in admission order (decodes, and prefills already under way);
+   when blocks run out the newest running sequence is preempted (its blocks freed, recomputed
+   later from its tokens, often from its own cached-idle blocks);
+2. then waiting sequences, oldest first, with their prompt chunked to the budget left, unless
+   this step preempted (no point admitting what was just evicted). A waiting sequence holds no
+   blocks; on admission it takes the blocks of its longest cached prefix.
+
+Samples 1..n-1 of a request enter the waiting queue when sample 0 has its prompt in the cache,
+and share its prompt blocks.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from ortserve.engine.block_manager import BlockManager
+from ortserve.engine.messages import EngineCoreOutput, FinishReason, TokenLogprob
+from ortserve.engine.sequence import Request, Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledBatch:
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    sampling: list[Sequence] = field(default_factory=list)  # those that reach their last token
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    def __bool__(self) -> bool:
+        return bool(self.seqs)
+
+
+@dataclass
+class SchedulerCounters:
+    num_preemptions: int = 0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    ttft: list[float] = field(default_factory=list)
+    tpot: list[float] = field(default_factory=list)
+    e2e: list[float] = field(default_factory=list)
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_model_len: int):
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.counters = SchedulerCounters()
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def add(self, request: Request) -> None:
+        self.requests[request.request_id] = request
+        self.waiting.append(request.sequences[0])
+
+    # -- one step --------------------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.max_num_batched_tokens
+        block_manager, running = self.block_manager, self.running
+        preempted = False
+        i = 0
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not block_manager.allocate(seq, num_new):
+                victim = running.pop()  # the newest
+                self._preempt(victim)
+                preempted = True
+                if victim is seq:
+                    break
+            else:
+                batch.seqs.append(seq)
+                batch.num_new_tokens.append(num_new)
+                budget -= num_new
+                i += 1
+                continue
+            break
+        while not preempted and self.waiting and budget > 0 and len(running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            computed = block_manager.find_computed_blocks(seq)
+            num_computed = len(computed) * block_manager.block_size
+            num_new = min(seq.num_tokens - num_computed, budget)
+            if not block_manager.allocate(seq, num_new, computed):
+                break  # first come, first served: wait for blocks
+            if block_manager.enable_prefix_caching:
+                self.counters.prefix_queries += seq.num_tokens
+                self.counters.prefix_hits += num_computed
+            if not seq.is_prefilled:
+                seq.num_cached_tokens = num_computed
+            seq.num_computed_tokens = num_computed
+            seq.status = SequenceStatus.RUNNING
+            self.waiting.popleft()
+            running.append(seq)
+            batch.seqs.append(seq)
+            batch.num_new_tokens.append(num_new)
+            budget -= num_new
+        batch.sampling = [s for s, n in zip(batch.seqs, batch.num_new_tokens)
+                          if s.num_computed_tokens + n == s.num_tokens]
+        return batch
+
+    def update(self, batch: ScheduledBatch, sampled: list[int],
+               logprobs: list[TokenLogprob] | None) -> list[EngineCoreOutput]:
+        """Account the computed tokens, append the sampled ones, finish what stops."""
+        block_manager = self.block_manager
+        for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
+            seq.num_computed_tokens += num_new
+            block_manager.cache_full_blocks(seq)
+        outputs = []
+        any_finished = False
+        self.counters.generation_tokens += len(sampled)
+        for j, (seq, token) in enumerate(zip(batch.sampling, sampled)):
+            request = seq.request
+            seq.append_token(token)
+            if not seq.is_prefilled:
+                seq.is_prefilled = True
+                if request.first_token_time is None:
+                    request.first_token_time = seq.last_token_time
+                    self.counters.prompt_tokens += seq.num_prompt_tokens
+                if not request.forked:  # sample 0 has the prompt in cache: the others can share it
+                    self.waiting.extendleft(reversed(request.fork()))
+            reason, stop_reason = self._check_stop(seq, token)
+            if reason is not None:
+                self._finish(seq, reason, stop_reason)
+                any_finished = True
+            outputs.append(EngineCoreOutput(
+                request.request_id, seq.index, [token], None if logprobs is None else [logprobs[j]],
+                reason, stop_reason, seq.num_prompt_tokens, seq.num_cached_tokens))
+        if any_finished:
+            self.running = [s for s in self.running if s.status is SequenceStatus.RUNNING]
+        return outputs
+
+    def abort(self, request_id: str, index: int | None = None) -> list[EngineCoreOutput]:
+        """End a request (or one of its samples) now; its blocks go back at once."""
+        request = self.requests.get(request_id)
+        if request is None or (index is not None and not 0 <= index < request.n):
+            return []
+        outputs = []
+        for seq in list(request.sequences):
+            if seq.status is SequenceStatus.FINISHED or (index is not None and seq.index != index):
+                continue
+            if seq.status is SequenceStatus.RUNNING:
+                self.running.remove(seq)
+            else:
+                self.waiting.remove(seq)
+            self._finish(seq, "abort", None)
+            outputs.append(EngineCoreOutput(request_id, seq.index, [], None, "abort", None,
+                                            seq.num_prompt_tokens, seq.num_cached_tokens))
+        if not request.forked:
+            if index is None or index > 0:  # samples not forked yet end before they start
+                for i in range(1, request.n) if index is None else [index]:
+                    if i not in request.aborted_indices:
+                        request.aborted_indices.add(i)
+                        request.num_finished += 1
+                        outputs.append(EngineCoreOutput(request_id, i, [], None, "abort", None,
+                                                        len(request.prompt_token_ids), 0))
+                self._maybe_retire(request)
+            if index == 0:  # sample 0 will not compute the prompt for the others: they do it
+                self.waiting.extend(request.fork())
+        return outputs
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _preempt(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        seq.reset_for_recompute()
+        self.waiting.appendleft(seq)
+        self.counters.num_preemptions += 1
+
+    def _check_stop(self, seq: Sequence, token: int) -> tuple[FinishReason | None, int | None]:
+        request = seq.request
+        num_out = seq.num_output_tokens
+        if num_out >= request.params.min_tokens:
+            if token in request.eos_token_ids:
+                return "stop", None
+            if token in request.stop_token_ids:
+                return "stop", token
+        if num_out >= request.max_tokens:
+            return "length", None
+        return None, None
+
+    def _finish(self, seq: Sequence, reason: FinishReason, stop_reason: int | str | None) -> None:
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason, seq.stop_reason = reason, stop_reason
+        request = seq.request
+        request.num_finished += 1
+        self._maybe_retire(request)
+
+    def _maybe_retire(self, request: Request) -> None:
+        if not request.finished or request.request_id not in self.requests:
+            return
+        del self.requests[request.request_id]
+        if request.first_token_time is None:
+            return  # aborted before its first token: no latency to report
+        now = time.monotonic()
+        counters = self.counters
+        counters.ttft.append(request.first_token_time - request.arrival_time)
+        counters.e2e.append(now - request.arrival_time)
+        longest = max(s.num_output_tokens for s in request.sequences)
+        if longest > 1:
+            last = max(s.last_token_time for s in request.sequences)
+            counters.tpot.append((last - request.first_token_time) / (longest - 1))

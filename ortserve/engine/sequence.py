@@ -1,0 +1,140 @@
+"""Request state in the engine core: a Request and its n Sequences (one per sample).
+
+A Sequence is a token list plus how much of it is in the KV cache (``num_computed_tokens``),
+so prefill, chunked prefill, decode and recompute after preemption are one rule: each step
+computes some of ``token_ids[num_computed_tokens:]``. The scheduler alone changes ``status``
+and the token counts; the block manager alone changes ``block_table``.
+"""
+from __future__ import annotations
+
+import enum
+import hashlib
+import time
+from array import array
+
+import numpy as np
+
+from ortserve.engine.messages import EngineRequest, FinishReason
+from ortserve.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Request:
+    """One EngineRequest: its parameters, its samples and its timings."""
+
+    def __init__(self, request: EngineRequest, eos_token_ids: frozenset[int], max_model_len: int):
+        self.request_id = request.request_id
+        self.prompt_token_ids = list(request.prompt_token_ids)
+        self.params: SamplingParams = request.sampling_params
+        self.arrival_time = request.arrival_time
+        params = self.params
+        # as vLLM: a sequence ends at max_model_len tokens; a prompt of exactly max_model_len
+        # still gets one token (the last sampled token never needs KV)
+        room = max(max_model_len - len(self.prompt_token_ids), 1)
+        self.max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        self.eos_token_ids = frozenset() if params.ignore_eos else eos_token_ids
+        self.stop_token_ids = frozenset(params.stop_token_ids or ())
+        # tokens masked while fewer than min_tokens are out (vLLM masks EOS and stop ids)
+        self.min_tokens_mask = np.array(sorted(eos_token_ids | self.stop_token_ids), dtype=np.int64)
+        self.sequences = [Sequence(self, 0, _rng(params.seed, 0))]
+        self.num_finished = 0
+        self.forked = self.n == 1  # samples 1..n-1 exist
+        self.aborted_indices: set[int] = set()  # samples aborted before they were forked
+        self.first_token_time: float | None = None
+        # sampler inputs that never change: logit_bias as arrays, the prompt's distinct tokens
+        bias = params.logit_bias or {}
+        self.bias_ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
+        self.bias_values = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
+        self.prompt_uniques = (np.unique(np.asarray(self.prompt_token_ids, dtype=np.int64))
+                               if params.repetition_penalty != 1.0 else None)
+
+    @property
+    def n(self) -> int:
+        return self.params.n
+
+    @property
+    def finished(self) -> bool:
+        return self.num_finished == self.n
+
+    def fork(self) -> list[Sequence]:
+        """The samples 1..n-1, made once sample 0 has its prompt in the cache."""
+        forks = [Sequence(self, i, _rng(self.params.seed, i)) for i in range(1, self.n)
+                 if i not in self.aborted_indices]
+        self.sequences.extend(forks)
+        self.forked = True
+        return forks
+
+
+def _rng(seed: int | None, index: int) -> np.random.Generator:
+    # One generator per sample: its draws depend only on its own seed, never on the batch.
+    return np.random.default_rng(None if seed is None else [seed, index])
+
+
+class Sequence:
+    __slots__ = ("request", "index", "token_ids", "num_prompt_tokens", "num_computed_tokens",
+                 "block_table", "block_hashes", "status", "rng", "output_counts", "num_cached_tokens",
+                 "finish_reason", "stop_reason", "last_token_time", "is_prefilled")
+
+    def __init__(self, request: Request, index: int, rng: np.random.Generator):
+        self.request = request
+        self.index = index
+        self.token_ids = array("q", request.prompt_token_ids)
+        self.num_prompt_tokens = len(request.prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.block_table: list[int] = []
+        self.block_hashes: list[bytes] = []  # hash chain over full blocks of token_ids, grown lazily
+        self.status = SequenceStatus.WAITING
+        self.rng = rng
+        self.output_counts: dict[int, int] | None = {} if request.params.needs_penalties else None
+        self.num_cached_tokens = 0
+        self.finish_reason: FinishReason | None = None
+        self.stop_reason: int | str | None = None
+        self.last_token_time = 0.0
+        self.is_prefilled = False  # has sampled its first token at least once
+
+    def __repr__(self) -> str:
+        return (f"Sequence({self.request.request_id}#{self.index}, tokens={len(self.token_ids)}, "
+                f"computed={self.num_computed_tokens}, blocks={len(self.block_table)}, {self.status.value})")
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.request.params
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:].tolist()
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+        if self.output_counts is not None:
+            self.output_counts[token_id] = self.output_counts.get(token_id, 0) + 1
+        self.last_token_time = time.monotonic()
+
+    def full_block_hashes(self, num_blocks: int, block_size: int) -> list[bytes]:
+        """Hashes of the first ``num_blocks`` full blocks: block i's hash covers its tokens and
+        the hash of block i-1, so equal hashes mean equal prefixes."""
+        hashes = self.block_hashes
+        while len(hashes) < num_blocks:
+            i = len(hashes)
+            h = hashlib.sha256(hashes[-1] if hashes else b"")
+            h.update(self.token_ids[i * block_size:(i + 1) * block_size].tobytes())
+            hashes.append(h.digest())
+        return hashes[:num_blocks]
+
+    def reset_for_recompute(self) -> None:
+        """Preempted: the KV is gone, the tokens stay (prompt + output are recomputed as one prefill)."""
+        self.num_computed_tokens = 0
+        self.status = SequenceStatus.WAITING

@@ -1,0 +1,78 @@
+"""Helpers for the engine tests (imported as a module, not a conftest): requests without a model, and a deterministic fake model.
+
+The fake model's next token is a pure function of the whole token history, so any schedule
+(chunked, preempted, recomputed, batched differently) must give the same tokens as running each
+request alone: that is what the scheduler tests check.
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+
+from ortserve.engine.block_manager import BlockManager
+from ortserve.engine.messages import EngineRequest
+from ortserve.engine.scheduler import Scheduler
+from ortserve.engine.sequence import Request
+from ortserve.sampling_params import SamplingParams
+
+EOS = 2
+_ids = itertools.count()
+
+
+def fake_next_token(token_ids) -> int:
+    """A 'model': the next token from the whole history (never EOS)."""
+    h = 0
+    for t in token_ids:
+        h = (h * 1_000_003 + int(t)) % 2_147_483_647
+    return 10 + h % 1000
+
+
+def make_request(prompt, request_id: str | None = None, max_model_len: int = 4096, **params) -> Request:
+    params.setdefault("max_tokens", 8)
+    params.setdefault("temperature", 0.0)
+    engine_request = EngineRequest(request_id or f"req-{next(_ids)}", list(prompt), SamplingParams(**params))
+    return Request(engine_request, frozenset({EOS}), max_model_len)
+
+
+def run_to_completion(scheduler: Scheduler, max_steps: int = 10_000, on_step=None) -> dict:
+    """Drive the scheduler with the fake model; returns {(request_id, index): output tokens}."""
+    outputs: dict[tuple[str, int], list[int]] = collections.defaultdict(list)
+    for _ in range(max_steps):
+        if not scheduler.has_unfinished_requests():
+            return dict(outputs)
+        batch = scheduler.schedule()
+        check_block_tables(scheduler, batch)
+        if on_step is not None:
+            on_step(batch)
+        sampled = [fake_next_token(s.token_ids) for s in batch.sampling]
+        for out in scheduler.update(batch, sampled, None):
+            outputs[(out.request_id, out.index)].extend(out.new_token_ids)
+    raise AssertionError("requests did not finish")
+
+
+def check_block_tables(scheduler: Scheduler, batch) -> None:
+    """Every scheduled sequence has blocks for the tokens it will hold after the step, and every
+    block's ref count equals the number of live sequences that hold it."""
+    bm = scheduler.block_manager
+    for seq, n in zip(batch.seqs, batch.num_new_tokens):
+        assert len(seq.block_table) * bm.block_size >= seq.num_computed_tokens + n
+    holders = collections.Counter(b for s in scheduler.running for b in s.block_table)
+    for block in bm.blocks:
+        assert block.ref_count == holders.get(block.block_id, 0), f"block {block.block_id}"
+        assert (block.ref_count == 0) == (block.block_id in bm.free_queue)
+
+
+def solo_outputs(prompt, max_tokens: int) -> list[int]:
+    tokens = list(prompt)
+    out = []
+    for _ in range(max_tokens):
+        t = fake_next_token(tokens)
+        tokens.append(t)
+        out.append(t)
+    return out
+
+
+def make_scheduler(num_blocks=64, block_size=4, max_num_seqs=8, max_num_batched_tokens=32,
+                   max_model_len=None, prefix_caching=True) -> Scheduler:
+    bm = BlockManager(num_blocks, block_size, prefix_caching)
+    return Scheduler(bm, max_num_seqs, max_num_batched_tokens, max_model_len or num_blocks * block_size)
