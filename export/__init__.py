@@ -1,0 +1,13 @@
+"""``ortserve export``: Hugging Face checkpoints to paged ONNX artifacts (DESIGN.md §2).
+
+Modules, in data-flow order: ``checkpoint`` (safetensors reader), ``config`` + ``architectures``
+(what a model is), ``rope`` (rotary tables), ``graph`` (the shared decoder builder), ``quantize``
+(MatMulNBits packing), ``weights`` (streaming initializers to model.onnx.data), ``pipeline``
+(stages, temp dir, atomic rename), ``validate`` (run an artifact; compare with transformers),
+``cli``. Nothing here imports torch except ``validate``'s transformers comparison.
+"""
+from .architectures import ARCHITECTURES, SUPPORTED_MODEL_TYPES, architecture_for
+from .errors import ExportError
+from .pipeline import PRECISIONS, export_model
+
+__all__ = ["ARCHITECTURES", "PRECISIONS", "SUPPORTED_MODEL_TYPES", "ExportError", "architecture_for", "export_model"]

@@ -1,0 +1,275 @@
+"""The one decoder graph every architecture shares (DESIGN.md §2), emitted with onnx.helper.
+
+Everything is 2-D over the flattened batch [T, ·]: no padding, no batch axis. Per layer:
+
+    x, h = SkipNorm(delta, h)                  # residual add fused with the next norm
+    q, k, v = Split(Linear_qkv(x))             # one fused projection
+    q, k = RotaryEmbedding(QKNorm(q, k), positions)
+    a = Linear_o(PagedAttention(q, k, v, caches, slots, tables, ...))
+    x, h = SkipNorm(PostNorm(a), h)            # PostNorm: Gemma 2/3 only
+    delta = PostNorm(Linear_down(act(gate) * up))
+
+Hidden states are gathered at ``logits_indices`` before the final norm and the LM head.
+CPU-fast ORT contrib ops: SimplifiedLayerNormalization, SkipSimplifiedLayerNormalization,
+SkipLayerNormalization, RotaryEmbedding, MatMulNBits; fp32 linears are ``Gemm(transB=1)`` on the
+checkpoint's own [out, in] layout (no transposed copy; a tied LM head shares the embedding).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from .architectures import Architecture
+from .config import ModelSpec
+from .quantize import ACCURACY_LEVEL, BITS, BLOCK_SIZE, quantize
+from .rope import rope_table
+from .weights import WeightJob, WeightSource
+
+MS, OURS = "com.microsoft", "ortserve"
+OPSETS = [helper.make_opsetid("", 21), helper.make_opsetid(MS, 1), helper.make_opsetid(OURS, 1)]
+IR_VERSION = 10  # onnxruntime 1.31 loads IR <= 13; onnx 1.23 would write 14
+
+
+class DecoderBuilder:
+    """Emits nodes and plans weight jobs; ``build()`` returns (model without weights, jobs)."""
+
+    def __init__(self, spec: ModelSpec, arch: Architecture, source: WeightSource, *,
+                 precision: str = "fp32", lm_head_precision: str = "fp32", max_model_len: int | None = None):
+        self.spec, self.arch, self.src = spec, arch, source
+        self.precision, self.lm_head_precision = precision, lm_head_precision
+        self.max_model_len = max_model_len or spec.max_position_embeddings
+        self.nodes: list[onnx.NodeProto] = []
+        self.constants: list[onnx.TensorProto] = []
+        self.jobs: list[WeightJob] = []
+        self._count = 0
+
+    # ---- small emitters ------------------------------------------------------------------
+    def op(self, op_type: str, inputs: list[str], n_out: int = 1, *, domain: str = "", name: str = "",
+           outputs: list[str] | None = None, **attrs) -> list[str]:
+        self._count += 1
+        base = f"{name or op_type}.{self._count}"
+        outputs = outputs or [f"{base}.out{i}" if n_out > 1 else base for i in range(n_out)]
+        self.nodes.append(helper.make_node(op_type, inputs, outputs, name=base, domain=domain, **attrs))
+        return outputs
+
+    def const(self, name: str, value: np.ndarray) -> str:
+        if name not in {c.name for c in self.constants}:
+            self.constants.append(onnx.numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def ints(self, *values: int) -> str:
+        return self.const("const.i64." + "_".join(map(str, values)), np.array(values, np.int64))
+
+    def scalar(self, value: float) -> str:
+        return self.const(f"const.f32.{value!r}", np.array(value, np.float32))
+
+    def plan(self, label: str, make: Callable[[], dict[str, np.ndarray]]) -> None:
+        self.jobs.append(WeightJob(label, make))
+
+    # ---- weights ---------------------------------------------------------------------------
+    def vector(self, name: str, size: int, offset: float = 0.0) -> str:
+        self.src.expect(name, (size,))
+        self.plan(name, lambda: {name: self.src.read(name) + np.float32(offset)})
+        return name
+
+    def norm_weights(self, module: str, size: int) -> list[str]:
+        offset = 1.0 if self.arch.norm == "rms_offset" else 0.0
+        names = [self.vector(f"{module}.weight", size, offset)]
+        if self.arch.norm == "layer":
+            names.append(self.vector(f"{module}.bias", size))
+        return names
+
+    def linear(self, x: str, label: str, parts: list[tuple[str, int]], k: int, precision: str,
+               share: str | None = None, conv1d: bool | None = None) -> str:
+        """y = x @ W.T + b for W = concat(parts) [N, K]; parts are (module, rows)."""
+        n = sum(rows for _, rows in parts)
+        transpose = self.arch.conv1d if conv1d is None else conv1d
+        weights = [self.src.expect(f"{m}.weight", (rows, k), transpose) if share is None else share
+                   for m, rows in parts]
+        has_bias = [self.src.has(f"{m}.bias") for m, _ in parts]
+        bias = None
+        if any(has_bias):
+            for (m, rows), present in zip(parts, has_bias):
+                if present:
+                    self.src.expect(f"{m}.bias", (rows,))
+            bias = f"{label}.bias"
+
+            def make_bias() -> dict[str, np.ndarray]:
+                return {bias: np.concatenate([self.src.read(f"{m}.bias") if present else np.zeros(rows, np.float32)
+                                              for (m, rows), present in zip(parts, has_bias)])}
+            self.plan(bias, make_bias)
+
+        def full_weight() -> np.ndarray:
+            arrays = [self.src.read(w, transpose) for w in weights]
+            return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+        if precision == "fp32":
+            w = weights[0] if len(weights) == 1 else f"{label}.weight"
+            if len(weights) > 1 or share is None:
+                self.plan(w, lambda: {w: full_weight()})
+            return self.op("Gemm", [x, w] + ([bias] if bias else []), transB=1, name=label)[0]
+        bits = BITS[precision]
+
+        def make_quantized() -> dict[str, np.ndarray]:
+            q = quantize(full_weight(), bits)
+            return {f"{label}.qweight": q.packed, f"{label}.scales": q.scales, f"{label}.zero_points": q.zero_points}
+        self.plan(f"{label} ({precision})", make_quantized)
+        inputs = [x, f"{label}.qweight", f"{label}.scales", f"{label}.zero_points"] + (["", bias] if bias else [])
+        return self.op("MatMulNBits", inputs, domain=MS, name=label, K=k, N=n, bits=bits,
+                       block_size=BLOCK_SIZE, accuracy_level=ACCURACY_LEVEL)[0]
+
+    # ---- blocks ----------------------------------------------------------------------------
+    def norm(self, x: str, module: str, size: int | None = None) -> str:
+        size = size or self.spec.hidden_size
+        w = self.norm_weights(module, size)
+        if self.arch.norm == "layer":
+            return self.op("LayerNormalization", [x, *w], axis=-1, epsilon=self.spec.norm_eps, name="ln")[0]
+        return self.op("SimplifiedLayerNormalization", [x, *w], axis=-1, epsilon=self.spec.norm_eps,
+                       stash_type=1, name="rms")[0]
+
+    def skip_norm(self, delta: str, residual: str, module: str) -> tuple[str, str]:
+        """(norm(residual + delta), residual + delta) in one fused op."""
+        w = self.norm_weights(module, self.spec.hidden_size)
+        if self.arch.norm == "layer":
+            out = self.op("SkipLayerNormalization", [delta, residual, *w], 4, domain=MS, name="skip_ln",
+                          epsilon=self.spec.norm_eps)
+        else:
+            out = self.op("SkipSimplifiedLayerNormalization", [delta, residual, *w], 4, domain=MS,
+                          name="skip_rms", epsilon=self.spec.norm_eps)
+        return out[0], out[3]
+
+    def rotary(self, x3d: str, heads: int, layer: int, positions: dict[str, str]) -> str:
+        key = self.spec.rope_key(layer)
+        rope = self.spec.ropes[key]
+        cos, sin = f"rope.{key}.cos", f"rope.{key}.sin"
+        if key not in positions:
+            table = rope_table(rope, self.max_model_len)
+            self.plan(f"rope.{key}", lambda t=table: {cos: t.cos, sin: t.sin})
+            positions[key] = self.rope_positions(table.long_offset)
+        return self.op("RotaryEmbedding", [x3d, positions[key], cos, sin], domain=MS, name="rope",
+                       num_heads=heads, rotary_embedding_dim=rope.rotary_dim, interleaved=0)[0]
+
+    def rope_positions(self, long_offset: int) -> str:
+        pos = self.op("Unsqueeze", ["positions", self.ints(0)], name="pos2d")[0]  # [1, T]
+        if not long_offset:
+            return pos
+        # longrope: every row reads the long half once any position reaches the original length
+        longest = self.op("ReduceMax", ["positions"], keepdims=1, name="max_pos")[0]
+        switch = self.op("Cast", [self.op("GreaterOrEqual", [longest, self.ints(long_offset)])[0]],
+                         to=TensorProto.INT64)[0]
+        return self.op("Add", [pos, self.op("Mul", [switch, self.ints(long_offset)])[0]], name="pos_long")[0]
+
+    def attention(self, x: str, layer: int, positions: dict[str, str]) -> str:
+        s, n, i = self.spec, self.arch.names, layer
+        q_size, kv_size = s.num_heads * s.head_size, s.num_kv_heads * s.head_size
+        parts = ([(n.qkv.format(i=i), q_size + 2 * kv_size)] if n.qkv else
+                 [(n.q.format(i=i), q_size), (n.k.format(i=i), kv_size), (n.v.format(i=i), kv_size)])
+        qkv = self.linear(x, f"layers.{i}.qkv", parts, s.hidden_size, self.precision)
+        q, k, v = self.op("Split", [qkv, self.ints(q_size, kv_size, kv_size)], 3, axis=1, name="split_qkv")
+        rotated = []
+        for t, heads, norm in ((q, s.num_heads, n.q_norm), (k, s.num_kv_heads, n.k_norm)):
+            if norm:  # Qwen3 / Gemma 3: RMSNorm over each head's vector
+                t = self.op("Reshape", [t, self.ints(-1, heads, s.head_size)])[0]
+                t = self.norm(t, norm.format(i=i), s.head_size)
+            if s.ropes:
+                t = self.op("Reshape", [t, self.ints(1, -1, heads * s.head_size)])[0]
+                t = self.rotary(t, heads, i, positions)
+            if norm or s.ropes:
+                t = self.op("Reshape", [t, self.ints(-1, heads * s.head_size)])[0]
+            rotated.append(t)
+        attn, _, _ = self.op(
+            "PagedAttention",
+            [rotated[0], rotated[1], v, f"key_cache.{i}", f"value_cache.{i}", "slot_mapping", "block_tables",
+             "context_lens", "query_start_loc"],
+            outputs=[f"layers.{i}.attn", f"key_cache_out.{i}", f"value_cache_out.{i}"], domain=OURS,
+            num_heads=s.num_heads, num_kv_heads=s.num_kv_heads, scale=float(s.attn_scales[i]),
+            sliding_window=s.window_for(i), softcap=float(s.attn_softcap))
+        return self.linear(attn, f"layers.{i}.o", [(n.o.format(i=i), s.hidden_size)], q_size, self.precision)
+
+    def mlp(self, x: str, layer: int) -> str:
+        s, n, i = self.spec, self.arch.names, layer
+        size = s.intermediate_size
+        if not self.arch.gated_mlp:
+            hidden = self.activation(self.linear(x, f"layers.{i}.up", [(n.up.format(i=i), size)],
+                                                 s.hidden_size, self.precision))
+        else:
+            parts = ([(n.gate_up.format(i=i), 2 * size)] if n.gate_up else
+                     [(n.gate.format(i=i), size), (n.up.format(i=i), size)])
+            gate_up = self.linear(x, f"layers.{i}.gate_up", parts, s.hidden_size, self.precision)
+            gate, up = self.op("Split", [gate_up, self.ints(size, size)], 2, axis=1, name="split_gate_up")
+            hidden = self.op("Mul", [self.activation(gate), up], name="gated")[0]
+        return self.linear(hidden, f"layers.{i}.down", [(n.down.format(i=i), s.hidden_size)], size, self.precision)
+
+    def activation(self, x: str) -> str:
+        kind = self.spec.activation
+        if kind == "silu":
+            return self.op("Mul", [x, self.op("Sigmoid", [x])[0]], name="silu")[0]
+        if kind == "relu":
+            return self.op("Relu", [x])[0]
+        return self.op("Gelu", [x], approximate="tanh" if kind == "gelu_tanh" else "none")[0]
+
+    # ---- whole graph -----------------------------------------------------------------------
+    def build(self) -> tuple[onnx.ModelProto, list[WeightJob]]:
+        s, n = self.spec, self.arch.names
+        embed = self.src.expect(f"{n.embed}.weight", (s.vocab_size, s.hidden_size))
+        self.plan(embed, lambda: {embed: self.src.read(embed)})
+        h = self.op("Gather", [embed, "input_ids"], axis=0, name="embed")[0]
+        if s.embed_scale != 1.0:
+            h = self.op("Mul", [h, self.scalar(s.embed_scale)], name="embed_scale")[0]
+        if n.pos_embed:
+            wpe = self.src.expect(f"{n.pos_embed}.weight", (s.max_position_embeddings, s.hidden_size))
+            self.plan(wpe, lambda: {wpe: self.src.read(wpe)})
+            h = self.op("Add", [h, self.op("Gather", [wpe, "positions"], axis=0, name="pos_embed")[0]])[0]
+
+        positions: dict[str, str] = {}
+        delta = None
+        for i in range(s.num_layers):
+            if delta is None:
+                x = self.norm(h, n.attn_norm.format(i=i))
+            else:
+                x, h = self.skip_norm(delta, h, n.attn_norm.format(i=i))
+            a = self.attention(x, i, positions)
+            if n.attn_post_norm:
+                a = self.norm(a, n.attn_post_norm.format(i=i))
+            x, h = self.skip_norm(a, h, n.mlp_norm.format(i=i))
+            delta = self.mlp(x, i)
+            if n.mlp_post_norm:
+                delta = self.norm(delta, n.mlp_post_norm.format(i=i))
+
+        h = self.op("Gather", [h, "logits_indices"], axis=0, name="select_h")[0]
+        delta = self.op("Gather", [delta, "logits_indices"], axis=0, name="select_delta")[0]
+        x, _ = self.skip_norm(delta, h, n.final_norm)
+        tied = s.tie_word_embeddings or not self.src.has(f"{n.lm_head}.weight")
+        share = embed if tied and self.lm_head_precision == "fp32" else None
+        head = [(n.embed if tied else n.lm_head, s.vocab_size)]
+        logits = self.linear(x, "lm_head", head, s.hidden_size, self.lm_head_precision, share=share, conv1d=False)
+        if s.final_softcap:
+            cap = self.scalar(s.final_softcap)
+            logits = self.op("Mul", [self.op("Tanh", [self.op("Div", [logits, cap])[0]])[0], cap])[0]
+        self.op("Identity", [logits], outputs=["logits"])
+        return self.model(), self.jobs
+
+    def model(self) -> onnx.ModelProto:
+        s = self.spec
+        cache = [("num_blocks", s.num_kv_heads, "block_size", s.head_size)]
+        inputs = [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["num_tokens"]),
+            helper.make_tensor_value_info("positions", TensorProto.INT64, ["num_tokens"]),
+            helper.make_tensor_value_info("slot_mapping", TensorProto.INT64, ["num_tokens"]),
+            helper.make_tensor_value_info("block_tables", TensorProto.INT32, ["num_seqs", "max_blocks_per_seq"]),
+            helper.make_tensor_value_info("context_lens", TensorProto.INT32, ["num_seqs"]),
+            helper.make_tensor_value_info("query_start_loc", TensorProto.INT32, ["num_seqs_plus_1"]),
+            helper.make_tensor_value_info("logits_indices", TensorProto.INT64, ["num_logits"]),
+        ]
+        outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["num_logits", s.vocab_size])]
+        for i in range(s.num_layers):
+            for kind in ("key", "value"):
+                inputs.append(helper.make_tensor_value_info(f"{kind}_cache.{i}", TensorProto.FLOAT, *cache))
+                outputs.append(helper.make_tensor_value_info(f"{kind}_cache_out.{i}", TensorProto.FLOAT, *cache))
+        graph = helper.make_graph(self.nodes, f"ortserve_{s.model_type}", inputs, outputs, self.constants)
+        model = helper.make_model(graph, opset_imports=OPSETS, producer_name="ortserve.export",
+                                  ir_version=IR_VERSION)
+        return model

@@ -1,0 +1,206 @@
+"""``export_model``: SRC -> artifact directory, in stages (load, build, weights/quantise, save, validate).
+
+Everything is written into a hidden temporary directory beside OUT and renamed into place at the
+end, so a crash or a failed validation never leaves a half artifact at OUT.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import onnx
+
+from ortserve.artifact import MODEL_FILE, ArtifactManifest, is_artifact, save_manifest
+
+from .architectures import architecture_for
+from .checkpoint import Checkpoint
+from .config import ModelSpec, read_config_json
+from .errors import ExportError
+from .graph import DecoderBuilder
+from .weights import DATA_FILE, WeightFile, WeightSource
+
+PRECISIONS = ("fp32", "int8", "int4")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
+                   "generation_config.json")
+
+
+@dataclass
+class _Bars:
+    """One progress bar per stage (tqdm on stderr), or nothing."""
+
+    enabled: bool
+
+    @contextmanager
+    def stage(self, name: str, total: float, unit: str = "it") -> Iterator:
+        if not self.enabled:
+            yield _NoBar()
+            return
+        from tqdm import tqdm
+
+        scale = unit == "B"
+        with tqdm(total=total, desc=f"{name:<9}", unit=unit, unit_scale=scale, unit_divisor=1024 if scale else 1000,
+                  file=sys.stderr, dynamic_ncols=True, leave=True) as bar:
+            yield bar
+
+
+class _NoBar:
+    def update(self, n: float = 1) -> None:
+        pass
+
+    def set_postfix_str(self, s: str) -> None:
+        pass
+
+
+def resolve_source(src: str | os.PathLike) -> tuple[Path, str]:
+    """(checkpoint directory, label for the manifest) of a directory, .gguf file or built-in name."""
+    path = Path(src).expanduser()
+    if path.is_dir():
+        return path, str(path.resolve())
+    if path.is_file() and path.suffix.lower() != ".gguf":
+        raise ExportError(f"{src} is a file; SRC must be a checkpoint directory, a .gguf file or a built-in model name")
+    try:
+        from ortserve.models import ModelSourceError, prepare_checkpoint
+    except ImportError as exc:
+        raise ExportError(f"{src} does not exist (built-in models and GGUF files need ortserve.models: {exc})") from exc
+    try:
+        return Path(prepare_checkpoint(str(src))), str(path.resolve()) if path.exists() else str(src)
+    except ModelSourceError as exc:
+        raise ExportError(f"{src} is not a checkpoint directory, and {exc}") from exc
+
+
+def _check_out(out: Path) -> None:
+    if out.exists() and not (is_artifact(out) or (out.is_dir() and not any(out.iterdir()))):
+        raise ExportError(f"{out} exists and is not an ortserve artifact; choose another -o OUT or remove it")
+    if not out.parent.is_dir():
+        raise ExportError(f"the parent directory of {out} does not exist; create it first")
+
+
+def _max_model_len(spec: ModelSpec, requested: int | None) -> int:
+    trained = spec.max_position_embeddings
+    if requested is None:
+        return trained
+    dynamic = any(r.kind == "dynamic" for r in spec.ropes.values())
+    if requested < 1 or (requested > trained and not dynamic):
+        raise ExportError(f"--max-model-len {requested} is outside 1..{trained} "
+                          f"(this model's max_position_embeddings)")
+    return requested
+
+
+def _copy_side_files(src: Path, dst: Path, raw_config: dict) -> None:
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copy2(src / name, dst / name)
+    if not (dst / "generation_config.json").exists():
+        generation = {k: raw_config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in raw_config}
+        (dst / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    shutil.copy2(src / "config.json", dst / "config.json")
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    """Rename ``tmp`` to ``out``; an old artifact at ``out`` is moved aside first, then deleted."""
+    old = None
+    if out.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+        os.rename(out, old / out.name)
+    os.rename(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def export_model(src: str | os.PathLike, out: str | os.PathLike, *, precision: str = "fp32",
+                 lm_head_precision: str | None = None, max_model_len: int | None = None,
+                 validate: bool = False, progress: bool = True) -> ArtifactManifest:
+    """Export a checkpoint directory, .gguf file or built-in model name to an artifact at ``out``."""
+    started = time.perf_counter()
+    lm_head_precision = lm_head_precision or precision
+    for flag, value in (("--precision", precision), ("--lm-head-precision", lm_head_precision)):
+        if value not in PRECISIONS:
+            raise ExportError(f"{flag} {value!r} is not one of {', '.join(PRECISIONS)}")
+    out = Path(out).expanduser().absolute()
+    _check_out(out)
+    folder, label = resolve_source(src)
+    raw = read_config_json(folder)
+    arch = architecture_for(raw["model_type"])
+    spec = arch.read_config(raw, folder)
+    max_len = _max_model_len(spec, max_model_len)
+    checkpoint = Checkpoint(folder, arch.strip_prefixes)
+    bars = _Bars(progress)
+
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        with bars.stage("load", checkpoint.total_bytes(), "B") as bar:
+            fingerprint = checkpoint.fingerprint(bar.update)
+        source = WeightSource(checkpoint)
+        builder = DecoderBuilder(spec, arch, source, precision=precision, lm_head_precision=lm_head_precision,
+                                 max_model_len=max_len)
+        with bars.stage("build", 1) as bar:
+            model, jobs = builder.build()
+            bar.set_postfix_str(f"{len(model.graph.node)} nodes")
+            bar.update()
+        weights = WeightFile(tmp, DATA_FILE)
+        try:
+            stage = "quantise" if "int" in precision + lm_head_precision else "weights"
+            with bars.stage(stage, len(jobs)) as bar:
+                for job in jobs:
+                    for name, array in job.make().items():
+                        model.graph.initializer.append(weights.add(name, array))
+                    bar.update()
+        finally:
+            weights.close()
+        with bars.stage("save", 1) as bar:
+            onnx.save_model(model, str(tmp / MODEL_FILE))
+            _copy_side_files(folder, tmp, raw)
+            manifest = ArtifactManifest(
+                architecture=spec.model_type, num_layers=spec.num_layers, hidden_size=spec.hidden_size,
+                num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, head_size=spec.head_size,
+                vocab_size=spec.vocab_size, max_model_len=max_len, weight_precision=precision,
+                lm_head_precision=lm_head_precision, num_parameters=source.num_parameters(),
+                weight_bytes=weights.bytes, source=label, source_fingerprint=fingerprint,
+                eos_token_ids=list(spec.eos_token_ids))
+            save_manifest(tmp, manifest)
+            bar.update()
+        report = None
+        if validate:
+            from .validate import validate_artifact
+
+            with bars.stage("validate", 1) as bar:
+                report = validate_artifact(tmp, folder)
+                bar.update()
+            if precision == "fp32" and lm_head_precision == "fp32" and not report.ok:
+                raise ExportError(f"validation failed: {report.summary()}")
+        _publish(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if progress:
+        _print_summary(manifest, out, time.perf_counter() - started, report)
+    return manifest
+
+
+def _print_summary(m: ArtifactManifest, out: Path, seconds: float, report) -> None:
+    size = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
+    lines = [
+        f"exported {m.architecture} to {out}",
+        f"  parameters   {m.num_parameters / 1e6:,.1f} M",
+        f"  weights      {m.weight_bytes / 2**20:,.1f} MiB ({m.weight_precision}, lm head {m.lm_head_precision}); "
+        f"artifact {size / 2**20:,.1f} MiB",
+        f"  time         {seconds:.1f} s",
+        f"  peak RSS     {_peak_rss_bytes() / 2**20:,.0f} MiB",
+    ]
+    if report is not None:
+        lines.append(f"  validation   {report.summary()}")
+    print("\n".join(lines), file=sys.stderr)

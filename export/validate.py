@@ -1,0 +1,195 @@
+"""Run an artifact the way the engine does, and compare it with transformers.
+
+``PagedRunner`` feeds flattened batches (prefill chunks and decodes mixed) through one IOBinding,
+with every layer's KV cache bound once as both input and output, over a block pool handed out in
+shuffled order, so block tables are never contiguous. ``teacher_forced_logits`` and
+``greedy_generate`` are built on it; ``transformers_logits`` is the reference, and the only place
+in ``ortserve.export`` that imports torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ortserve.artifact import MODEL_FILE, load_manifest
+
+
+class PagedRunner:
+    """An artifact's session plus a paged KV cache; sequences are ids, steps are flattened batches."""
+
+    def __init__(self, artifact: str | Path, *, block_size: int = 16, num_blocks: int = 64,
+                 threads: int = 0, seed: int = 0):
+        import onnxruntime as ort
+
+        import ortserve.ops as ops
+
+        self.manifest = m = load_manifest(artifact)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        ops.register(options)
+        self.session = ort.InferenceSession(str(Path(artifact) / MODEL_FILE), options,
+                                            providers=["CPUExecutionProvider"])
+        self.block_size = block_size
+        self.free = [int(b) for b in np.random.default_rng(seed).permutation(num_blocks)]
+        self.tables: dict[int, list[int]] = {}
+        self.lengths: dict[int, int] = {}
+        self.binding = self.session.io_binding()
+        shape = (num_blocks, m.num_kv_heads, block_size, m.head_size)
+        self._caches = []  # (output name, OrtValue): ORT writes into these in place
+        for layer in range(m.num_layers):
+            for name_in, name_out in ((m.key_cache_input(layer), m.key_cache_output(layer)),
+                                      (m.value_cache_input(layer), m.value_cache_output(layer))):
+                value = ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32))
+                self._caches.append((name_out, value))
+                self.binding.bind_ortvalue_input(name_in, value)
+
+    def _bind_outputs(self) -> None:
+        """Logits first (ORT allocates them, their row count changes per step), then each cache
+        output bound to the very OrtValue bound as its input: the op checks the pointers match."""
+        self.binding.clear_binding_outputs()
+        self.binding.bind_output("logits", "cpu")
+        for name_out, value in self._caches:
+            self.binding.bind_ortvalue_output(name_out, value)
+
+    def _slots(self, seq: int, count: int) -> list[int]:
+        table, start = self.tables.setdefault(seq, []), self.lengths.get(seq, 0)
+        while len(table) * self.block_size < start + count:
+            if not self.free:
+                raise RuntimeError("PagedRunner ran out of KV blocks; pass a larger num_blocks")
+            table.append(self.free.pop())
+        return [table[p // self.block_size] * self.block_size + p % self.block_size for p in range(start, start + count)]
+
+    def step(self, batch: Sequence[tuple[int, Sequence[int]]], all_logits: bool = False) -> list[np.ndarray]:
+        """Feed new tokens per sequence; returns per sequence logits [len(tokens), vocab] or [vocab]."""
+        ids, positions, slots, starts, logits_rows = [], [], [], [0], []
+        for seq, tokens in batch:
+            start = self.lengths.get(seq, 0)
+            slots += self._slots(seq, len(tokens))
+            ids += list(tokens)
+            positions += range(start, start + len(tokens))
+            self.lengths[seq] = start + len(tokens)
+            rows = range(starts[-1], starts[-1] + len(tokens))
+            logits_rows += rows if all_logits else [rows[-1]]
+            starts.append(starts[-1] + len(tokens))
+        width = max(len(self.tables[seq]) for seq, _ in batch)
+        tables = np.zeros((len(batch), width), np.int32)
+        for row, (seq, _) in enumerate(batch):
+            tables[row, :len(self.tables[seq])] = self.tables[seq]
+        inputs = {
+            "input_ids": np.array(ids, np.int64), "positions": np.array(positions, np.int64),
+            "slot_mapping": np.array(slots, np.int64), "block_tables": tables,
+            "context_lens": np.array([self.lengths[seq] for seq, _ in batch], np.int32),
+            "query_start_loc": np.array(starts, np.int32), "logits_indices": np.array(logits_rows, np.int64),
+        }
+        for name, value in inputs.items():
+            self.binding.bind_cpu_input(name, value)
+        self._bind_outputs()
+        self.session.run_with_iobinding(self.binding)
+        logits = self.binding.get_outputs()[0].numpy()
+        out, row = [], 0
+        for _, tokens in batch:
+            count = len(tokens) if all_logits else 1
+            out.append(logits[row:row + count] if all_logits else logits[row])
+            row += count
+        return out
+
+    def release(self, seq: int) -> None:
+        self.free += self.tables.pop(seq, [])
+        self.lengths.pop(seq, None)
+
+
+def teacher_forced_logits(runner: PagedRunner, sequences: Sequence[Sequence[int]], prompt_lens: Sequence[int],
+                          *, prefill_chunk: int = 0, stagger: bool = False) -> list[np.ndarray]:
+    """Logits at every position of each sequence: prompts prefilled (in chunks of ``prefill_chunk``
+    if set), the rest decoded one token per step; with ``stagger`` sequence i joins at step i, so
+    steps mix one sequence's prefill with another's decodes. Returns [len(seq), vocab] each."""
+    cursors, results = [0] * len(sequences), [[] for _ in sequences]
+    step = 0
+    while any(c < len(s) for c, s in zip(cursors, sequences)):
+        batch = []
+        for i, seq in enumerate(sequences):
+            if (stagger and i > step) or cursors[i] >= len(seq):
+                continue
+            remaining = prompt_lens[i] - cursors[i]
+            count = (min(prefill_chunk, remaining) if prefill_chunk else remaining) if remaining > 0 else 1
+            batch.append((i, seq[cursors[i]:cursors[i] + count]))
+        for (i, tokens), logits in zip(batch, runner.step(batch, all_logits=True)):
+            results[i].append(logits)
+            cursors[i] += len(tokens)
+        step += 1
+    for i in range(len(sequences)):
+        runner.release(i)
+    return [np.concatenate(r) for r in results]
+
+
+def greedy_generate(runner: PagedRunner, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                    stop_ids: Sequence[int] = ()) -> list[list[int]]:
+    """Greedy continuations of all prompts, batched: one prefill step, then one decode step per token."""
+    outputs: list[list[int]] = [[] for _ in prompts]
+    logits = runner.step([(i, list(p)) for i, p in enumerate(prompts)])
+    active = list(range(len(prompts)))
+    for _ in range(max_new_tokens):
+        for i, row in zip(active, logits):
+            outputs[i].append(int(np.argmax(row)))
+        active = [i for i in active if outputs[i][-1] not in stop_ids and len(outputs[i]) < max_new_tokens]
+        if not active:
+            break
+        logits = runner.step([(i, [outputs[i][-1]]) for i in active])
+    for i in range(len(prompts)):
+        runner.release(i)
+    return outputs
+
+
+def transformers_logits(checkpoint: str | Path, sequences: Sequence[Sequence[int]]) -> list[np.ndarray]:
+    """Reference logits [len(seq), vocab] from transformers' PyTorch model (fp32, eager attention)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    with torch.no_grad():
+        return [model(torch.tensor([list(s)])).logits[0].float().numpy() for s in sequences]
+
+
+def top1_agreement(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> float:
+    """Share of positions where two logit sets pick the same token."""
+    same = sum(int((x.argmax(-1) == y.argmax(-1)).sum()) for x, y in zip(a, b))
+    return same / sum(len(x) for x in a)
+
+
+@dataclass(frozen=True)
+class ValidationReport:
+    max_abs_diff: float
+    top1_agreement: float
+    positions: int
+    tolerance: float
+
+    @property
+    def ok(self) -> bool:
+        return self.max_abs_diff <= self.tolerance
+
+    def summary(self) -> str:
+        return (f"max |logit diff| {self.max_abs_diff:.2e} vs transformers (tolerance {self.tolerance:g}), "
+                f"top-1 agreement {self.top1_agreement:.1%} over {self.positions} positions")
+
+
+def random_sequences(vocab_size: int, lengths: Sequence[int], seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab_size, n).tolist() for n in lengths]
+
+
+def validate_artifact(artifact: str | Path, checkpoint: str | Path, *, prompt_lens: Sequence[int] = (19, 7),
+                      decode_steps: int = 4, tolerance: float = 1e-3, seed: int = 0,
+                      block_size: int = 16) -> ValidationReport:
+    """Two sequences of different lengths: prefill, then ``decode_steps`` decodes each, on shuffled
+    blocks; logits at every position compared with transformers on the same tokens."""
+    manifest = load_manifest(artifact)
+    sequences = random_sequences(manifest.vocab_size, [n + decode_steps for n in prompt_lens], seed)
+    runner = PagedRunner(artifact, block_size=block_size, seed=seed)
+    ours = teacher_forced_logits(runner, sequences, prompt_lens)
+    reference = transformers_logits(checkpoint, sequences)
+    diff = max(float(np.abs(a - b).max()) for a, b in zip(ours, reference))
+    return ValidationReport(diff, top1_agreement(ours, reference), sum(len(s) for s in sequences), tolerance)
