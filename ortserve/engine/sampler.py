@@ -89,12 +89,37 @@ class Sampler:
     # -- random sampling ---------------------------------------------------------------------
     def _sample_random(self, x: np.ndarray, seqs: list[Sequence]) -> np.ndarray:
         """``x``: processed logits of the non-greedy rows (modified in place)."""
+        cdf = np.cumsum(self._weights(x, seqs), axis=1, out=x)
+        u = np.fromiter((s.rng.random() for s in seqs), dtype=np.float64, count=len(seqs))
+        tokens = np.empty(len(seqs), dtype=np.int64)
+        for i in range(len(seqs)):  # the first token whose cdf exceeds u * total (u < 1)
+            row = cdf[i]
+            target = min(np.float32(u[i] * row[-1]), np.nextafter(row[-1], np.float32(0)))
+            tokens[i] = np.searchsorted(row, target, side="right")
+        return tokens
+
+    def probabilities(self, logits: np.ndarray, seqs: list[Sequence]) -> np.ndarray:
+        """The distribution each row samples from (for tests and inspection; ``logits`` is
+        modified in place). Greedy rows are one-hot."""
+        self._apply_processors(logits, seqs)
+        probs = np.zeros_like(logits)
+        for i, seq in enumerate(seqs):
+            if seq.request.params.greedy:
+                probs[i, logits[i].argmax()] = 1.0
+            else:
+                w = self._weights(logits[i:i + 1].copy(), [seq])[0]
+                probs[i] = w / w.sum()
+        return probs
+
+    @staticmethod
+    def _weights(x: np.ndarray, seqs: list[Sequence]) -> np.ndarray:
+        """Unnormalised probabilities after temperature, min-p, top-k and top-p (in place)."""
         params = [s.request.params for s in seqs]
         temperature = np.array([p.temperature for p in params], dtype=np.float32)
         if (temperature != 1.0).any():
             x /= temperature[:, None]
         x -= x.max(axis=1, keepdims=True)
-        weights = np.exp(x, out=x)  # unnormalised probabilities, the largest is exactly 1
+        weights = np.exp(x, out=x)  # the largest is exactly 1
         for i, p in enumerate(params):
             if p.min_p > 0.0:
                 row = weights[i]
@@ -113,14 +138,7 @@ class Sampler:
             threshold = desc[np.arange(len(top_p_rows)), keep - 1]
             w[w < threshold[:, None]] = 0.0
             weights[top_p_rows] = w
-        cdf = np.cumsum(weights, axis=1, out=weights)
-        u = np.fromiter((s.rng.random() for s in seqs), dtype=np.float64, count=len(seqs))
-        tokens = np.empty(len(seqs), dtype=np.int64)
-        for i in range(len(seqs)):  # the first token whose cdf exceeds u * total (u < 1)
-            row = cdf[i]
-            target = min(np.float32(u[i] * row[-1]), np.nextafter(row[-1], np.float32(0)))
-            tokens[i] = np.searchsorted(row, target, side="right")
-        return tokens
+        return weights
 
 
 def _token_logprob(row: np.ndarray, token: int, k: int) -> TokenLogprob:

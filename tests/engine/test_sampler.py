@@ -1,0 +1,172 @@
+"""Sampler against direct numpy computations on fixed logits."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from engine_fakes import EOS, make_request
+
+from ortserve.engine.sampler import Sampler
+
+V = 64
+
+
+def fixed_logits(rows: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(0, 2, size=(rows, V)).astype(np.float32)
+
+
+def seq_with(prompt=(3, 4, 5, 4), output=(), **params):
+    params.setdefault("temperature", 1.0)
+    seq = make_request(list(prompt), **params).sequences[0]
+    for t in output:
+        seq.append_token(t)
+    return seq
+
+
+def reference_probs(logits, seq) -> np.ndarray:
+    """The spec, written plainly for one row."""
+    p = seq.request.params
+    x = logits.astype(np.float64).copy()
+    prompt, out = list(seq.token_ids[:seq.num_prompt_tokens]), seq.output_token_ids
+    if len(out) < p.min_tokens:
+        for t in [EOS] + list(p.stop_token_ids or []):
+            x[t] = -np.inf
+    for t, b in (p.logit_bias or {}).items():
+        x[t] += b
+    for t in set(prompt) | set(out):
+        x[t] = x[t] / p.repetition_penalty if x[t] > 0 else x[t] * p.repetition_penalty
+    for t in set(out):
+        x[t] -= p.frequency_penalty * out.count(t) + p.presence_penalty
+    if p.temperature == 0:
+        probs = np.zeros(V)
+        probs[np.argmax(x)] = 1
+        return probs
+    x = x / p.temperature
+    probs = np.exp(x - x.max())
+    probs /= probs.sum()
+    if p.min_p:
+        probs[probs < p.min_p * probs.max()] = 0
+    if p.top_k:
+        probs[probs < np.sort(probs)[-p.top_k]] = 0
+    probs /= probs.sum()
+    if p.top_p < 1:
+        order = np.argsort(-probs, kind="stable")
+        cum = np.cumsum(probs[order])
+        keep = order[: np.searchsorted(cum, p.top_p) + 1]  # smallest prefix reaching top_p
+        mask = np.zeros(V, bool)
+        mask[keep] = True
+        probs[~mask] = 0
+    return probs / probs.sum()
+
+
+CASES = {
+    "plain": dict(),
+    "temperature": dict(temperature=0.5),
+    "top_k": dict(top_k=5),
+    "top_p": dict(top_p=0.6),
+    "min_p": dict(min_p=0.2),
+    "top_k+top_p+min_p": dict(top_k=10, top_p=0.8, min_p=0.05, temperature=1.3),
+    "repetition": dict(repetition_penalty=1.5, output=(4, 9, 9)),
+    "frequency+presence": dict(frequency_penalty=0.7, presence_penalty=0.4, output=(7, 7, 7, 1)),
+    "logit_bias": dict(logit_bias={11: 5.0, 12: -100.0}),
+    "min_tokens": dict(min_tokens=3, stop_token_ids=[13], output=(1,)),
+    "greedy+penalties": dict(temperature=0.0, repetition_penalty=1.9, frequency_penalty=1.0, output=(5, 5)),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_probabilities_match_numpy_reference(case):
+    params = dict(CASES[case])
+    output = params.pop("output", ())
+    logits = fixed_logits(1, seed=list(CASES).index(case))
+    seq = seq_with(output=output, **params)
+    expected = reference_probs(logits[0], seq)
+    got = Sampler().probabilities(logits.copy(), [seq])[0]
+    np.testing.assert_allclose(got, expected, atol=1e-6)
+
+
+def test_batched_rows_with_mixed_params_equal_each_row_alone():
+    cases = [dict(CASES[c]) for c in CASES]
+    seqs = [seq_with(output=c.pop("output", ()), **c) for c in cases]
+    logits = fixed_logits(len(seqs), seed=7)
+    together = Sampler().probabilities(logits.copy(), seqs)
+    for i, seq in enumerate(seqs):
+        np.testing.assert_allclose(together[i], reference_probs(logits[i], seq), atol=1e-6)
+
+
+def test_greedy_is_argmax_and_batch_greedy_path_agrees():
+    logits = fixed_logits(4)
+    seqs = [seq_with(temperature=0.0) for _ in range(4)]
+    tokens, logprobs = Sampler().sample(logits.copy(), seqs)
+    assert tokens == logits.argmax(axis=1).tolist() and logprobs is None
+
+
+def test_min_tokens_blocks_eos_and_stop_ids():
+    logits = np.zeros((1, V), np.float32)
+    logits[0, EOS] = 50.0
+    logits[0, 13] = 49.0
+    seq = seq_with(temperature=0.0, min_tokens=2, stop_token_ids=[13])
+    tokens, _ = Sampler().sample(logits.copy(), [seq])
+    assert tokens[0] not in (EOS, 13)
+
+
+def test_samples_follow_the_processed_distribution():
+    logits = fixed_logits(1, seed=3)[:, :]
+    params = dict(top_k=6, top_p=0.9, temperature=0.8)
+    probs = reference_probs(logits[0], seq_with(**params))
+    sampler = Sampler()
+    draws = 4000
+    seqs = [seq_with(seed=i, **params) for i in range(draws)]
+    tokens, _ = sampler.sample(np.repeat(logits, draws, axis=0), seqs)
+    freq = np.bincount(tokens, minlength=V) / draws
+    assert set(np.flatnonzero(freq)) <= set(np.flatnonzero(probs))
+    np.testing.assert_allclose(freq, probs, atol=0.03)
+
+
+def test_seeded_sampling_is_reproducible_across_batch_compositions():
+    logits = fixed_logits(6, seed=11)
+
+    def run(order, others_seeded):
+        seqs = {}
+        for i in order:
+            seqs[i] = seq_with(seed=1234 if i == 0 else (i if others_seeded else None), top_p=0.95)
+        rows = [logits[i] for i in order]
+        out = []
+        for _ in range(20):
+            tokens, _ = Sampler().sample(np.stack(rows).copy(), [seqs[i] for i in order])
+            out.append(tokens[order.index(0)])
+        return out
+
+    alone = run([0], True)
+    assert alone == run([3, 0, 5], False) == run([5, 4, 3, 2, 1, 0], True)
+    assert len(set(alone)) > 1  # it really samples
+
+
+def test_different_seeds_and_sample_indices_differ():
+    logits = np.zeros((1, V), np.float32)
+    a = make_request([1, 2], seed=5, n=2, temperature=1.0)
+    a.fork()
+    draws = {i: [] for i in range(2)}
+    for _ in range(10):
+        for i, seq in enumerate(a.sequences):
+            draws[i].append(Sampler().sample(logits.copy(), [seq])[0][0])
+    assert draws[0] != draws[1]
+
+
+def test_logprobs_are_raw_log_softmax_with_rank_and_top_k():
+    logits = fixed_logits(2, seed=5)
+    seqs = [seq_with(temperature=0.0, logprobs=3, repetition_penalty=2.0, output=(1,)),
+            seq_with(temperature=0.0)]
+    tokens, logprobs = Sampler().sample(logits.copy(), seqs)
+    raw = logits[0].astype(np.float64) - np.log(np.exp(logits[0].astype(np.float64)).sum())
+    entry = logprobs[0]
+    assert entry.logprob == pytest.approx(raw[tokens[0]], abs=1e-5)
+    assert entry.rank == 1 + int((raw > raw[tokens[0]]).sum())
+    assert [t for t, _ in entry.top_logprobs] == np.argsort(-raw)[:3].tolist()
+    np.testing.assert_allclose([lp for _, lp in entry.top_logprobs], np.sort(raw)[::-1][:3], atol=1e-5)
+    assert logprobs[1] is None
+
+
+def test_logprobs_zero_gives_only_the_sampled_token():
+    seq = seq_with(temperature=0.0, logprobs=0)
+    _, logprobs = Sampler().sample(fixed_logits(1), [seq])
+    assert logprobs[0].top_logprobs == [] and logprobs[0].rank == 1

@@ -1,0 +1,53 @@
+"""SamplingParams: defaults, normalisation, and errors that name the field and its range."""
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from ortserve.sampling_params import SamplingParams
+
+
+def test_defaults_are_vllm_like():
+    p = SamplingParams()
+    assert (p.n, p.temperature, p.top_p, p.top_k, p.max_tokens, p.logprobs) == (1, 1.0, 1.0, 0, 16, None)
+    assert not p.greedy and not p.needs_penalties
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("n", 0, ">= 1"),
+    ("temperature", -0.1, ">= 0"),
+    ("top_p", 0.0, "(0, 1]"),
+    ("top_p", 1.5, "(0, 1]"),
+    ("top_k", -2, "0 or -1"),
+    ("min_p", 1.5, "[0, 1]"),
+    ("presence_penalty", 3.0, "[-2, 2]"),
+    ("frequency_penalty", -2.5, "[-2, 2]"),
+    ("repetition_penalty", 0.0, "(0, 2]"),
+    ("max_tokens", 0, ">= 1"),
+    ("min_tokens", -1, ">= 0"),
+    ("logprobs", 21, "[0, 20]"),
+    ("logit_bias", {5: 200.0}, "[-100, 100]"),
+    ("stop_token_ids", [-1], ">= 0"),
+])
+def test_bad_values_name_the_field_and_range(field, value, words):
+    with pytest.raises(ValueError) as info:
+        SamplingParams(**{field: value})
+    assert str(info.value).startswith(field) and words in str(info.value)
+
+
+def test_min_tokens_above_max_tokens_is_rejected():
+    with pytest.raises(ValueError, match="min_tokens must be <= max_tokens"):
+        SamplingParams(min_tokens=5, max_tokens=4)
+
+
+def test_normalisation_of_stop_bias_and_top_k():
+    p = SamplingParams(stop="###", logit_bias={"7": 1}, top_k=-1)
+    assert p.stop == ["###"] and p.logit_bias == {7: 1.0} and p.top_k == 0
+    assert SamplingParams(temperature=0).greedy and SamplingParams(top_k=1).greedy
+    assert SamplingParams(max_tokens=None).max_tokens is None
+
+
+def test_picklable():
+    p = SamplingParams(n=2, stop=["x"], logit_bias={1: 2.0}, seed=3)
+    assert pickle.loads(pickle.dumps(p)) == p

@@ -1,0 +1,90 @@
+"""--threads-bind / --reserved-cpus parsing, and the KV memory plan with its start-up error."""
+from __future__ import annotations
+
+import argparse
+import os
+
+import pytest
+
+from ortserve.artifact import ArtifactManifest
+from ortserve.engine.config import EngineConfig, add_engine_arguments
+from ortserve.engine.memory import GIB, MemoryCheckError, plan_kv_cache
+from ortserve.engine.threads import ThreadsBindError, format_cpu_list, parse_cpu_list, plan_threads
+
+
+def test_cpu_lists_round_trip():
+    assert parse_cpu_list("0-3,6, 8-9") == [0, 1, 2, 3, 6, 8, 9]
+    assert format_cpu_list([0, 1, 2, 3, 6, 8, 9]) == "0-3,6,8-9"
+    for bad in ("", "a", "3-1", "1-x"):
+        with pytest.raises(ThreadsBindError, match="--threads-bind"):
+            parse_cpu_list(bad)
+
+
+def test_auto_uses_physical_cores_and_reserves_from_the_end():
+    allowed = sorted(os.sched_getaffinity(0))
+    plan = plan_threads("auto")
+    assert plan.bind and set(plan.cores) <= set(allowed) and plan.num_threads >= 1
+    if plan.num_threads > 1:
+        reserved = plan_threads("auto", reserved_cpus=1)
+        assert reserved.cores == plan.cores[:-1]
+    with pytest.raises(ThreadsBindError, match="--reserved-cpus"):
+        plan_threads("auto", reserved_cpus=len(allowed) + 1)
+
+
+def test_explicit_list_and_affinity_string():
+    first = min(os.sched_getaffinity(0))
+    plan = plan_threads(str(first))
+    assert plan.cores == (first,) and plan.ort_affinities() == ""
+    two = plan_threads("0-1") if {0, 1} <= os.sched_getaffinity(0) else None
+    if two:
+        assert two.ort_affinities() == "2"  # ORT counts processors from 1; thread 0 is the caller
+    with pytest.raises(ThreadsBindError, match="may not use"):
+        plan_threads("4000")
+
+
+def test_nobind_pins_nothing():
+    plan = plan_threads("nobind")
+    assert not plan.bind and plan.num_threads == len(os.sched_getaffinity(0))
+
+
+MANIFEST = ArtifactManifest(
+    architecture="llama", num_layers=30, hidden_size=576, num_heads=9, num_kv_heads=3, head_size=64,
+    vocab_size=49152, max_model_len=8192, weight_precision="fp32", lm_head_precision="fp32",
+    num_parameters=134_515_008, weight_bytes=538_060_032, source="test", source_fingerprint="x")
+
+
+def test_kv_budget_buys_whole_blocks():
+    plan = plan_kv_cache(MANIFEST, 16, kv_cache_space=1.0, default_space=4.0, available=16 * GIB)
+    assert plan.bytes_per_block == 2 * 30 * 3 * 64 * 4 * 16
+    assert plan.num_blocks == GIB // plan.bytes_per_block
+    assert plan.total_bytes <= GIB
+
+
+def test_kv_budget_larger_than_memory_names_the_flag_and_a_value_that_fits():
+    with pytest.raises(MemoryCheckError) as info:
+        plan_kv_cache(MANIFEST, 16, kv_cache_space=64.0, default_space=4.0, available=8 * GIB)
+    message = str(info.value)
+    assert "--kv-cache-space 64" in message and "use --kv-cache-space" in message
+    fits = float(message.split("use --kv-cache-space ")[1].split()[0])
+    plan_kv_cache(MANIFEST, 16, kv_cache_space=fits, default_space=4.0, available=8 * GIB)  # no error
+
+
+def test_unset_budget_shrinks_to_what_fits():
+    plan = plan_kv_cache(MANIFEST, 16, kv_cache_space=None, default_space=4.0, available=3 * GIB)
+    assert 0 < plan.budget_bytes < 2 * GIB
+
+
+def test_engine_flags_fill_the_config_and_env_is_the_fallback(monkeypatch):
+    monkeypatch.setenv("ORTSERVE_KVCACHE_SPACE", "2.5")
+    monkeypatch.setenv("ORTSERVE_THREADS_BIND", "nobind")
+    parser = add_engine_arguments(argparse.ArgumentParser())
+    config = EngineConfig.from_args(parser.parse_args([]))
+    assert (config.kv_cache_space, config.threads_bind, config.enable_prefix_caching) == (2.5, "nobind", True)
+    config = EngineConfig.from_args(parser.parse_args(
+        ["--kv-cache-space", "1", "--threads-bind", "0", "--max-num-seqs", "4", "--block-size", "32",
+         "--max-num-batched-tokens", "64", "--max-model-len", "512", "--reserved-cpus", "1",
+         "--no-prefix-caching", "--precision", "int4"]))
+    assert config.model_dump() == dict(
+        model=None, precision="int4", block_size=32, kv_cache_space=1.0, max_num_seqs=4,
+        max_num_batched_tokens=64, max_model_len=512, threads_bind="0", reserved_cpus=1,
+        enable_prefix_caching=False)
