@@ -81,8 +81,8 @@ def resolve_source(src: str | os.PathLike) -> tuple[Path, str]:
 def _check_out(out: Path) -> None:
     if out.exists() and not (is_artifact(out) or (out.is_dir() and not any(out.iterdir()))):
         raise ExportError(f"{out} exists and is not an ortserve artifact; choose another -o OUT or remove it")
-    if not out.parent.is_dir():
-        raise ExportError(f"the parent directory of {out} does not exist; create it first")
+    if out.parent.exists() and not out.parent.is_dir():
+        raise ExportError(f"{out.parent} is a file; -o OUT must be a directory path")
 
 
 def _max_model_len(spec: ModelSpec, requested: int | None) -> int:
@@ -140,6 +140,7 @@ def export_model(src: str | os.PathLike, out: str | os.PathLike, *, precision: s
     checkpoint = Checkpoint(folder, arch.strip_prefixes)
     bars = _Bars(progress)
 
+    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
         with bars.stage("load", checkpoint.total_bytes(), "B") as bar:
