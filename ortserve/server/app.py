@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from litestar import Litestar
+from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 
@@ -47,7 +48,7 @@ def create_app(client: EngineClient, settings: ServerSettings) -> Litestar:
         exception_handlers=EXCEPTION_HANDLERS,
         request_max_body_size=settings.max_request_body_bytes,
         lifespan=[engine_lifespan],
-        state={"settings": settings},  # type: ignore[arg-type]
+        state=State({"settings": settings}),  # read by the API-key guard
         openapi_config=OpenAPIConfig(title="ortserve", version=__version__,
                                      description="OpenAI-compatible LLM serving on CPU"),
         logging_config=None,

@@ -10,7 +10,7 @@ from litestar.handlers.base import BaseRouteHandler
 from .errors import Unauthorized
 
 
-def require_api_key(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+async def require_api_key(connection: ASGIConnection, _: BaseRouteHandler) -> None:
     expected: str | None = connection.app.state.settings.api_key
     if not expected:
         return

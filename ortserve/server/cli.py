@@ -97,6 +97,7 @@ async def serve(config, settings, host: str, port: int, log_level: str = "info",
     client.on_failure.append(on_failure)
     client_ready = asyncio.ensure_future(_announce_ready(client, settings))
     sock = server.config.bind_socket()
+    sock.listen(server.config.backlog)  # connections queue from now on, before uvicorn accepts
     bound_host, bound_port = sock.getsockname()[:2]
     print(f"ortserve: listening on http://{bound_host}:{bound_port} "
           f"(model {settings.served_model_name!r} loading; GET /health is 503 until ready; "

@@ -32,11 +32,13 @@ class EngineObserver(Protocol):
 class EngineClient:
     def __init__(self, config: Any, *, max_waiting_requests: int,
                  factory: CoreFactory = build_engine_core,
-                 tokenizer_loader: Callable[[str], Any] = load_tokenizer) -> None:
+                 tokenizer_loader: Callable[[str], Any] = load_tokenizer,
+                 output_processor: Callable[[Any], Any] | None = None) -> None:
         self.config = config
         self.max_waiting_requests = max_waiting_requests
         self.factory = factory
         self.tokenizer_loader = tokenizer_loader
+        self.output_processor = output_processor
         self.state = "loading"  # -> ready | failed | stopped
         self.failure: str | None = None
         self.info: EngineInfo | None = None
@@ -152,9 +154,11 @@ class EngineClient:
     async def _finish_loading(self, info: EngineInfo) -> None:
         try:
             tokenizer = await asyncio.to_thread(self.tokenizer_loader, info.artifact_dir)
-            from ortserve.engine.output_processor import OutputProcessor
+            if self.output_processor is None:
+                from ortserve.engine.output_processor import OutputProcessor
 
-            self._processor = OutputProcessor(tokenizer)
+                self.output_processor = OutputProcessor
+            self._processor = self.output_processor(tokenizer)
         except Exception as exc:  # noqa: BLE001 - reported like any start-up failure
             self._fail(f"loading the tokenizer from {info.artifact_dir} failed: {exc}")
             return

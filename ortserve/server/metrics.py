@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client import CONTENT_TYPE_LATEST  # noqa: F401  (re-exported for the controller)
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
+                               disable_created_metrics, generate_latest)
+
+__all__ = ["CONTENT_TYPE_LATEST", "ServerMetrics"]
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 TPOT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
@@ -33,6 +35,7 @@ HISTOGRAMS = {
 
 class ServerMetrics:
     def __init__(self, model_name: str, prefix: str = "ortserve:") -> None:
+        disable_created_metrics()  # no *_created samples (process-wide, as vLLM does)
         self.registry = CollectorRegistry(auto_describe=True)
         labels = ["model_name"]
 

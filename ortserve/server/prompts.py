@@ -5,6 +5,7 @@ artifact's own, applied with transformers' ``apply_chat_template``.
 """
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from functools import lru_cache
@@ -19,13 +20,12 @@ def block_torch_import() -> None:
     The serving process must not pay torch's import time and memory; call before transformers."""
     if "torch" not in sys.modules:
         sys.modules["torch"] = None  # type: ignore[assignment]  # the import system's "not found"
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no "PyTorch was not found" banner
 
 
 def load_tokenizer(artifact_dir: str) -> Any:
     from transformers import AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
-    hf_logging.set_verbosity_error()  # no "PyTorch was not found" banner
     return AutoTokenizer.from_pretrained(artifact_dir)
 
 

@@ -110,9 +110,15 @@ class ChatCompletionResponse(BaseModel):
     usage: Usage
 
 
+def _absent(value: object) -> bool:
+    return value is None
+
+
 class DeltaMessage(BaseModel):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
+    """Only what is new: the role in a choice's first chunk, then text."""
+
+    role: Literal["assistant"] | None = Field(None, exclude_if=_absent)
+    content: str | None = Field(None, exclude_if=_absent)
 
 
 class ChatChunkChoice(BaseModel):

@@ -1,0 +1,70 @@
+"""Server fixtures: real server processes on 127.0.0.1, each on a free port.
+
+- ``server``: ``ortserve serve`` on the real SmolLM2 artifact, shared by the whole folder, with
+  an API key; stopped with SIGTERM at the end (and must exit 0).
+- ``fake_server``: the same server around the FakeCore (fake_engine.py), for HTTP behaviour
+  that needs no model.
+"""
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # server_process, fake_engine
+
+from server_process import ServerProcess  # noqa: E402
+
+API_KEY = "sk-ortserve-test"
+MAX_MODEL_LEN = 1024
+MAX_BODY = 1 << 20
+
+
+@pytest.fixture(scope="session")
+def server(smollm2_artifact: Path) -> Iterator[ServerProcess]:
+    proc = ServerProcess.real(smollm2_artifact, "--api-key", API_KEY, "--max-model-len",
+                              str(MAX_MODEL_LEN), "--max-request-body-bytes", str(MAX_BODY))
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        code = proc.stop()
+    assert code == 0, f"SIGTERM must exit 0, got {code}:\n{proc.output[-3000:]}"
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(smollm2_checkpoint: Path) -> Path:
+    return smollm2_checkpoint
+
+
+@pytest.fixture
+def start_fake(tokenizer_dir: Path) -> Iterator:
+    """Start fake servers with extra flags; all are killed at the end of the test."""
+    started: list[ServerProcess] = []
+
+    def start(*flags: str, ready: bool = True) -> ServerProcess:
+        proc = ServerProcess.fake(tokenizer_dir, *flags)
+        started.append(proc)
+        if ready:
+            proc.wait_ready(60)
+        else:
+            proc.wait_listening(60)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.proc.poll() is None:
+            proc.stop(30)
+
+
+@pytest.fixture(scope="module")
+def fake_server(tokenizer_dir: Path) -> Iterator[ServerProcess]:
+    proc = ServerProcess.fake(tokenizer_dir, "--api-key", API_KEY, "--max-request-body-bytes",
+                              str(MAX_BODY))
+    try:
+        proc.wait_ready(60)
+        yield proc
+    finally:
+        proc.stop(30)

@@ -1,0 +1,115 @@
+"""A stand-in engine core for the HTTP-layer tests: same interface as EngineCore, no model.
+
+Each sample repeats its prompt's tokens (so the text is predictable), one token per step, at
+most ``max_num_seqs`` requests run and the rest wait, and a step takes ``step_seconds``. Used
+where the real model would only make a test slow: backpressure, errors, disconnects.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from ortserve.engine.messages import (EngineCoreOutput, EngineRequest, EngineStats, RequestRejected,
+                                      TokenLogprob)
+from ortserve.server.ipc import EngineInfo
+
+
+@dataclass
+class _Running:
+    request: EngineRequest
+    generated: list[list[int]] = field(default_factory=list)
+    done: list[bool] = field(default_factory=list)
+    start: float = field(default_factory=time.monotonic)
+
+
+class FakeCore:
+    def __init__(self, max_model_len: int = 256, max_num_seqs: int = 4, step_seconds: float = 0.02,
+                 eos_token_id: int = 2) -> None:
+        self.max_model_len = max_model_len
+        self.max_num_seqs = max_num_seqs
+        self.step_seconds = step_seconds
+        self.eos_token_id = eos_token_id
+        self.waiting: list[_Running] = []
+        self.running: list[_Running] = []
+        self.totals = EngineStats()
+
+    def add_request(self, request: EngineRequest) -> None:
+        if len(request.prompt_token_ids) >= self.max_model_len:
+            raise RequestRejected(f"prompt of {len(request.prompt_token_ids)} tokens exceeds "
+                                  f"max_model_len {self.max_model_len}")
+        n = request.sampling_params.n
+        self.waiting.append(_Running(request, [[] for _ in range(n)], [False] * n))
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        ids = set(request_ids)
+        self.waiting = [r for r in self.waiting if r.request.request_id not in ids]
+        self.running = [r for r in self.running if r.request.request_id not in ids]
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def step(self) -> list[EngineCoreOutput]:
+        time.sleep(self.step_seconds)
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            self.running.append(self.waiting.pop(0))
+        outputs = []
+        for state in self.running:
+            req = state.request
+            params = req.sampling_params
+            prompt = req.prompt_token_ids
+            for i, tokens in enumerate(state.generated):
+                if state.done[i]:
+                    continue
+                token = prompt[(len(tokens) + i) % len(prompt)]
+                tokens.append(token)
+                self.totals.generation_tokens += 1
+                reason = None
+                stop_reason = None
+                if params.stop_token_ids and token in params.stop_token_ids:
+                    reason, stop_reason = "stop", token
+                elif len(tokens) >= (params.max_tokens or self.max_model_len - len(prompt)):
+                    reason = "length"
+                logprobs = None
+                if params.logprobs is not None:
+                    top = [(token, -0.25), (self.eos_token_id, -1.5)][: params.logprobs]
+                    logprobs = [TokenLogprob(logprob=-0.25, rank=1, top_logprobs=top)]
+                outputs.append(EngineCoreOutput(req.request_id, i, [token], logprobs, reason,
+                                                stop_reason, len(prompt), 0))
+                state.done[i] = reason is not None
+            if len(state.generated[0]) == 1:
+                self.totals.prompt_tokens += len(prompt)
+                self.totals.ttft.append(time.monotonic() - state.start)
+        for state in [s for s in self.running if all(s.done)]:
+            self.running.remove(state)
+            self.totals.e2e.append(time.monotonic() - state.start)
+        return outputs
+
+    def stats(self) -> EngineStats:
+        s = self.totals
+        out = EngineStats(num_running=len(self.running), num_waiting=len(self.waiting),
+                          kv_usage=len(self.running) / self.max_num_seqs,
+                          prompt_tokens=s.prompt_tokens, generation_tokens=s.generation_tokens,
+                          ttft=s.ttft, e2e=s.e2e)
+        s.ttft, s.e2e = [], []
+        return out
+
+
+@dataclass
+class FakeEngineFactory:
+    """Picklable (spawn): builds a FakeCore in the engine process; ``tokenizer_dir`` stands in
+    for the artifact, since the HTTP side only reads its tokenizer. ``fail`` = a start-up error."""
+
+    tokenizer_dir: str
+    max_model_len: int = 256
+    max_num_seqs: int = 4
+    step_seconds: float = 0.02
+    fail: str | None = None
+    load_seconds: float = 0.0
+
+    def __call__(self, config: object) -> tuple[FakeCore, EngineInfo]:
+        time.sleep(self.load_seconds)
+        if self.fail:
+            raise ValueError(self.fail)
+        core = FakeCore(self.max_model_len, self.max_num_seqs, self.step_seconds)
+        return core, EngineInfo(artifact_dir=self.tokenizer_dir, max_model_len=self.max_model_len,
+                                vocab_size=49152, max_num_seqs=self.max_num_seqs)

@@ -1,0 +1,133 @@
+"""Start-up, backpressure, disconnects and shutdown, against the server around the FakeCore
+(one token per step, a fixed step time), so each behaviour is timed without a model."""
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+from conftest import API_KEY, MAX_BODY
+
+
+def client(proc, **kw) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{proc.base_url}/v1", api_key=API_KEY, max_retries=0, **kw)
+
+
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+def test_health_is_503_while_the_model_loads_then_200(start_fake):
+    proc = start_fake("--load-seconds", "3", ready=False)
+    loading = httpx.get(f"{proc.base_url}/health")
+    assert loading.status_code == 503
+    assert "loading" in loading.json()["error"]["message"]
+    proc.wait_ready(30)
+    assert httpx.get(f"{proc.base_url}/health").status_code == 200
+
+
+def test_start_up_failure_is_printed_and_exits_non_zero(start_fake):
+    message = "--kv-cache-space 100 GiB does not fit in 23.1 GiB available; use --kv-cache-space 18"
+    proc = start_fake("--fail", message, ready=False)
+    code = proc.proc.wait(30)
+    assert code != 0
+    assert message in proc.output
+
+
+def test_full_waiting_queue_answers_503_in_openai_shape(start_fake):
+    proc = start_fake("--max-num-seqs", "1", "--max-waiting-requests", "1", "--step-seconds", "0.05")
+    api = client(proc)
+    streams = [api.completions.create(model="fake", prompt="hello there", max_tokens=200, stream=True)
+               for _ in range(2)]  # one running, one waiting
+    for stream in streams:
+        next(iter(stream)) if stream is streams[0] else None
+    with pytest.raises(openai.InternalServerError) as err:
+        api.completions.create(model="fake", prompt="one too many", max_tokens=5)
+    assert err.value.status_code == 503
+    error = err.value.body
+    assert "--max-waiting-requests" in error["message"] and error["code"] == "engine_overloaded"
+    for stream in streams:
+        stream.close()
+
+
+def test_stream_disconnect_aborts_the_request_within_a_step(fake_server):
+    before = fake_server.metrics()
+    stream = client(fake_server).completions.create(model="fake", prompt="a b c d", max_tokens=240,
+                                                    stream=True)
+    for _, _chunk in zip(range(3), stream):
+        pass
+    stream.close()
+    after = wait_for(lambda: (m := fake_server.metrics())["ortserve:request_success_total{abort}"]
+                     > before["ortserve:request_success_total{abort}"] and m)
+    assert after["ortserve:num_requests_running"] == 0
+    generated = after["ortserve:generation_tokens_total"] - before["ortserve:generation_tokens_total"]
+    assert generated < 100  # aborted long before its 240 tokens (one per 20 ms step)
+
+
+def test_non_streaming_disconnect_aborts_the_request(fake_server):
+    before = fake_server.metrics()
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{fake_server.base_url}/v1/completions", timeout=0.5,
+                   headers={"Authorization": f"Bearer {API_KEY}"},
+                   json={"prompt": "a b c d", "max_tokens": 240})
+    after = wait_for(lambda: (m := fake_server.metrics())["ortserve:request_success_total{abort}"]
+                     > before["ortserve:request_success_total{abort}"] and m)
+    assert after["ortserve:num_requests_running"] == 0
+
+
+def test_body_above_the_limit_is_413(fake_server):
+    response = httpx.post(f"{fake_server.base_url}/v1/completions",
+                          headers={"Authorization": f"Bearer {API_KEY}"},
+                          json={"prompt": "x" * (MAX_BODY + 10)})
+    assert response.status_code == 413
+    assert "--max-request-body-bytes" in response.json()["error"]["message"]
+
+
+def test_openapi_schema_documents_the_routes(fake_server):
+    schema = httpx.get(f"{fake_server.base_url}/schema/openapi.json").json()
+    for path in ("/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize",
+                 "/detokenize", "/health", "/metrics"):
+        assert path in schema["paths"]
+    assert "CompletionRequest" in schema["components"]["schemas"]
+
+
+def test_sigterm_lets_in_flight_requests_finish_then_exits_0(start_fake):
+    proc = start_fake()
+    stream = client(proc).completions.create(model="fake", prompt="a b c", max_tokens=60, stream=True)
+    chunks = iter(stream)
+    next(chunks)
+    proc.proc.send_signal(signal.SIGTERM)
+    rest = list(chunks)  # ~1.2 s of steps after the signal
+    assert rest[-1].choices[0].finish_reason == "length"
+    assert proc.proc.wait(30) == 0
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{proc.base_url}/health")
+
+
+def test_sigterm_aborts_what_outlasts_the_drain_timeout_and_exits_0(start_fake):
+    proc = start_fake("--drain-timeout", "1")
+    stream = client(proc, timeout=30).completions.create(model="fake", prompt="a b c", max_tokens=240,
+                                                         stream=True)
+    next(iter(stream))
+    reader = threading.Thread(target=lambda: list(_ignore_errors(stream)), daemon=True)
+    reader.start()
+    start = time.monotonic()
+    proc.proc.send_signal(signal.SIGTERM)
+    assert proc.proc.wait(30) == 0
+    assert time.monotonic() - start < 4.0  # the request alone would take ~5 s
+
+
+def _ignore_errors(stream):
+    try:
+        yield from stream
+    except Exception:  # noqa: BLE001 - the server cut the stream, as it should
+        return
