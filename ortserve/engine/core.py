@@ -1,0 +1,220 @@
+"""The engine core: requests in, token deltas out, one ``step()`` at a time (vLLM v1's EngineCore).
+
+Start-up, in order: resolve the model to an artifact, plan the threads, plan the KV cache and
+check it fits in memory (before anything big is loaded), settle max_model_len, load the session,
+pin the calling thread, warm up, and log one summary block. Each step then runs
+schedule -> model runner -> sampler -> scheduler update.
+
+The server runs this in its own process (``ortserve.server.engine_process``), the offline ``LLM``
+in the caller's. Messages in and out are the small dataclasses of ``engine.messages``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ortserve.artifact import ArtifactManifest, is_artifact, load_manifest
+from ortserve.engine.block_manager import BlockManager
+from ortserve.engine.config import DEFAULT_KV_CACHE_SPACE_GIB, EngineConfig
+from ortserve.engine.memory import GIB, KVCachePlan, MemoryCheckError, plan_kv_cache
+from ortserve.engine.messages import (EngineCoreOutput, EngineRequest, EngineStats, FinishReason,
+                                      RequestRejected, TokenLogprob)
+from ortserve.engine.sampler import Sampler
+from ortserve.engine.scheduler import ScheduledBatch, Scheduler
+from ortserve.engine.sequence import Request
+from ortserve.engine.threads import pin_calling_thread, plan_threads
+from ortserve.sampling_params import SamplingParams
+
+__all__ = ["EngineCore", "EngineCoreOutput", "EngineRequest", "EngineStats", "FinishReason",
+           "MemoryCheckError", "RequestRejected", "TokenLogprob"]
+
+logger = logging.getLogger("ortserve.engine")
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig | None = None):
+        self.config = config = config or EngineConfig()
+        self.artifact_dir = resolve_artifact(config)
+        self.manifest = manifest = load_manifest(self.artifact_dir)
+        self.threads = plan_threads(config.threads_bind, config.reserved_cpus)
+        self.kv_plan = plan_kv_cache(manifest, config.block_size, config.kv_cache_space, DEFAULT_KV_CACHE_SPACE_GIB)
+        self.max_model_len = settle_max_model_len(config, manifest, self.kv_plan)
+        self.eos_token_ids = frozenset(manifest.eos_token_ids)
+        from ortserve.engine.model_runner import ModelRunner  # onnxruntime: only where it runs
+
+        started = time.perf_counter()
+        self.runner = ModelRunner(self.artifact_dir, manifest, self.kv_plan, self.threads, config.max_num_seqs)
+        pin_calling_thread(self.threads)
+        self.block_manager = BlockManager(self.kv_plan.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
+                                   self.max_model_len)
+        self.sampler = Sampler()
+        self._pending: list[EngineCoreOutput] = []  # abort outputs, delivered by the next step()
+        self._num_steps = 0
+        self._step_seconds = 0.0
+        self._warm_up()
+        logger.info("%s", startup_report(self, time.perf_counter() - started))
+
+    # -- facts the API side needs ------------------------------------------------------------
+    @property
+    def tokenizer_dir(self) -> Path:
+        return self.artifact_dir  # the exporter copies the tokenizer files into the artifact
+
+    @property
+    def vocab_size(self) -> int:
+        return self.manifest.vocab_size
+
+    @property
+    def num_blocks(self) -> int:
+        return self.kv_plan.num_blocks
+
+    # -- requests ------------------------------------------------------------------------------
+    def add_request(self, request: EngineRequest) -> None:
+        """Queue a request, or raise RequestRejected naming the limit and what changes it."""
+        prompt = request.prompt_token_ids
+        params = request.sampling_params
+        if request.request_id in self.scheduler.requests:
+            raise RequestRejected(f"request id {request.request_id!r} is already running")
+        if not prompt:
+            raise RequestRejected("the prompt is empty: at least one token is needed")
+        if len(prompt) > self.max_model_len:
+            raise RequestRejected(
+                f"the prompt has {len(prompt)} tokens, more than max_model_len {self.max_model_len} "
+                f"(--max-model-len; the KV cache, --kv-cache-space, and the model bound it)")
+        vocab = self.vocab_size
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            bad = next(t for t in prompt if not 0 <= t < vocab)
+            raise RequestRejected(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+        for field, ids in (("logit_bias", params.logit_bias or {}), ("stop_token_ids", params.stop_token_ids or ())):
+            bad = [t for t in ids if t >= vocab]
+            if bad:
+                raise RequestRejected(f"{field} token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        self.scheduler.add(Request(request, self.eos_token_ids, self.max_model_len))
+
+    def abort_requests(self, request_ids) -> None:
+        """End requests now and free their blocks. An entry is a request id, or (request id,
+        sample index) for one sample of n. Their 'abort' outputs come with the next step()."""
+        for entry in request_ids:
+            request_id, index = (entry, None) if isinstance(entry, str) else entry
+            self._pending += self.scheduler.abort(request_id, index)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests() or bool(self._pending)
+
+    # -- the loop body -------------------------------------------------------------------------
+    def step(self) -> list[EngineCoreOutput]:
+        started = time.perf_counter()
+        outputs, self._pending = self._pending, []
+        batch = self.scheduler.schedule()
+        if batch:
+            try:
+                logits = self.runner.execute(batch)
+                tokens, logprobs = self.sampler.sample(logits, batch.sampling)
+            except Exception:
+                self._fail_batch(batch)
+                raise
+            outputs += self.scheduler.update(batch, tokens, logprobs)
+            self._num_steps += 1
+        self._step_seconds += time.perf_counter() - started
+        return outputs
+
+    def _fail_batch(self, batch: ScheduledBatch) -> None:
+        """The step raised: end its requests (their blocks come back) and report them aborted."""
+        for request_id in dict.fromkeys(s.request.request_id for s in batch.seqs):
+            self._pending += self.scheduler.abort(request_id)
+
+    def stats(self) -> EngineStats:
+        counters = self.scheduler.counters
+        stats = EngineStats(
+            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            kv_usage=self.block_manager.usage, prefix_queries=counters.prefix_queries,
+            prefix_hits=counters.prefix_hits, num_preemptions=counters.num_preemptions,
+            prompt_tokens=counters.prompt_tokens, generation_tokens=counters.generation_tokens,
+            num_steps=self._num_steps, step_seconds=self._step_seconds,
+            model_seconds=self.runner.model_seconds,
+            ttft=counters.ttft, tpot=counters.tpot, e2e=counters.e2e)
+        counters.ttft, counters.tpot, counters.e2e = [], [], []
+        return stats
+
+    def _warm_up(self) -> None:
+        """One throwaway step (ORT's first run allocates and prepacks), then reset the clocks."""
+        length = min(self.config.block_size + 1, self.max_model_len)
+        self.add_request(EngineRequest("__warmup__", [0] * length, SamplingParams(max_tokens=1, temperature=0.0)))
+        while self.scheduler.has_unfinished_requests():
+            self.step()
+        self.block_manager.check_idle()
+        self.scheduler.counters = type(self.scheduler.counters)()
+        self.runner.model_seconds = self._step_seconds = 0.0
+        self._num_steps = 0
+
+
+def resolve_artifact(config: EngineConfig) -> Path:
+    if config.model is not None and is_artifact(config.model):
+        return Path(config.model)
+    from ortserve.models import resolve_model
+
+    return Path(resolve_model(config.model, precision=config.precision))
+
+
+def settle_max_model_len(config: EngineConfig, manifest: ArtifactManifest, kv: KVCachePlan) -> int:
+    """The model's limit, or --max-model-len, and never more than the KV cache holds (so one
+    request alone can always run to the end)."""
+    if config.max_model_len is not None and config.max_model_len > manifest.max_model_len:
+        raise MemoryCheckError(
+            f"--max-model-len {config.max_model_len} is more than the model's maximum of "
+            f"{manifest.max_model_len} tokens; use --max-model-len {manifest.max_model_len} or less")
+    wanted = config.max_model_len or manifest.max_model_len
+    if wanted <= kv.num_tokens:
+        return wanted
+    if config.max_model_len is not None:
+        need = -(-wanted // kv.block_size) * kv.bytes_per_block / GIB
+        raise MemoryCheckError(
+            f"--max-model-len {wanted} needs {need:.3g} GiB of KV cache but --kv-cache-space gives "
+            f"{kv.total_bytes / GIB:.3g} GiB ({kv.num_tokens} tokens); raise --kv-cache-space to "
+            f"{need * 1.01:.3g} or use --max-model-len {kv.num_tokens} or less")
+    logger.warning("max_model_len lowered from %d to %d: the KV cache (--kv-cache-space %.3g GiB) holds no more",
+                   wanted, kv.num_tokens, kv.total_bytes / GIB)
+    return kv.num_tokens
+
+
+def cpu_description() -> str:
+    model, flags = platform.processor() or "unknown CPU", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+                break
+    except OSError:
+        pass
+    isa = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if f in flags]
+    return f"{model} ({', '.join(isa) or 'no AVX2'})"
+
+
+def startup_report(core: EngineCore, load_seconds: float) -> str:
+    import onnxruntime
+
+    m, kv, config, threads = core.manifest, core.kv_plan, core.config, core.threads
+    per_token = m.kv_bytes_per_token()
+    return "\n".join([
+        "ortserve engine ready",
+        f"  model     {core.artifact_dir} ({m.architecture}, {m.num_parameters / 1e6:.0f}M parameters, "
+        f"{m.weight_precision} weights {m.weight_bytes / GIB:.2f} GiB), loaded in {load_seconds:.1f} s",
+        f"  platform  {platform.system()} {platform.machine()}, {cpu_description()}, "
+        f"{os.cpu_count()} CPUs online; onnxruntime {onnxruntime.__version__}, numpy {np.__version__}",
+        f"  threads   {threads.describe()}",
+        f"  KV cache  {kv.num_blocks} blocks x {kv.block_size} tokens = {kv.num_tokens} tokens, "
+        f"{kv.total_bytes / GIB:.2f} GiB ({per_token / 1024:.1f} KiB per token; {m.num_layers} layers x "
+        f"{m.num_kv_heads} KV heads x {m.head_size}, {m.kv_cache_dtype})",
+        f"  limits    max_model_len {core.max_model_len}; maximum concurrency for {core.max_model_len} tokens "
+        f"per request: {kv.num_tokens / core.max_model_len:.2f}x",
+        f"  scheduler max_num_seqs {config.max_num_seqs}, max_num_batched_tokens {config.max_num_batched_tokens}, "
+        f"prefix caching {'on' if config.enable_prefix_caching else 'off'}",
+    ])

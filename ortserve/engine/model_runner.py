@@ -1,0 +1,118 @@
+"""Turns a scheduled step into the graph's flattened-batch inputs and runs it.
+
+- One ``InferenceSession`` with the ortserve op library, ``ORT_ENABLE_ALL``, one intra-op thread
+  per planned core (pool threads pinned through ``session.intra_op_thread_affinities``, the calling
+  thread pinned by the engine), and spinning on when the cores are ours.
+- The per-layer KV caches are numpy arrays allocated once from the KV plan, wrapped as OrtValues
+  and bound once, each as both the cache input and the cache output (the op writes them in place
+  and checks the pointers are equal).
+- Per step: the seven small index arrays are built with vectorised numpy (per-sequence Python only,
+  never per token), the logits output is bound to a preallocated buffer with one row per sampling
+  sequence, and the session runs once.
+
+Inputs, for B sequences with q_b new tokens each (T = sum q_b):
+  input_ids[T], positions[T] = num_computed_b + i, slot_mapping[T] = block*block_size + offset,
+  block_tables[B, max blocks], context_lens[B] = num_computed_b + q_b,
+  query_start_loc[B+1] = prefix sums of q_b, logits_indices[N] = last row of each sampling sequence.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from ortserve import ops
+from ortserve.artifact import MODEL_FILE, ArtifactManifest
+from ortserve.engine.memory import KVCachePlan
+from ortserve.engine.scheduler import ScheduledBatch
+from ortserve.engine.threads import ThreadPlan
+
+
+class ModelRunner:
+    def __init__(self, artifact_dir: Path, manifest: ArtifactManifest, kv_plan: KVCachePlan,
+                 threads: ThreadPlan, max_num_seqs: int):
+        self.manifest = manifest
+        self.block_size = kv_plan.block_size
+        self.num_blocks = kv_plan.num_blocks
+        self.session = ort.InferenceSession(str(Path(artifact_dir) / MODEL_FILE),
+                                            session_options(threads), providers=["CPUExecutionProvider"])
+        shape = (kv_plan.num_blocks, manifest.num_kv_heads, kv_plan.block_size, manifest.head_size)
+        # np.zeros maps pages lazily: memory is committed as blocks are first written.
+        self.kv_caches = [np.zeros(shape, np.float32) for _ in range(2 * manifest.num_layers)]
+        self._kv_values = [ort.OrtValue.ortvalue_from_numpy(a) for a in self.kv_caches]
+        self.binding = self.session.io_binding()
+        for layer in range(manifest.num_layers):
+            for value, name_in, name_out in (
+                    (self._kv_values[2 * layer], manifest.key_cache_input(layer), manifest.key_cache_output(layer)),
+                    (self._kv_values[2 * layer + 1], manifest.value_cache_input(layer),
+                     manifest.value_cache_output(layer))):
+                self.binding.bind_ortvalue_input(name_in, value)
+                self.binding.bind_ortvalue_output(name_out, value)
+        self.logits = np.empty((max_num_seqs, manifest.vocab_size), np.float32)
+        self._inputs: dict[str, np.ndarray] = {}  # kept alive until the next step
+        self.model_seconds = 0.0  # time inside session.run, cumulative
+
+    def execute(self, batch: ScheduledBatch) -> np.ndarray:
+        """Run one step; returns logits [len(batch.sampling), vocab], a view valid until the next step."""
+        inputs = self.prepare_inputs(batch)
+        num_rows = inputs["logits_indices"].size
+        for name, value in inputs.items():
+            self.binding.bind_cpu_input(name, value)
+        self.binding.bind_output("logits", "cpu", 0, np.float32, [num_rows, self.manifest.vocab_size],
+                                 self.logits.ctypes.data)
+        self._inputs = inputs
+        start = time.perf_counter()
+        self.session.run_with_iobinding(self.binding)
+        self.model_seconds += time.perf_counter() - start
+        return self.logits[:num_rows]
+
+    def prepare_inputs(self, batch: ScheduledBatch) -> dict[str, np.ndarray]:
+        seqs = batch.seqs
+        num_seqs = len(seqs)
+        block_size = self.block_size
+        starts = np.fromiter((s.num_computed_tokens for s in seqs), np.int64, num_seqs)
+        q_lens = np.array(batch.num_new_tokens, np.int64)
+        query_start_loc = np.zeros(num_seqs + 1, np.int64)
+        np.cumsum(q_lens, out=query_start_loc[1:])
+        context_lens = starts + q_lens
+        ids = np.concatenate([np.frombuffer(s.token_ids[c:c + n], np.int64)
+                              for s, c, n in zip(seqs, starts.tolist(), batch.num_new_tokens)])
+        row_of_token = np.repeat(np.arange(num_seqs), q_lens)
+        positions = np.arange(ids.size, dtype=np.int64) - (query_start_loc[:-1] - starts)[row_of_token]
+        tables = [s.block_table for s in seqs]
+        num_table_blocks = np.fromiter(map(len, tables), np.int64, num_seqs)
+        block_tables = np.zeros((num_seqs, int(num_table_blocks.max())), np.int32)
+        block_tables[np.arange(block_tables.shape[1]) < num_table_blocks[:, None]] = list(
+            itertools.chain.from_iterable(tables))
+        slot_mapping = (block_tables[row_of_token, positions // block_size].astype(np.int64) * block_size
+                        + positions % block_size)
+        num_tokens = np.fromiter((s.num_tokens for s in seqs), np.int64, num_seqs)
+        logits_indices = query_start_loc[1:][context_lens == num_tokens] - 1
+        return {
+            "input_ids": ids,
+            "positions": positions,
+            "slot_mapping": slot_mapping,
+            "block_tables": block_tables,
+            "context_lens": context_lens.astype(np.int32),
+            "query_start_loc": query_start_loc.astype(np.int32),
+            "logits_indices": logits_indices,
+        }
+
+
+def session_options(threads: ThreadPlan) -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    ops.register(options)
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.intra_op_num_threads = threads.num_threads
+    options.inter_op_num_threads = 1
+    options.enable_mem_pattern = False  # shapes change every step: a recorded pattern never applies
+    if threads.bind and threads.num_threads > 1:
+        options.add_session_config_entry("session.intra_op_thread_affinities", threads.ort_affinities())
+    # Spin between parallel sections only when the cores are ours (pinned); with nobind the
+    # threads share cores with other work and should sleep.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if threads.bind else "0")
+    return options
