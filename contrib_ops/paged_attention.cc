@@ -4,19 +4,26 @@
 #include "onnxruntime_lite_custom_op.h"
 #undef ORT_API_MANUAL_INIT
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
 #include <mutex>
-#include <sstream>
+#include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include "paged_attention_kernel.h"
 
 namespace {
 
+using namespace ortserve;
 using Ort::Custom::Tensor;
 
 std::string ShapeStr(const std::vector<int64_t>& s) {
@@ -25,69 +32,118 @@ std::string ShapeStr(const std::vector<int64_t>& s) {
   return r + "]";
 }
 
-// Everything the attention loop needs, validated.
-struct Problem {
-  int64_t T, H, KVH, D, group, num_blocks, block_size, B, max_blocks;
-  float scale, softcap;
-  int64_t window;  // 0 = none
-  const float* q;
-  float* out;
-  float* kc;
-  float* vc;
-  const int32_t* block_tables;
-  const int32_t* context_lens;
-  const int32_t* qsl;
-};
+using RunFn = void (*)(const Problem&, const WorkItem&);
 
-// One unit of parallel work: query rows [row_begin, row_end) of sequence seq, one kv head.
-struct WorkItem {
-  int32_t seq, kv_head, row_begin, row_end;
-};
-
-// Scalar online softmax of one query head over cached positions [lo, hi].
-void AttendRow(const Problem& P, int64_t seq, int64_t kv_head, const float* q, int64_t lo, int64_t hi,
-               float* out) {
-  const int32_t* table = P.block_tables + seq * P.max_blocks;
-  float m = -std::numeric_limits<float>::infinity(), l = 0.f;
-  std::vector<float> acc(P.D, 0.f);
-  for (int64_t j = lo; j <= hi; ++j) {
-    const int64_t row = (table[j / P.block_size] * P.KVH + kv_head) * P.block_size + j % P.block_size;
-    const float* k = P.kc + row * P.D;
-    const float* v = P.vc + row * P.D;
-    float s = 0.f;
-    for (int64_t d = 0; d < P.D; ++d) s += q[d] * k[d];
-    s *= P.scale;
-    if (P.softcap > 0.f) s = P.softcap * std::tanh(s / P.softcap);  // s = c * tanh(s / c)
-    const float m_new = std::max(m, s);
-    const float alpha = std::exp(m - m_new);  // rescale of the old running sum and accumulator
-    const float p = std::exp(s - m_new);
-    l = l * alpha + p;
-    for (int64_t d = 0; d < P.D; ++d) acc[d] = acc[d] * alpha + p * v[d];
-    m = m_new;
-  }
-  for (int64_t d = 0; d < P.D; ++d) out[d] = acc[d] / l;
+// The best kernel build this CPU supports; ORTSERVE_PAGED_ATTENTION_ISA=avx2|generic caps it
+// (to test every build on one machine).
+RunFn PickKernel() {
+  const char* cap = std::getenv("ORTSERVE_PAGED_ATTENTION_ISA");
+  const std::string want = cap ? cap : "avx512";
+  if (want == "avx512" && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw"))
+    return avx512::RunWorkItem;
+  if (want != "generic" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return avx2::RunWorkItem;
+  return generic::RunWorkItem;
 }
 
-void RunWorkItem(const Problem& P, const WorkItem& w) {
-  const int64_t qs = P.qsl[w.seq], q_len = P.qsl[w.seq + 1] - qs, ctx = P.context_lens[w.seq];
-  for (int64_t i = w.row_begin; i < w.row_end; ++i) {
-    const int64_t p = ctx - q_len + (i - qs);  // absolute position of query row i
-    const int64_t lo = P.window > 0 ? std::max<int64_t>(0, p - P.window + 1) : 0;
-    for (int64_t h = w.kv_head * P.group; h < (w.kv_head + 1) * P.group; ++h) {
-      const float* q = P.q + (i * P.H + h) * P.D;
-      AttendRow(P, w.seq, w.kv_head, q, lo, p, P.out + (i * P.H + h) * P.D);
+// CPUs this process may run on: an upper bound on the session's intra-op threads.
+int64_t CpuCount() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+constexpr int64_t kMinSplitKeys = 256;  // a split-K piece covers at least this many positions
+
+// The parallel work of one call. items[order[i]] is the i-th task handed to the thread pool
+// (largest first, for balance); split[g] = (first item, piece count) of each split-K tile.
+struct Plan {
+  std::vector<WorkItem> items;
+  std::vector<size_t> order;
+  std::vector<std::pair<size_t, size_t>> split;
+  std::vector<float> partials;
+  const Problem* problem;
+  RunFn run;
+};
+
+// Work items over (sequence, kv head, query tile): a tile packs whole query rows times the
+// kv head's query heads into <= 16 lanes, so each cached K/V row is read once per tile.
+// With fewer tiles than 4x the CPUs, long key ranges are split into >= 256-position pieces.
+void PlanWork(const Problem& P, Plan& plan) {
+  const int64_t heads = std::min<int64_t>(P.group, kMaxLanes);
+  const int64_t rows_per_tile = std::max<int64_t>(1, kMaxLanes / heads);
+  std::vector<WorkItem> tiles;
+  for (int32_t b = 0; b < P.B; ++b) {
+    const int64_t q_begin = P.qsl[b], q_end = P.qsl[b + 1], ctx = P.context_lens[b];
+    for (int64_t r = q_begin; r < q_end; r += rows_per_tile) {
+      const int64_t r_end = std::min(r + rows_per_tile, q_end);
+      const int64_t first_pos = ctx - (q_end - q_begin) + (r - q_begin);  // position of row r
+      const int64_t key_begin = P.window > 0 ? std::max<int64_t>(0, first_pos - P.window + 1) : 0;
+      const int64_t key_end = ctx - (q_end - r_end);  // last row's position + 1
+      for (int64_t g = 0; g < P.KVH; ++g)
+        for (int64_t h = g * P.group; h < (g + 1) * P.group; h += heads)
+          tiles.push_back(WorkItem{b, int32_t(g), int32_t(h), int32_t(std::min(h + heads, (g + 1) * P.group)),
+                                   int32_t(r), int32_t(r_end), int32_t(key_begin), int32_t(key_end), nullptr});
     }
   }
+  const int64_t target = 4 * CpuCount();
+  const int64_t want = tiles.empty() ? 1 : (target + tiles.size() - 1) / tiles.size();
+  for (const WorkItem& t : tiles) {
+    const int64_t keys = t.key_end - t.key_begin;
+    const int64_t pieces = std::max<int64_t>(1, std::min(want, keys / kMinSplitKeys));
+    if (pieces == 1) {
+      plan.items.push_back(t);
+      continue;
+    }
+    const int64_t step = ((keys + pieces - 1) / pieces + 15) / 16 * 16;
+    const size_t first = plan.items.size();
+    for (int64_t k = t.key_begin; k < t.key_end; k += step) {
+      WorkItem piece = t;
+      piece.key_begin = int32_t(k), piece.key_end = int32_t(std::min<int64_t>(k + step, t.key_end));
+      plan.items.push_back(piece);
+    }
+    plan.split.emplace_back(first, plan.items.size() - first);
+  }
+  plan.partials.assign(plan.split.empty() ? 0 : plan.items.size() * PartialFloats(P.D), 0.f);
+  for (const auto& [first, count] : plan.split)
+    for (size_t i = first; i < first + count; ++i) plan.items[i].partial = plan.partials.data() + i * PartialFloats(P.D);
+  plan.order.resize(plan.items.size());
+  std::iota(plan.order.begin(), plan.order.end(), 0);
+  auto cost = [&](size_t i) {
+    const WorkItem& w = plan.items[i];
+    return int64_t{w.row_end - w.row_begin} * (w.head_end - w.head_begin) * (w.key_end - w.key_begin);
+  };
+  std::stable_sort(plan.order.begin(), plan.order.end(), [&](size_t a, size_t b) { return cost(a) > cost(b); });
 }
 
-struct ParallelData {
-  const Problem* problem;
-  const std::vector<WorkItem>* items;
-};
+void RunTask(void* data, size_t index) {
+  auto* plan = static_cast<const Plan*>(data);
+  plan->run(*plan->problem, plan->items[plan->order[index]]);
+}
 
-void RunWorkItemTask(void* data, size_t index) {
-  auto* d = static_cast<ParallelData*>(data);
-  RunWorkItem(*d->problem, (*d->items)[index]);
+// Merge split-K pieces s of one tile: m = max_s m_s, out = sum_s e^{m_s - m} acc_s / sum_s e^{m_s - m} l_s.
+void MergeSplits(const Problem& P, const Plan& plan) {
+  std::vector<float> acc(P.D);
+  for (const auto& [first, count] : plan.split) {
+    const WorkItem& w = plan.items[first];
+    const int64_t heads = w.head_end - w.head_begin;
+    for (int64_t r = w.row_begin; r < w.row_end; ++r) {
+      for (int64_t h = w.head_begin; h < w.head_end; ++h) {
+        const int64_t m = (r - w.row_begin) * heads + (h - w.head_begin);
+        float max = -std::numeric_limits<float>::infinity(), sum = 0.f;
+        for (size_t i = first; i < first + count; ++i) max = std::max(max, plan.items[i].partial[m]);
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for (size_t i = first; i < first + count; ++i) {
+          const float* part = plan.items[i].partial;
+          const float weight = std::exp(part[m] - max);
+          sum += weight * part[kMaxLanes + m];
+          for (int64_t d = 0; d < P.D; ++d) acc[d] += weight * part[2 * kMaxLanes + d * kMaxLanes + m];
+        }
+        float* out = P.out + (r * P.H + h) * P.D;
+        for (int64_t d = 0; d < P.D; ++d) out[d] = acc[d] / sum;
+      }
+    }
+  }
 }
 
 struct PagedAttention {
@@ -155,15 +211,12 @@ struct PagedAttention {
         }
       }
 
-      // 2. Attention, parallel over (sequence, kv head, query tile).
-      std::vector<WorkItem> items;
-      constexpr int32_t kTile = 16;
-      for (int32_t b = 0; b < P.B; ++b)
-        for (int32_t g = 0; g < P.KVH; ++g)
-          for (int32_t r = P.qsl[b]; r < P.qsl[b + 1]; r += kTile)
-            items.push_back({b, g, r, std::min(r + kTile, P.qsl[b + 1])});
-      ParallelData data{&P, &items};
-      if (!items.empty()) Ort::KernelContext(context).ParallelFor(RunWorkItemTask, items.size(), 0, &data);
+      // 2. Attention, parallel over (sequence, kv head, query tile[, split-K piece]).
+      Plan plan;
+      plan.problem = &P, plan.run = PickKernel();
+      PlanWork(P, plan);
+      if (!plan.items.empty()) Ort::KernelContext(context).ParallelFor(RunTask, plan.items.size(), 0, &plan);
+      MergeSplits(P, plan);
       return Ort::Status{nullptr};
     } catch (const std::exception& e) {
       return Error(std::string("PagedAttention: ") + e.what());

@@ -69,6 +69,27 @@ def test_long_single_decode_is_split_across_threads_and_still_exact():
     check_against_reference([(1, 3000)], num_heads=14, num_kv_heads=2, head_size=64, block_size=16)
 
 
+def test_long_decodes_with_sliding_window_and_softcap_split_across_threads():
+    check_against_reference([(1, 2500), (1, 1300)], num_heads=6, num_kv_heads=2, head_size=80, block_size=32,
+                            sliding_window=700, softcap=3.0)
+
+
+def test_any_block_size_and_head_size_work():
+    check_against_reference(MIXED, num_heads=4, num_kv_heads=2, head_size=72, block_size=5)
+
+
+def test_more_than_sixteen_query_heads_per_kv_head():
+    check_against_reference(MIXED, num_heads=40, num_kv_heads=2, head_size=32, block_size=16)
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "generic"])
+def test_every_kernel_build_matches_reference(isa, monkeypatch):
+    monkeypatch.setenv("ORTSERVE_PAGED_ATTENTION_ISA", isa)  # caps the run-time kernel choice
+    check_against_reference(MIXED + [(1, 900)], num_heads=14, num_kv_heads=2, head_size=64, block_size=16,
+                            sliding_window=50, softcap=4.0)
+    check_against_reference(MIXED, num_heads=3, num_kv_heads=3, head_size=128, block_size=8)
+
+
 def test_empty_step_with_no_tokens_is_allowed():
     check_against_reference([(0, 5)], num_heads=4, num_kv_heads=2, head_size=64, block_size=16)
 

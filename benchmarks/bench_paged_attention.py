@@ -1,0 +1,206 @@
+"""Time ortserve.PagedAttention against ONNX Runtime's com.microsoft.GroupQueryAttention (fp32, CPU).
+
+Shape: Qwen2.5-0.5B attention (14 query heads, 2 kv heads, head size 64). Each model chains
+--layers attention nodes, each with its own KV cache (as in a real decoder, so a long cache does
+not stay in the CPU cache between layers); figures are per layer. Cases:
+  decode:  1, 8, 32 sequences x context 512 and 2048, one new token each;
+  prefill: one 512-token prompt.
+GQA gets its best configuration: past and present KV share one buffer (bound through IOBinding),
+and every sequence of a batch has the same length (its batched decode needs a padded [B, kv, L, D]
+cache; mixed prefill+decode or prefill with past context would need batch 1 calls).
+Variants are interleaved round by round and medians taken, so load from other processes hits
+all of them alike.
+
+    python benchmarks/bench_paged_attention.py [--layers 4] [--rounds 7]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+import ortserve.ops
+
+NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE = 14, 2, 64, 16
+Q_WIDTH, KV_WIDTH = NUM_HEADS * HEAD_SIZE, NUM_KV_HEADS * HEAD_SIZE
+F, I32, I64 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64
+
+
+def _model(nodes, inputs, outputs):
+    graph = helper.make_graph(nodes, "attention", inputs, outputs)
+    return helper.make_model(graph, ir_version=10, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1),
+        helper.make_opsetid(ortserve.ops.DOMAIN, ortserve.ops.OPSET_VERSION)])
+
+
+def paged_model(layers):
+    vi = helper.make_tensor_value_info
+    cache = ["num_blocks", NUM_KV_HEADS, BLOCK_SIZE, HEAD_SIZE]
+    inputs = [vi("query", F, ["T", Q_WIDTH]), vi("key", F, ["T", KV_WIDTH]), vi("value", F, ["T", KV_WIDTH]),
+              vi("slot_mapping", I64, ["T"]), vi("block_tables", I32, ["B", "M"]),
+              vi("context_lens", I32, ["B"]), vi("query_start_loc", I32, ["B1"])]
+    outputs, nodes, query = [], [], "query"
+    for layer in range(layers):
+        inputs += [vi(f"key_cache.{layer}", F, cache), vi(f"value_cache.{layer}", F, cache)]
+        outputs += [vi(f"key_cache_out.{layer}", F, cache), vi(f"value_cache_out.{layer}", F, cache)]
+        nodes.append(helper.make_node(
+            "PagedAttention", [query, "key", "value", f"key_cache.{layer}", f"value_cache.{layer}", "slot_mapping",
+                               "block_tables", "context_lens", "query_start_loc"],
+            [f"out.{layer}", f"key_cache_out.{layer}", f"value_cache_out.{layer}"],
+            domain=ortserve.ops.DOMAIN, num_heads=NUM_HEADS, num_kv_heads=NUM_KV_HEADS))
+        query = f"out.{layer}"
+    outputs.insert(0, vi(query, F, ["T", Q_WIDTH]))
+    return _model(nodes, inputs, outputs)
+
+
+def gqa_model(layers):
+    vi = helper.make_tensor_value_info
+    cache = ["B", NUM_KV_HEADS, "L", HEAD_SIZE]
+    inputs = [vi("query", F, ["B", "S", Q_WIDTH]), vi("key", F, ["B", "S", KV_WIDTH]),
+              vi("value", F, ["B", "S", KV_WIDTH]), vi("seqlens_k", I32, ["B"]),
+              vi("total_sequence_length", I32, [])]
+    outputs, nodes, query = [], [], "query"
+    for layer in range(layers):
+        inputs += [vi(f"past_key.{layer}", F, cache), vi(f"past_value.{layer}", F, cache)]
+        outputs += [vi(f"present_key.{layer}", F, cache), vi(f"present_value.{layer}", F, cache)]
+        nodes.append(helper.make_node(
+            "GroupQueryAttention", [query, "key", "value", f"past_key.{layer}", f"past_value.{layer}", "seqlens_k",
+                                    "total_sequence_length"],
+            [f"out.{layer}", f"present_key.{layer}", f"present_value.{layer}"],
+            domain="com.microsoft", num_heads=NUM_HEADS, kv_num_heads=NUM_KV_HEADS))
+        query = f"out.{layer}"
+    outputs.insert(0, vi(query, F, ["B", "S", Q_WIDTH]))
+    return _model(nodes, inputs, outputs)
+
+
+def session(model, threads):
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = threads
+    ortserve.ops.register(options)
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def paged_binding(sess, rng, layers, seqs, ctx, q_len):
+    """seqs sequences, each with ctx cached tokens of which the last q_len are new this step."""
+    blocks_per_seq = -(-ctx // BLOCK_SIZE)
+    num_blocks = seqs * blocks_per_seq
+    tables = rng.permutation(num_blocks).astype(np.int32).reshape(seqs, blocks_per_seq)
+    pos = np.arange(ctx - q_len, ctx)
+    slots = (tables[:, pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE).reshape(-1).astype(np.int64)
+    T = seqs * q_len
+    b = sess.io_binding()
+    b.bind_output(sess.get_outputs()[0].name, "cpu")
+    feeds = dict(query=rng.standard_normal((T, Q_WIDTH), np.float32),
+                 key=rng.standard_normal((T, KV_WIDTH), np.float32),
+                 value=rng.standard_normal((T, KV_WIDTH), np.float32), slot_mapping=slots, block_tables=tables,
+                 context_lens=np.full(seqs, ctx, np.int32),
+                 query_start_loc=(np.arange(seqs + 1) * q_len).astype(np.int32))
+    for name, array in feeds.items():
+        b.bind_cpu_input(name, array)
+    keep = []
+    for layer in range(layers):
+        for kind in ("key", "value"):
+            cache = ort.OrtValue.ortvalue_from_numpy(
+                rng.standard_normal((num_blocks, NUM_KV_HEADS, BLOCK_SIZE, HEAD_SIZE), np.float32))
+            b.bind_ortvalue_input(f"{kind}_cache.{layer}", cache)
+            b.bind_ortvalue_output(f"{kind}_cache_out.{layer}", cache)
+            keep.append(cache)
+    return b, keep
+
+
+def gqa_binding(sess, rng, layers, seqs, ctx, q_len):
+    """Padded batch: every sequence in a [seqs, kv, ctx, D] buffer shared by past and present."""
+    b = sess.io_binding()
+    b.bind_output(sess.get_outputs()[0].name, "cpu")
+    feeds = dict(query=rng.standard_normal((seqs, q_len, Q_WIDTH), np.float32),
+                 key=rng.standard_normal((seqs, q_len, KV_WIDTH), np.float32),
+                 value=rng.standard_normal((seqs, q_len, KV_WIDTH), np.float32),
+                 seqlens_k=np.full(seqs, ctx - 1, np.int32),
+                 total_sequence_length=np.array(ctx, np.int32))
+    for name, array in feeds.items():
+        b.bind_cpu_input(name, array)
+    keep = []
+    for layer in range(layers):
+        for kind in ("key", "value"):
+            cache = ort.OrtValue.ortvalue_from_numpy(
+                rng.standard_normal((seqs, NUM_KV_HEADS, ctx, HEAD_SIZE), np.float32))
+            b.bind_ortvalue_input(f"past_{kind}.{layer}", cache)
+            b.bind_ortvalue_output(f"present_{kind}.{layer}", cache)
+            keep.append(cache)
+    return b, keep
+
+
+def time_block(sess, binding, seconds):
+    """Mean seconds per run over a block of back-to-back runs lasting about `seconds`."""
+    start = time.perf_counter()
+    sess.run_with_iobinding(binding)
+    once = time.perf_counter() - start
+    n = max(2, int(seconds / max(once, 1e-6)))
+    start = time.perf_counter()
+    for _ in range(n):
+        sess.run_with_iobinding(binding)
+    return (time.perf_counter() - start) / n
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layers", type=int, default=4, help="attention nodes per model (own cache each)")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved repetitions; medians are reported")
+    parser.add_argument("--block-seconds", type=float, default=0.15, help="timed runs per variant per round")
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    L = args.layers
+    models = {"paged": paged_model(L), "gqa": gqa_model(L)}
+    sessions = {(kind, t): session(models[kind], t) for kind in models for t in (1, 2)}
+
+    # (label, sequences, context, new tokens per sequence)
+    cases = [(f"decode {s:>2} x {c}", s, c, 1) for s in (1, 8, 32) for c in (512, 2048)]
+    cases.append(("prefill 1 x 512", 1, 512, 512))
+    rows = []
+    for label, seqs, ctx, q_len in cases:
+        variants = {}
+        for kind, make in (("paged", paged_binding), ("gqa", gqa_binding)):
+            for threads in (2, 1):
+                sess = sessions[(kind, threads)]
+                variants[(kind, threads)] = (sess, *make(sess, rng, L, seqs, ctx, q_len))
+        times = {key: [] for key in variants}
+        for _ in range(args.rounds):
+            for key, (sess, binding, _keep) in variants.items():
+                time.sleep(0.02)  # let the previous session's spinning pool threads go idle
+                times[key].append(time_block(sess, binding, args.block_seconds) / L)
+        med = {key: statistics.median(v) for key, v in times.items()}
+        rows.append((label, seqs * q_len, med))
+        del variants
+
+    print(f"\nPagedAttention vs GroupQueryAttention, {NUM_HEADS} q heads / {NUM_KV_HEADS} kv heads / head {HEAD_SIZE}, "
+          f"fp32, per layer, median of {args.rounds} interleaved rounds")
+    head = (f"{'case':<18}{'tokens':>7}{'paged 2t ms':>13}{'gqa 2t ms':>11}{'paged us/tok':>14}{'gqa us/tok':>12}"
+            f"{'gqa/paged':>11}{'paged 1t ms':>13}{'gqa 1t ms':>11}{'paged 1t/2t':>13}")
+    print(head)
+    print("-" * len(head))
+    for label, tokens, m in rows:
+        p2, g2, p1, g1 = m[("paged", 2)], m[("gqa", 2)], m[("paged", 1)], m[("gqa", 1)]
+        print(f"{label:<18}{tokens:>7}{p2 * 1e3:>13.3f}{g2 * 1e3:>11.3f}{p2 / tokens * 1e6:>14.2f}"
+              f"{g2 / tokens * 1e6:>12.2f}{g2 / p2:>10.2f}x{p1 * 1e3:>13.3f}{g1 * 1e3:>11.3f}{p1 / p2:>12.2f}x")
+    by_label = {label: m for label, _, m in rows}
+    ratio = lambda label: by_label[label][("gqa", 2)] / by_label[label][("paged", 2)]
+    scaling = lambda label: by_label[label][("paged", 1)] / by_label[label][("paged", 2)]
+    print("\nTargets (2 threads unless noted):")
+    checks = [
+        ("batch-1 decode no slower than GQA", min(ratio("decode  1 x 512"), ratio("decode  1 x 2048")), 1.0),
+        ("prefill no slower than GQA", ratio("prefill 1 x 512"), 1.0),
+        ("32-seq decode >= 1.5x faster per token", min(ratio("decode 32 x 512"), ratio("decode 32 x 2048")), 1.5),
+        ("2 threads >= 1.7x faster than 1 at >= 8 seqs",
+         min(scaling(f"decode {s:>2} x {c}") for s in (8, 32) for c in (512, 2048)), 1.7),
+    ]
+    for name, value, target in checks:
+        print(f"  {name:<48} worst {value:5.2f}x  (target {target}x)  {'ok' if value >= target else 'MISSED'}")
+
+
+if __name__ == "__main__":
+    main()

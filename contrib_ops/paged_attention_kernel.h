@@ -1,0 +1,41 @@
+// Interface between the PagedAttention op (paged_attention.cc: validation, cache write, work
+// partition, threads) and its attention kernel (paged_attention_kernel.cc, compiled once per ISA).
+#pragma once
+
+#include <cstdint>
+
+namespace ortserve {
+
+// One validated call of the op. Shapes as in DESIGN.md §1; D = head_size.
+struct Problem {
+  int64_t T, H, KVH, D, group, num_blocks, block_size, B, max_blocks;
+  float scale, softcap;
+  int64_t window;  // sliding window, 0 = none
+  const float* q;  // [T, H, D]
+  float* out;      // [T, H, D]
+  float* kc;       // [num_blocks, KVH, block_size, D]
+  float* vc;       // same
+  const int32_t* block_tables;
+  const int32_t* context_lens;
+  const int32_t* qsl;  // query_start_loc
+};
+
+constexpr int kMaxLanes = 16;  // query vectors per work item = SIMD lanes of the kernel
+
+// Query heads [head_begin, head_end) of one kv head, for query rows [row_begin, row_end) of one
+// sequence, over cached positions [key_begin, key_end). Lanes are (row, head) pairs, row-major.
+// partial == nullptr: the item covers every visible position and writes the output rows.
+// Otherwise it is one split-K piece: it writes its running max, sum and unnormalised accumulator.
+struct WorkItem {
+  int32_t seq, kv_head, head_begin, head_end, row_begin, row_end, key_begin, key_end;
+  float* partial;  // [kMaxLanes max | kMaxLanes sum | D x kMaxLanes acc] or nullptr
+};
+
+inline int64_t PartialFloats(int64_t head_size) { return 2 * kMaxLanes + head_size * kMaxLanes; }
+
+// The kernel, one build per instruction set; paged_attention.cc picks one at run time.
+namespace avx512 { void RunWorkItem(const Problem& p, const WorkItem& w); }
+namespace avx2 { void RunWorkItem(const Problem& p, const WorkItem& w); }
+namespace generic { void RunWorkItem(const Problem& p, const WorkItem& w); }
+
+}  // namespace ortserve
