@@ -6,7 +6,6 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 
 from litestar import Request
-from litestar.response import ServerSentEvent
 
 from .completions import _finish, stream_error
 from .engine_client import EngineClient
@@ -16,7 +15,7 @@ from .prompts import Prompts
 from .responses import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
                         ChatCompletionResponse, DeltaMessage, Usage, now, random_id)
 from .sampling import sampling_params
-from .streams import until_disconnected
+from .streams import EventStream, until_disconnected
 
 
 class ChatService:
@@ -25,7 +24,7 @@ class ChatService:
         self.model_name = model_name
 
     async def create(self, body: ChatCompletionRequest, request: Request
-                     ) -> ChatCompletionResponse | ServerSentEvent | None:
+                     ) -> ChatCompletionResponse | EventStream | None:
         prompts = self.client.check_ready()
         body.check(prompts.vocab_size)
         token_ids = prompts.render_chat(body.messages, body.add_generation_prompt,
@@ -37,7 +36,7 @@ class ChatService:
         request_id = random_id("chatcmpl")
         stream = self.client.generate(request_id, token_ids, params)
         if body.stream:
-            return ServerSentEvent(self._stream(request_id, body, token_ids, stream, prompts))
+            return EventStream(self._stream(request_id, body, token_ids, stream, prompts))
         return await until_disconnected(request, self._collect(request_id, body, token_ids, stream,
                                                                prompts))
 

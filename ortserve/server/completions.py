@@ -6,7 +6,6 @@ from contextlib import aclosing
 from dataclasses import dataclass
 
 from litestar import Request
-from litestar.response import ServerSentEvent
 
 from .engine_client import EngineClient
 from .logprobs import completion_logprobs
@@ -14,7 +13,7 @@ from .protocol import CompletionRequest
 from .prompts import Prompts
 from .responses import (CompletionChoice, CompletionResponse, Usage, now, random_id)
 from .sampling import sampling_params
-from .streams import merge, until_disconnected
+from .streams import EventStream, merge, until_disconnected
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions endpoint
 
@@ -35,7 +34,7 @@ class CompletionsService:
         self.model_name = model_name
 
     async def create(self, body: CompletionRequest, request: Request
-                     ) -> CompletionResponse | ServerSentEvent | None:
+                     ) -> CompletionResponse | EventStream | None:
         prompts = self.client.check_ready()
         body.check(prompts.vocab_size)
         batch = [self._prompt(prompts, p, body) for p in body.prompts()]
@@ -48,7 +47,7 @@ class CompletionsService:
         streams = [self.client.generate(f"{request_id}-{i}", p.token_ids, sp)
                    for i, (p, sp) in enumerate(zip(batch, params))]
         if body.stream:
-            return ServerSentEvent(self._stream(request_id, body, batch, streams, prompts))
+            return EventStream(self._stream(request_id, body, batch, streams, prompts))
         return await until_disconnected(request, self._collect(request_id, body, batch, streams, prompts))
 
     @staticmethod

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from litestar import Controller, Request, Response, get, post
 from litestar.openapi import ResponseSpec
-from litestar.response import ServerSentEvent
 
 from .auth import require_api_key
 from .chat import ChatService
@@ -15,6 +14,7 @@ from .protocol import ChatCompletionRequest, CompletionRequest, DetokenizeReques
 from .responses import (ChatCompletionChunk, ChatCompletionResponse, CompletionResponse, DetokenizeResponse, ErrorResponse,
                         ModelCard, ModelList, TokenizeResponse)
 from .settings import ServerSettings
+from .streams import EventStream
 
 CLIENT_GONE = 499  # nginx's "client closed request": nobody reads this response
 
@@ -52,7 +52,7 @@ class OpenAIController(Controller):
           responses=generation_responses(CompletionResponse, CompletionResponse))
     async def create_completion(self, data: CompletionRequest, request: Request,
                                 completions: CompletionsService, settings: ServerSettings
-                                ) -> CompletionResponse | ServerSentEvent | Response[bytes]:
+                                ) -> CompletionResponse | EventStream | Response[bytes]:
         check_model(settings, data.model)
         result = await completions.create(data, request)
         return result if result is not None else Response(b"", status_code=CLIENT_GONE)
@@ -61,7 +61,7 @@ class OpenAIController(Controller):
           responses=generation_responses(ChatCompletionResponse, ChatCompletionChunk))
     async def create_chat_completion(self, data: ChatCompletionRequest, request: Request,
                                      chat: ChatService, settings: ServerSettings
-                                     ) -> ChatCompletionResponse | ServerSentEvent | Response[bytes]:
+                                     ) -> ChatCompletionResponse | EventStream | Response[bytes]:
         check_model(settings, data.model)
         result = await chat.create(data, request)
         return result if result is not None else Response(b"", status_code=CLIENT_GONE)

@@ -26,25 +26,18 @@ CoreFactory = Callable[[Any], "tuple[Any, EngineInfo]"]
 
 
 def build_engine_core(config: Any) -> tuple[Any, EngineInfo]:
-    """The real engine: resolve MODEL to an artifact (exporting a built-in on first run), load it."""
+    """The real engine; it resolves MODEL itself (exporting a built-in on first run)."""
     from ortserve.engine.core import EngineCore
-    from ortserve.models import resolve_model
 
-    artifact = resolve_model(config.model, precision=config.precision)
-    config = config.model_copy(update={"model": str(artifact)})
     core = EngineCore(config)
-    return core, describe_core(core, str(artifact))
-
-
-def describe_core(core: Any, artifact_dir: str) -> EngineInfo:
-    return EngineInfo(
-        artifact_dir=artifact_dir,
+    return core, EngineInfo(
+        artifact_dir=str(core.tokenizer_dir),
         max_model_len=core.max_model_len,
         vocab_size=core.vocab_size,
         max_num_seqs=core.config.max_num_seqs,
-        num_blocks=getattr(core, "num_blocks", 0),
+        num_blocks=core.num_blocks,
         block_size=core.config.block_size,
-        eos_token_ids=list(getattr(core, "eos_token_ids", []) or []),
+        eos_token_ids=sorted(core.eos_token_ids),
     )
 
 

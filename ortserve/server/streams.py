@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import aclosing
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from litestar import Request
+from litestar.response import ServerSentEvent
 
 T = TypeVar("T")
 _DONE = object()
@@ -68,3 +69,12 @@ async def until_disconnected(request: Request, work: Awaitable[T]) -> T | None:
 async def _disconnect(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+class EventStream(ServerSentEvent):
+    """Litestar's SSE response, keeping ``text/event-stream`` even though the route's own media
+    type is JSON (Stream.to_asgi_response prefers the route's)."""
+
+    def to_asgi_response(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["media_type"] = self.media_type
+        return super().to_asgi_response(*args, **kwargs)

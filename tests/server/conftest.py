@@ -18,13 +18,14 @@ sys.path.insert(0, str(Path(__file__).parent))  # server_process, fake_engine
 from server_process import ServerProcess  # noqa: E402
 
 API_KEY = "sk-ortserve-test"
+SERVED_NAME = "smollm2-135m-instruct"
 MAX_MODEL_LEN = 1024
 MAX_BODY = 1 << 20
 
 
 @pytest.fixture(scope="session")
 def server(smollm2_artifact: Path) -> Iterator[ServerProcess]:
-    proc = ServerProcess.real(smollm2_artifact, "--api-key", API_KEY, "--max-model-len",
+    proc = ServerProcess.real(smollm2_artifact, "--served-model-name", SERVED_NAME, "--api-key", API_KEY, "--max-model-len",
                               str(MAX_MODEL_LEN), "--max-request-body-bytes", str(MAX_BODY))
     try:
         proc.wait_ready()
