@@ -10,7 +10,7 @@ from http import HTTPStatus
 from typing import Any
 
 from litestar import Request, Response
-from litestar.exceptions import HTTPException, ValidationException
+from litestar.exceptions import HTTPException, SerializationException, ValidationException
 
 from .responses import ErrorInfo, ErrorResponse
 
@@ -85,9 +85,8 @@ def _validation_message(exc: ValidationException) -> tuple[str, str | None]:
     for item in exc.extra if isinstance(exc.extra, list) else []:
         key = str(item.get("key") or "") if isinstance(item, dict) else ""
         message = str(item.get("message", item)) if isinstance(item, dict) else str(item)
-        if not key or key == "data":  # the body as a whole
-            message = "the request body must be a JSON object" if key == "data" else message
-            key = ""
+        if key == "data" or (not key and "valid dictionary" in message):
+            return "The request body must be a JSON object", None
         field = key.split(".")[0]  # "prompt.list[int]" is one branch of prompt's union
         problems.setdefault(field, [])
         if message not in problems[field]:
@@ -112,7 +111,7 @@ def handle_http_exception(_: Request, exc: HTTPException) -> Response[ErrorRespo
         return error_response(413, "Request body too large; the limit is set by "
                               "--max-request-body-bytes", param=None, code="request_too_large")
     detail = exc.detail or HTTPStatus(status).phrase
-    if status == 400 and "JSON" in detail:
+    if isinstance(exc.__cause__, SerializationException):
         detail = f"Malformed JSON body: {detail}"
     return error_response(status, detail, headers=exc.headers)
 

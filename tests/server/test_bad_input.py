@@ -1,0 +1,86 @@
+"""Client mistakes get OpenAI's error shape, the documented 4xx, and a message naming the field;
+never a 500. Sent raw (httpx) so malformed bodies reach the server as they are."""
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from conftest import API_KEY, MAX_BODY, MAX_MODEL_LEN, SERVED_NAME
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+MESSAGES = [{"role": "user", "content": "hi"}]
+TOO_LONG = "hello " * (MAX_MODEL_LEN + 10)
+
+
+def chat(**fields):
+    return {"model": SERVED_NAME, "messages": MESSAGES, **fields}
+
+
+def completion(**fields):
+    return {"model": SERVED_NAME, "prompt": "hi", **fields}
+
+
+# (case, route, body (dict, or raw str), headers, status, field the message and param must name)
+CASES = [
+    ("malformed JSON", CHAT, '{"model": "x", "messages": [', None, 400, "JSON"),
+    ("body not an object", COMPLETIONS, "[1, 2, 3]", None, 400, "JSON object"),
+    ("max_tokens wrong type", COMPLETIONS, completion(max_tokens="many"), None, 400, "max_tokens"),
+    ("temperature wrong type", CHAT, chat(temperature="hot"), None, 400, "temperature"),
+    ("messages wrong type", CHAT, chat(messages="hi"), None, 400, "messages"),
+    ("prompt wrong type", COMPLETIONS, completion(prompt=3.5), None, 400, "prompt"),
+    ("stop wrong type", COMPLETIONS, completion(stop=7), None, 400, "stop"),
+    ("messages missing", CHAT, {"model": SERVED_NAME}, None, 400, "messages"),
+    ("unknown role", CHAT, chat(messages=[{"role": "robot", "content": "hi"}]), None, 400, "messages"),
+    ("max_tokens < 1", COMPLETIONS, completion(max_tokens=0), None, 400, "max_tokens"),
+    ("max_completion_tokens < 1", CHAT, chat(max_completion_tokens=0), None, 400, "max_completion_tokens"),
+    ("temperature < 0", CHAT, chat(temperature=-0.5), None, 400, "temperature"),
+    ("top_p > 1", COMPLETIONS, completion(top_p=1.5), None, 400, "top_p"),
+    ("n = 0", CHAT, chat(n=0), None, 400, "n"),
+    ("top_logprobs > 20", CHAT, chat(logprobs=True, top_logprobs=50), None, 400, "top_logprobs"),
+    ("top_logprobs without logprobs", CHAT, chat(top_logprobs=2), None, 400, "top_logprobs"),
+    ("logit_bias not a token id", CHAT, chat(logit_bias={"abc": 1}), None, 400, "logit_bias"),
+    ("token id outside the vocabulary", COMPLETIONS, completion(prompt=[1, 10**9]), None, 400, "prompt"),
+    ("stream_options without stream", CHAT, chat(stream_options={"include_usage": True}), None, 400,
+     "stream_options"),
+    ("prompt too long", COMPLETIONS, completion(prompt=TOO_LONG), None, 400, "prompt"),
+    ("messages too long", CHAT, chat(messages=[{"role": "user", "content": TOO_LONG}]), None, 400, "messages"),
+    ("max_tokens beyond the context", CHAT, chat(max_tokens=MAX_MODEL_LEN), None, 400, "max_tokens"),
+    ("unknown model", CHAT, chat(model="gpt-17"), None, 404, "model"),
+    ("missing key", CHAT, chat(), {}, 401, "API key"),
+    ("wrong key", COMPLETIONS, completion(), {"Authorization": "Bearer sk-wrong"}, 401, "API key"),
+    ("body too large", COMPLETIONS, completion(prompt="x" * MAX_BODY), None, 413, "--max-request-body-bytes"),
+]
+
+
+@pytest.mark.parametrize("route, body, headers, status, field",
+                         [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_gets_a_4xx_naming_the_field(server, route, body, headers, status, field):
+    if headers is None:
+        headers = {"Authorization": f"Bearer {API_KEY}"}
+    kwargs = {"content": body, "headers": {**headers, "Content-Type": "application/json"}} \
+        if isinstance(body, str) else {"json": body, "headers": headers}
+    response = httpx.post(f"{server.base_url}{route}", timeout=60, **kwargs)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert field in error["message"]
+    if field.isidentifier() and field.islower():  # a request field, not a word of the message
+        assert error["param"] == field
+
+
+def test_the_openai_client_raises_its_own_error_types(server):
+    api = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=API_KEY, max_retries=0)
+    with pytest.raises(openai.BadRequestError) as bad:
+        api.chat.completions.create(model=SERVED_NAME, messages=MESSAGES, temperature=-1)
+    assert bad.value.body["param"] == "temperature"
+    with pytest.raises(openai.NotFoundError):
+        api.models.retrieve  # noqa: B018 - the attribute exists; the call below is the check
+        api.completions.create(model="nope", prompt="hi")
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="sk-wrong", max_retries=0).models.list()
+
+
+def test_health_and_metrics_need_no_key(server):
+    assert httpx.get(f"{server.base_url}/health").status_code == 200
+    assert "ortserve:num_requests_running" in httpx.get(f"{server.base_url}/metrics").text
