@@ -1,0 +1,44 @@
+"""A server's Prometheus counters, read before and after a run so the bench can show the
+server's own view of the same work (ortserve:prompt_tokens_total, vllm:generation_tokens_total...)."""
+from __future__ import annotations
+
+import httpx
+
+
+def parse_counters(text: str) -> dict[str, float]:
+    """Sum every `*_total` sample by metric name, over all label sets."""
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if "{" in line:
+            name, _, rest = line.partition("{")
+            rest = rest.rsplit("}", 1)[-1]
+        else:
+            name, _, rest = line.partition(" ")
+        fields = rest.split()
+        if not name.endswith("_total") or not fields:
+            continue
+        try:
+            totals[name] = totals.get(name, 0.0) + float(fields[0])
+        except ValueError:
+            continue
+    return totals
+
+
+async def fetch_counters(client: httpx.AsyncClient, base_url: str) -> dict[str, float] | None:
+    """The counters at base_url/metrics, or None when the server has no such endpoint."""
+    try:
+        response = await client.get(f"{base_url.rstrip('/')}/metrics", timeout=10.0)
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    return parse_counters(response.text)
+
+
+def delta(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float]:
+    if before is None or after is None:
+        return {}
+    return {k: v - before.get(k, 0.0) for k, v in sorted(after.items()) if v - before.get(k, 0.0) != 0}

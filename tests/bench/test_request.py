@@ -1,0 +1,89 @@
+"""One streamed request against a scripted SSE response (httpx.MockTransport): what is sent, and
+how chunks become TTFT, ITL, E2EL and token counts."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from ortserve.bench.request import RequestSpec, payload, send
+
+SPEC = RequestSpec(url="http://bench.test/v1/completions", model="m", prompt="hi", prompt_len=2, output_len=3)
+
+
+def sse(events: list[dict | str], delay: float = 0.0):
+    async def body():
+        for event in events:
+            await asyncio.sleep(delay)
+            data = event if isinstance(event, str) else json.dumps(event)
+            yield f"data: {data}\n\n".encode()
+    return body()
+
+
+def chunk(text: str) -> dict:
+    return {"choices": [{"index": 0, "text": text, "finish_reason": None}]}
+
+
+def run(events, delay=0.0, status=200, count_tokens=None, seen=None):
+    def handler(request: httpx.Request) -> httpx.Response:
+        if seen is not None:
+            seen.append(json.loads(request.content))
+        if status != 200:
+            return httpx.Response(status, json={"error": {"message": "prompt too long"}})
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=sse(events, delay))
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            return await send(client, SPEC, count_tokens)
+    return asyncio.run(go())
+
+
+def test_payload_pins_the_output_length_every_way_servers_understand():
+    body = payload(SPEC)
+    assert body["max_tokens"] == body["min_tokens"] == 3 and body["ignore_eos"] is True
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    native = payload(RequestSpec(**{**SPEC.__dict__, "backend": "llama.cpp"}))
+    assert native["n_predict"] == 3
+
+
+def test_chunks_become_ttft_itl_and_e2el():
+    usage = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 3}}
+    out = run([chunk("a"), chunk("b"), chunk("c"), usage, "[DONE]"], delay=0.02)
+    assert out.success, out.error
+    assert out.num_chunks == 3 and len(out.itl) == 2
+    assert out.ttft >= 0.015
+    assert out.latency == pytest.approx(out.ttft + sum(out.itl))
+    assert out.generated_text == "abc"
+    assert (out.prompt_len, out.output_tokens) == (3, 3)  # the server's usage wins
+
+
+def test_without_usage_output_tokens_come_from_the_tokenizer():
+    out = run([chunk("ab"), chunk("cd"), "[DONE]"], count_tokens=len)
+    assert out.output_tokens == 4 and out.prompt_len == 2
+
+
+def test_without_usage_or_tokenizer_each_chunk_is_one_token():
+    assert run([chunk("ab"), chunk("cd")]).output_tokens == 2
+
+
+def test_empty_text_chunks_still_count_as_token_chunks():
+    out = run([chunk("a"), chunk(""), chunk("b")])
+    assert out.num_chunks == 3 and len(out.itl) == 2
+
+
+def test_http_error_is_a_failed_request_with_the_body():
+    out = run([], status=400)
+    assert not out.success and "HTTP 400" in out.error and "prompt too long" in out.error
+
+
+def test_stream_without_choices_is_a_failure():
+    out = run([{"choices": [], "usage": {"completion_tokens": 0}}, "[DONE]"])
+    assert not out.success and "no streamed chunk" in out.error
+
+
+def test_the_sent_body_is_the_payload():
+    seen: list[dict] = []
+    run([chunk("a")], seen=seen)
+    assert seen == [payload(SPEC)]
