@@ -117,5 +117,19 @@ async def serve(config, settings, host: str, port: int, log_level: str = "info",
 async def _announce_ready(client, settings) -> None:  # noqa: ANN001
     await client.ready.wait()
     info = client.info
+    http_cores = keep_off_engine_cores(info.engine_cores)
     print(f"ortserve: ready: {settings.served_model_name!r} from {info.artifact_dir} "
-          f"(max_model_len {info.max_model_len})", flush=True)
+          f"(max_model_len {info.max_model_len}; HTTP on cores {http_cores or 'shared with the engine'})",
+          flush=True)
+
+
+def keep_off_engine_cores(engine_cores: list[int]) -> list[int]:
+    """Move the event loop off the engine's pinned cores onto the rest (--reserved-cpus), if
+    any are left; returns the cores it now runs on ([] = none left, unchanged)."""
+    import os
+
+    free = sorted(set(os.sched_getaffinity(0)) - set(engine_cores))
+    if not engine_cores or not free:
+        return []
+    os.sched_setaffinity(0, free)  # this (event-loop) thread, and threads it starts later
+    return free

@@ -38,6 +38,7 @@ def build_engine_core(config: Any) -> tuple[Any, EngineInfo]:
         num_blocks=core.num_blocks,
         block_size=core.config.block_size,
         eos_token_ids=sorted(core.eos_token_ids),
+        engine_cores=list(core.threads.cores) if core.threads.bind else [],
     )
 
 

@@ -40,6 +40,7 @@ class EngineInfo:
     num_blocks: int = 0
     block_size: int = 0
     eos_token_ids: list[int] = field(default_factory=list)
+    engine_cores: list[int] = field(default_factory=list)  # pinned inference cores; [] = not pinned
 
 
 @dataclass(frozen=True)

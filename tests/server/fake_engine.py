@@ -24,7 +24,9 @@ class _Running:
 
 class FakeCore:
     def __init__(self, max_model_len: int = 256, max_num_seqs: int = 4, step_seconds: float = 0.02,
-                 eos_token_id: int = 2) -> None:
+                 eos_token_id: int = 2, fail_after_steps: int | None = None) -> None:
+        self.fail_after_steps = fail_after_steps
+        self.num_steps = 0
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.step_seconds = step_seconds
@@ -50,6 +52,9 @@ class FakeCore:
 
     def step(self) -> list[EngineCoreOutput]:
         time.sleep(self.step_seconds)
+        self.num_steps += 1
+        if self.fail_after_steps is not None and self.num_steps > self.fail_after_steps:
+            raise RuntimeError("fake engine failure for the test")
         while self.waiting and len(self.running) < self.max_num_seqs:
             self.running.append(self.waiting.pop(0))
         outputs = []
@@ -105,11 +110,13 @@ class FakeEngineFactory:
     step_seconds: float = 0.02
     fail: str | None = None
     load_seconds: float = 0.0
+    fail_after_steps: int | None = None
 
     def __call__(self, config: object) -> tuple[FakeCore, EngineInfo]:
         time.sleep(self.load_seconds)
         if self.fail:
             raise ValueError(self.fail)
-        core = FakeCore(self.max_model_len, self.max_num_seqs, self.step_seconds)
+        core = FakeCore(self.max_model_len, self.max_num_seqs, self.step_seconds,
+                        fail_after_steps=self.fail_after_steps)
         return core, EngineInfo(artifact_dir=self.tokenizer_dir, max_model_len=self.max_model_len,
                                 vocab_size=49152, max_num_seqs=self.max_num_seqs)

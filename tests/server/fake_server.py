@@ -26,13 +26,15 @@ def main() -> int:
     parser.add_argument("--step-seconds", type=float, default=0.02)
     parser.add_argument("--fail", default=None)
     parser.add_argument("--load-seconds", type=float, default=0.0)
+    parser.add_argument("--fail-after-steps", type=int, default=None)
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--max-waiting-requests", type=int, default=256)
     parser.add_argument("--max-request-body-bytes", type=int, default=1 << 20)
     parser.add_argument("--drain-timeout", type=float, default=30.0)
     args = parser.parse_args()
     factory = FakeEngineFactory(args.tokenizer_dir, args.max_model_len, args.max_num_seqs,
-                                args.step_seconds, args.fail, args.load_seconds)
+                                args.step_seconds, args.fail, args.load_seconds,
+                                args.fail_after_steps)
     settings = ServerSettings(served_model_name="fake", api_key=args.api_key,
                               max_waiting_requests=args.max_waiting_requests,
                               max_request_body_bytes=args.max_request_body_bytes,

@@ -43,6 +43,16 @@ def test_start_up_failure_is_printed_and_exits_non_zero(start_fake):
     assert message in proc.output
 
 
+def test_an_engine_failure_ends_in_flight_requests_with_an_error_and_exits_non_zero(start_fake):
+    proc = start_fake("--fail-after-steps", "5")
+    with pytest.raises(openai.APIError) as err:
+        for _ in client(proc).completions.create(model="fake", prompt="a b c", max_tokens=50, stream=True):
+            pass
+    assert "fake engine failure" in str(err.value)
+    assert proc.proc.wait(30) == 1
+    assert "fake engine failure for the test" in proc.output
+
+
 def test_full_waiting_queue_answers_503_in_openai_shape(start_fake):
     proc = start_fake("--max-num-seqs", "1", "--max-waiting-requests", "1", "--step-seconds", "0.05")
     api = client(proc)

@@ -180,3 +180,8 @@ def test_tokenize_and_detokenize_round_trip(server, tokenizer):
     chat = httpx.post(f"{server.base_url}/tokenize", headers=headers, json={"messages": QUESTION}).json()
     rendered = tokenizer.apply_chat_template(QUESTION, tokenize=False, add_generation_prompt=True)
     assert chat["tokens"] == tokenizer.encode(rendered, add_special_tokens=False)
+
+
+def test_the_http_process_never_loads_torch(server):
+    maps = open(f"/proc/{server.proc.pid}/maps").read()
+    assert "libtorch" not in maps
