@@ -65,17 +65,21 @@ def resolve_source(src: str | os.PathLike) -> tuple[Path, str]:
     """(checkpoint directory, label for the manifest) of a directory, .gguf file or built-in name."""
     path = Path(src).expanduser()
     if path.is_dir():
+        if is_artifact(path):
+            raise ExportError(f"{src} is already an ortserve artifact; SRC must be a Hugging Face checkpoint")
         return path, str(path.resolve())
     if path.is_file() and path.suffix.lower() != ".gguf":
         raise ExportError(f"{src} is a file; SRC must be a checkpoint directory, a .gguf file or a built-in model name")
     try:
         from ortserve.models import ModelSourceError, prepare_checkpoint
     except ImportError as exc:
-        raise ExportError(f"{src} does not exist (built-in models and GGUF files need ortserve.models: {exc})") from exc
+        raise ExportError(f"{src} is not a directory, and GGUF files and built-in models need ortserve.models "
+                          f"({exc})") from exc
     try:
         return Path(prepare_checkpoint(str(src))), str(path.resolve()) if path.exists() else str(src)
     except ModelSourceError as exc:
-        raise ExportError(f"{src} is not a checkpoint directory, and {exc}") from exc
+        prefix = "" if path.suffix.lower() == ".gguf" else f"no directory {src}; "
+        raise ExportError(f"{prefix}{exc}") from exc
 
 
 def _check_out(out: Path) -> None:
@@ -140,18 +144,18 @@ def export_model(src: str | os.PathLike, out: str | os.PathLike, *, precision: s
     checkpoint = Checkpoint(folder, arch.strip_prefixes)
     bars = _Bars(progress)
 
+    source = WeightSource(checkpoint)
+    builder = DecoderBuilder(spec, arch, source, precision=precision, lm_head_precision=lm_head_precision,
+                             max_model_len=max_len)
+    model, jobs = builder.build()  # checks every tensor's name and shape before any data moves
+    with bars.stage("build", 1) as bar:  # shown once done, so a bad checkpoint prints one error line
+        bar.set_postfix_str(f"{len(model.graph.node)} nodes, {len(jobs)} weight jobs")
+        bar.update()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
         with bars.stage("load", checkpoint.total_bytes(), "B") as bar:
             fingerprint = checkpoint.fingerprint(bar.update)
-        source = WeightSource(checkpoint)
-        builder = DecoderBuilder(spec, arch, source, precision=precision, lm_head_precision=lm_head_precision,
-                                 max_model_len=max_len)
-        with bars.stage("build", 1) as bar:
-            model, jobs = builder.build()
-            bar.set_postfix_str(f"{len(model.graph.node)} nodes")
-            bar.update()
         weights = WeightFile(tmp, DATA_FILE)
         try:
             stage = "quantise" if "int" in precision + lm_head_precision else "weights"

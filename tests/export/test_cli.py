@@ -1,0 +1,123 @@
+"""`ortserve export` through the real command line: bad input gives one clear error line, a
+non-zero exit and no OUT directory (nor a temporary one beside it); good input gives an artifact."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ortserve.artifact import is_artifact, load_manifest
+
+
+def ortserve_export(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ortserve.cli", "export", *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def assert_clean_failure(result: subprocess.CompletedProcess, out: Path, *fragments: str) -> None:
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode != 0
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("ortserve export: error: ")
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    assert not out.exists()
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]
+
+
+@pytest.fixture
+def broken(tiny_checkpoint, tmp_path):
+    """A copy of a good tiny checkpoint, to damage."""
+    return Path(shutil.copytree(tiny_checkpoint("llama2"), tmp_path / "checkpoint"))
+
+
+def test_missing_source_is_one_line_error(tmp_path):
+    out = tmp_path / "out"
+    assert_clean_failure(ortserve_export(str(tmp_path / "nowhere"), "-o", str(out)), out, "nowhere")
+
+
+def test_directory_without_config_is_one_line_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    out = tmp_path / "out"
+    assert_clean_failure(ortserve_export(str(tmp_path / "empty"), "-o", str(out)), out, "config.json")
+
+
+def test_unsupported_architecture_lists_supported_ones(broken, tmp_path):
+    config = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**config, "model_type": "falcon"}))
+    out = tmp_path / "out"
+    assert_clean_failure(ortserve_export(str(broken), "-o", str(out)), out, "'falcon'", "llama", "gemma3_text", "gpt2")
+
+
+def test_corrupt_config_json_is_one_line_error(broken, tmp_path):
+    (broken / "config.json").write_text("{ not json")
+    out = tmp_path / "out"
+    assert_clean_failure(ortserve_export(str(broken), "-o", str(out)), out, "config.json")
+
+
+def test_truncated_safetensors_is_one_line_error(broken, tmp_path):
+    weights = broken / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    out = tmp_path / "out"
+    assert_clean_failure(ortserve_export(str(broken), "-o", str(out)), out, "truncated")
+
+
+def test_garbage_safetensors_is_one_line_error(broken, tmp_path):
+    (broken / "model.safetensors").write_bytes(b"\x00garbage" * 1000)
+    out = tmp_path / "out"
+    assert_clean_failure(ortserve_export(str(broken), "-o", str(out)), out, "model.safetensors")
+
+
+def test_missing_weights_file_is_one_line_error(broken, tmp_path):
+    (broken / "model.safetensors").unlink()
+    out = tmp_path / "out"
+    assert_clean_failure(ortserve_export(str(broken), "-o", str(out)), out, "model.safetensors")
+
+
+def test_config_that_does_not_match_the_weights_is_one_line_error(broken, tmp_path):
+    config = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 3}))
+    out = tmp_path / "out"
+    assert_clean_failure(ortserve_export(str(broken), "-o", str(out)), out, "model.layers.2")
+
+
+def test_out_that_is_not_an_artifact_is_left_alone(tiny_checkpoint, tmp_path):
+    out = tmp_path / "precious"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    result = ortserve_export(str(tiny_checkpoint("llama2")), "-o", str(out))
+    assert result.returncode != 0 and "not an ortserve artifact" in result.stderr
+    assert (out / "notes.txt").read_text() == "keep me"
+
+
+def test_max_model_len_beyond_the_model_is_one_line_error(tiny_checkpoint, tmp_path):
+    out = tmp_path / "out"
+    assert_clean_failure(ortserve_export(str(tiny_checkpoint("llama2")), "-o", str(out), "--max-model-len", "4096"),
+                         out, "--max-model-len", "128")
+
+
+def test_export_writes_an_artifact_and_a_summary(tiny_checkpoint, tmp_path):
+    out = tmp_path / "nested" / "artifact"
+    result = ortserve_export(str(tiny_checkpoint("qwen2_qkv_bias_tied")), "-o", str(out), "--precision", "int4",
+                             "--lm-head-precision", "int8", "--max-model-len", "64")
+    assert result.returncode == 0, result.stderr
+    assert is_artifact(out)
+    for stage in ("build", "load", "quantise", "save"):
+        assert stage in result.stderr
+    for fact in ("parameters", "weights", "time", "peak RSS"):
+        assert fact in result.stderr
+    manifest = load_manifest(out)
+    assert (manifest.weight_precision, manifest.lm_head_precision, manifest.max_model_len) == ("int4", "int8", 64)
+
+
+def test_export_replaces_an_existing_artifact(tiny_checkpoint, tmp_path):
+    out = tmp_path / "artifact"
+    assert ortserve_export(str(tiny_checkpoint("llama2")), "-o", str(out), "--quiet").returncode == 0
+    assert ortserve_export(str(tiny_checkpoint("gpt2_conv1d")), "-o", str(out), "--quiet").returncode == 0
+    assert load_manifest(out).architecture == "gpt2"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["artifact"]
