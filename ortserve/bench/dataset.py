@@ -13,9 +13,9 @@ tokens falls back to random ids, decoded, re-encoded and trimmed until the lengt
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-
 import numpy as np
+
+from ortserve.bench.tokenizer import Tokenizer, load_tokenizer  # noqa: F401  (re-exported)
 
 
 @dataclass(frozen=True)
@@ -25,27 +25,19 @@ class SampleRequest:
     output_len: int
 
 
-def load_tokenizer(path: str | Path):
-    from transformers import AutoTokenizer
-
-    if not Path(path).is_dir():
-        raise SystemExit(f"--tokenizer {path!s}: not a directory; pass a local HF tokenizer dir (tokenizer.json...)")
-    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-
-
 class PromptMaker:
     """Turns (length, rng) into a prompt string of exactly that many tokens."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
         self.words = self._word_tokens()
 
     def _encode(self, texts: list[str]) -> list[list[int]]:
-        return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+        return self.tokenizer.encode_batch(texts)
 
     def _word_tokens(self) -> np.ndarray:
-        ids = list(range(len(self.tokenizer)))
-        texts = self.tokenizer.batch_decode([[i] for i in ids])
+        ids = list(range(self.tokenizer.vocab_size))
+        texts = self.tokenizer.decode_batch([[i] for i in ids])
         candidates = [
             (i, t) for i, t in zip(ids, texts)
             if len(t) >= 3 and t[0] == " " and t[1:].isascii() and t[1:].isalpha() and len(t) <= 13
@@ -54,7 +46,7 @@ class PromptMaker:
         return np.array([i for (i, _), e in zip(candidates, encoded) if e == [i]], dtype=np.int64)
 
     def tokens(self, n: int, rng: np.random.Generator) -> list[int]:
-        pool = self.words if len(self.words) >= 64 else np.arange(len(self.tokenizer))
+        pool = self.words if len(self.words) >= 64 else np.arange(self.tokenizer.vocab_size)
         return rng.choice(pool, size=n).tolist()
 
     def text(self, token_ids: list[int], rng: np.random.Generator) -> tuple[str, int]:

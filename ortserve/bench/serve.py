@@ -97,7 +97,7 @@ async def run_benchmark(args) -> dict:
         raise SystemExit("--tokenizer is required (a local HF tokenizer dir) unless --model is one")
     tokenizer = dataset.load_tokenizer(tokenizer_dir)
     requests = _requests(args, tokenizer)
-    count_tokens = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    count_tokens = tokenizer.count
     percentiles = [float(p) for p in args.percentiles.split(",") if p]
 
     limits = httpx.Limits(max_connections=args.max_concurrency or None, max_keepalive_connections=None)
@@ -112,11 +112,11 @@ async def run_benchmark(args) -> dict:
         if args.num_warmups:
             await _run_all(client, [spec(requests[0])] * args.num_warmups, [0.0] * args.num_warmups,
                            args.max_concurrency, count_tokens, True)
-        before = await server_metrics.fetch_counters(client, base_url)
+        before = await server_metrics.settled_counters(client, base_url)
         offsets = arrival_offsets(len(requests), args.request_rate, args.burstiness, args.seed)
         outputs, duration = await _run_all(client, [spec(r) for r in requests], offsets,
                                            args.max_concurrency, count_tokens, args.disable_tqdm)
-        after = await server_metrics.fetch_counters(client, base_url)
+        after = await server_metrics.settled_counters(client, base_url)
 
     metrics = calculate_metrics(outputs, duration, percentiles)
     server_delta = server_metrics.delta(before, after)

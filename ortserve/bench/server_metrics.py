@@ -2,6 +2,8 @@
 server's own view of the same work (ortserve:prompt_tokens_total, vllm:generation_tokens_total...)."""
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 
 
@@ -36,6 +38,22 @@ async def fetch_counters(client: httpx.AsyncClient, base_url: str) -> dict[str, 
     if response.status_code != 200:
         return None
     return parse_counters(response.text)
+
+
+async def settled_counters(client: httpx.AsyncClient, base_url: str, wait: float = 0.5,
+                           limit: float = 10.0) -> dict[str, float] | None:
+    """The counters once two reads `wait` seconds apart agree: a server may publish its last
+    step's statistics a moment after the last response ends."""
+    current = await fetch_counters(client, base_url)
+    for _ in range(int(limit / wait)):
+        if current is None:
+            return None
+        await asyncio.sleep(wait)
+        latest = await fetch_counters(client, base_url)
+        if latest == current:
+            return latest
+        current = latest
+    return current
 
 
 def delta(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float]:
