@@ -32,8 +32,13 @@ def _exponents(dim: int) -> np.ndarray:
     return np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
 
 
+def _powers(base: float, dim: int) -> np.ndarray:
+    """base ** (2i / dim) rounded to float32, which is what torch's float32 pow returns here."""
+    return (np.float64(base) ** _exponents(dim).astype(np.float64)).astype(np.float32)
+
+
 def _default(base: float, dim: int) -> np.ndarray:
-    return (1.0 / (np.float32(base) ** _exponents(dim))).astype(np.float32)
+    return np.float32(1.0) / _powers(base, dim)
 
 
 def _llama3(spec: RopeSpec, dim: int) -> np.ndarray:
@@ -72,7 +77,7 @@ def _yarn(spec: RopeSpec, dim: int) -> tuple[np.ndarray, float]:
         high += 0.001
     ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - low) / (high - low), 0, 1)
     extrapolation = 1 - ramp
-    pos_freqs = np.float32(spec.theta) ** _exponents(dim)
+    pos_freqs = _powers(spec.theta, dim)
     inv = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
     return inv.astype(np.float32), float(attention)
 
@@ -113,7 +118,7 @@ def _longrope(spec: RopeSpec, num_positions: int) -> RopeTable:
     attention = spec.get("attention_factor")
     if attention is None:
         attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
-    base = np.float32(spec.theta) ** _exponents(dim)
+    base = _powers(spec.theta, dim)
 
     def table(ext: tuple[float, ...], rows: int) -> np.ndarray:
         return _angles(np.arange(rows), (1.0 / (np.asarray(ext, np.float32) * base)).astype(np.float32))
