@@ -4,16 +4,18 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from typing import Any
 
 from litestar import Request
 
-from .completions import _finish, stream_error
 from .engine_client import EngineClient
+from .errors import error_event
 from .logprobs import chat_logprobs
 from .protocol import ChatCompletionRequest
 from .prompts import Prompts
 from .responses import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
-                        ChatCompletionResponse, DeltaMessage, Usage, now, random_id)
+                        ChatCompletionResponse, DeltaMessage, Usage, finish_reason, now,
+                        random_id)
 from .sampling import sampling_params
 from .streams import EventStream, until_disconnected
 
@@ -42,7 +44,7 @@ class ChatService:
 
     async def _collect(self, request_id: str, body: ChatCompletionRequest, token_ids: list[int],
                        stream: AsyncIterator, prompts: Prompts) -> ChatCompletionResponse:
-        finals: dict[int, object] = {}
+        finals: dict[int, Any] = {}
         cached = 0
         async with aclosing(stream):  # type: ignore[type-var]
             async for output in stream:
@@ -56,7 +58,7 @@ class ChatService:
             logprobs = (chat_logprobs(prompts, out.token_ids, out.logprobs)
                         if body.logprobs and out.logprobs is not None else None)
             choices.append(ChatChoice(index=index, message=AssistantMessage(content=out.text),
-                                      logprobs=logprobs, finish_reason=_finish(out.finish_reason),
+                                      logprobs=logprobs, finish_reason=finish_reason(out.finish_reason),
                                       stop_reason=out.stop_reason))
         usage = Usage.of(len(token_ids), sum(len(c.token_ids) for c in finals.values()), cached)
         return ChatCompletionResponse(id=request_id, created=now(), model=self.model_name,
@@ -92,10 +94,10 @@ class ChatService:
                             logprobs = chat_logprobs(prompts, out.token_ids_delta, fresh)
                         yield chunk(ChatChunkChoice(
                             index=out.index, delta=DeltaMessage(content=out.text_delta or None),
-                            logprobs=logprobs, finish_reason=_finish(out.finish_reason),
+                            logprobs=logprobs, finish_reason=finish_reason(out.finish_reason),
                             stop_reason=out.stop_reason))
         except Exception as exc:  # noqa: BLE001 - the status line is sent; report in-band
-            yield stream_error(exc)
+            yield error_event(exc)
             yield "[DONE]"
             return
         if include_usage:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
+from typing import Any
 
 from litestar import Request
 
@@ -11,7 +12,8 @@ from .engine_client import EngineClient
 from .logprobs import completion_logprobs
 from .protocol import CompletionRequest
 from .prompts import Prompts
-from .responses import (CompletionChoice, CompletionResponse, Usage, now, random_id)
+from .errors import error_event
+from .responses import CompletionChoice, CompletionResponse, Usage, finish_reason, now, random_id
 from .sampling import sampling_params
 from .streams import EventStream, merge, until_disconnected
 
@@ -22,10 +24,6 @@ DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions endpoint
 class _Prompt:
     token_ids: list[int]
     text: str  # for echo
-
-
-def _finish(reason: str | None) -> str | None:
-    return None if reason is None else ("length" if reason == "length" else "stop")
 
 
 class CompletionsService:
@@ -60,7 +58,7 @@ class CompletionsService:
 
     async def _collect(self, request_id: str, body: CompletionRequest, batch: list[_Prompt],
                        streams: list[AsyncIterator], prompts: Prompts) -> CompletionResponse:
-        finals: dict[int, object] = {}
+        finals: dict[int, Any] = {}
         cached = 0
         async with aclosing(merge(streams)) as merged:
             async for i, output in merged:
@@ -75,7 +73,7 @@ class CompletionsService:
             logprobs = (completion_logprobs(prompts, out.token_ids, out.logprobs, len(prefix))
                         if body.logprobs is not None and out.logprobs is not None else None)
             choices.append(CompletionChoice(index=index, text=prefix + out.text, logprobs=logprobs,
-                                            finish_reason=_finish(out.finish_reason),
+                                            finish_reason=finish_reason(out.finish_reason),
                                             stop_reason=out.stop_reason))
         usage = Usage.of(sum(len(p.token_ids) for p in batch),
                          sum(len(finals[i].token_ids) for i in finals), cached)
@@ -113,12 +111,12 @@ class CompletionsService:
                         chunk = CompletionResponse(
                             id=request_id, created=created, model=self.model_name,
                             choices=[CompletionChoice(index=index, text=text, logprobs=logprobs,
-                                                      finish_reason=_finish(out.finish_reason),
+                                                      finish_reason=finish_reason(out.finish_reason),
                                                       stop_reason=out.stop_reason)],
                             usage=Usage.of(prompt_tokens, sum(generated.values())) if continuous else None)
                         yield chunk.model_dump_json()
         except Exception as exc:  # noqa: BLE001 - the status line is sent; report in-band
-            yield stream_error(exc)
+            yield error_event(exc)
             yield "[DONE]"
             return
         if include_usage:
@@ -126,17 +124,3 @@ class CompletionsService:
                                      usage=Usage.of(prompt_tokens, sum(generated.values()), cached)
                                      ).model_dump_json()
         yield "[DONE]"
-
-
-def stream_error(exc: Exception) -> str:
-    """An error after the stream started: an ``{"error": ...}`` event, which OpenAI's SDKs raise."""
-    from .errors import APIError, logger
-    from .responses import ErrorInfo, ErrorResponse
-
-    if isinstance(exc, APIError):
-        info = ErrorInfo(message=exc.message, type=exc.type, param=exc.param, code=exc.code)
-    else:
-        logger.exception("stream failed", exc_info=exc)
-        info = ErrorInfo(message=f"Internal server error: {type(exc).__name__}",
-                         type="internal_server_error", code="500")
-    return ErrorResponse(error=info).model_dump_json()

@@ -90,14 +90,17 @@ class EngineClient:
         raise EngineUnavailable(f"the engine is not running: {self.failure or self.state}")
 
     def check_capacity(self, num_seqs: int = 1) -> None:
-        """Backpressure: refuse when the engine's waiting queue is above --max-waiting-requests."""
+        """Backpressure: refuse when admitting ``num_seqs`` more would leave more than
+        --max-waiting-requests waiting. Waiting = what the engine last reported (it also counts
+        preempted requests), or the in-flight sequences beyond --max-num-seqs, if more."""
         assert self.info is not None
         in_flight = sum(self._num_seqs.values())
         reported = self.stats.num_waiting if self.stats is not None else 0
-        waiting = max(reported, in_flight - self.info.max_num_seqs)
-        if waiting + num_seqs > self.max_waiting_requests + max(0, self.info.max_num_seqs - in_flight):
+        waiting = max(in_flight + num_seqs - self.info.max_num_seqs,
+                      reported + num_seqs if reported else 0)
+        if waiting > self.max_waiting_requests:
             raise Overloaded(
-                f"the server is overloaded: {waiting} requests are waiting "
+                f"the server is overloaded: {waiting - num_seqs} requests are waiting for the engine "
                 f"(--max-waiting-requests {self.max_waiting_requests}); retry later",
                 headers={"Retry-After": "1"})
 

@@ -126,3 +126,15 @@ EXCEPTION_HANDLERS: dict[type[Exception], Any] = {
     HTTPException: handle_http_exception,
     Exception: handle_internal_error,
 }
+
+
+def error_event(exc: Exception) -> str:
+    """An error after a stream's status line went out: an ``{"error": ...}`` SSE event, which
+    OpenAI's SDKs raise as APIError."""
+    if isinstance(exc, APIError):
+        info = ErrorInfo(message=exc.message, type=exc.type, param=exc.param, code=exc.code)
+    else:
+        logger.exception("stream failed", exc_info=exc)
+        info = ErrorInfo(message=f"Internal server error: {type(exc).__name__}",
+                         type="internal_server_error", code="500")
+    return ErrorResponse(error=info).model_dump_json()

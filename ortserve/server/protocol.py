@@ -148,11 +148,20 @@ class ChatCompletionRequest(SamplingRequest):
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS,
                                      description="Alternatives per token; needs logprobs=true")
     chat_template_kwargs: dict[str, Any] | None = Field(None, description="Extra template variables")
+    response_format: dict[str, Any] | None = Field(None, description="Only {'type': 'text'}")
+    tools: list[dict[str, Any]] | None = Field(None, description="Not supported (400 unless tool_choice='none')")
+    tool_choice: str | dict[str, Any] | None = None
 
     def check(self, vocab_size: int) -> None:
         super().check(vocab_size)
         if self.top_logprobs and not self.logprobs:
             raise BadRequest("'top_logprobs' needs 'logprobs' set to true", "top_logprobs")
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            raise BadRequest("'response_format' other than {'type': 'text'} is not supported",
+                             "response_format")
+        if self.tools and self.tool_choice != "none":
+            raise BadRequest("tool calling is not supported; drop 'tools' or set tool_choice 'none'",
+                             "tools")
         if self.continue_final_message and self.add_generation_prompt:
             raise BadRequest("'continue_final_message' needs 'add_generation_prompt' false",
                              "continue_final_message")

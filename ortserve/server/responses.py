@@ -18,6 +18,13 @@ def now() -> int:
     return int(time.time())
 
 
+def finish_reason(engine_reason: str | None) -> FinishReason | None:
+    """The engine's stop/length/abort as OpenAI's stop/length (an aborted choice has no reader)."""
+    if engine_reason is None:
+        return None
+    return "length" if engine_reason == "length" else "stop"
+
+
 class ErrorInfo(BaseModel):
     message: str
     type: str

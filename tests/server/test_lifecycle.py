@@ -53,6 +53,15 @@ def test_an_engine_failure_ends_in_flight_requests_with_an_error_and_exits_non_z
     assert "fake engine failure for the test" in proc.output
 
 
+def test_a_kv_cache_that_does_not_fit_stops_the_real_server_with_the_flag_named(smollm2_artifact):
+    from server_process import ServerProcess
+
+    proc = ServerProcess.real(smollm2_artifact, "--kv-cache-space", "100000")
+    code = proc.proc.wait(120)
+    assert code == 1
+    assert "error:" in proc.output and "--kv-cache-space" in proc.output.split("error:", 1)[1]
+
+
 def test_full_waiting_queue_answers_503_in_openai_shape(start_fake):
     proc = start_fake("--max-num-seqs", "1", "--max-waiting-requests", "1", "--step-seconds", "0.05")
     api = client(proc)
