@@ -58,13 +58,21 @@ ALWAYS_INLINE F Softcap(F s, float c) {
   return (1.f - 2.f / (Exp<F, I>(s * (2.f / c)) + 1.f)) * c;
 }
 
+// Prefetches 8 rows of D floats (the next chunk's), one 64-byte line every other step of a
+// loop over D: row d % 8, line d / 8 (spread out, so the loads overlap the math).
+ALWAYS_INLINE void PrefetchStep(const float* const* rows, int64_t d, int64_t D) {
+  if (d < D / 2) __builtin_prefetch(rows[d & 7] + (d >> 3) * 16);
+}
+
 // s[j] = <q_lane, k_j> for 8 keys: qt is [D][W] (lanes innermost), k_j a cached row.
 template <int W>
-ALWAYS_INLINE void Scores8(const float* qt, const float* const* k, typename V<W>::F* s, int64_t D) {
+ALWAYS_INLINE void Scores8(const float* qt, const float* const* k, typename V<W>::F* s, int64_t D,
+                           const float* const* prefetch) {
   typedef typename V<W>::F F;
   const float *k0 = k[0], *k1 = k[1], *k2 = k[2], *k3 = k[3], *k4 = k[4], *k5 = k[5], *k6 = k[6], *k7 = k[7];
   F s0{}, s1{}, s2{}, s3{}, s4{}, s5{}, s6{}, s7{};
   for (int64_t d = 0; d < D; ++d) {
+    PrefetchStep(prefetch, d, D);
     const F q = *reinterpret_cast<const F*>(qt + d * W);
     s0 += q * k0[d], s1 += q * k1[d], s2 += q * k2[d], s3 += q * k3[d];
     s4 += q * k4[d], s5 += q * k5[d], s6 += q * k6[d], s7 += q * k7[d];
@@ -75,11 +83,12 @@ ALWAYS_INLINE void Scores8(const float* qt, const float* const* k, typename V<W>
 // acc[d] = acc[d] * alpha + sum_j p[j] * v_j[d] for 8 value rows; acc is [D][W].
 template <int W>
 ALWAYS_INLINE void Accumulate8(float* acc, const float* const* v, const typename V<W>::F* p,
-                               typename V<W>::F alpha, int64_t D) {
+                               typename V<W>::F alpha, int64_t D, const float* const* prefetch) {
   typedef typename V<W>::F F;
   const float *v0 = v[0], *v1 = v[1], *v2 = v[2], *v3 = v[3], *v4 = v[4], *v5 = v[5], *v6 = v[6], *v7 = v[7];
   const F p0 = p[0], p1 = p[1], p2 = p[2], p3 = p[3], p4 = p[4], p5 = p[5], p6 = p[6], p7 = p[7];
   for (int64_t d = 0; d < D; ++d) {
+    PrefetchStep(prefetch, d, D);
     F* a = reinterpret_cast<F*>(acc + d * W);
     const F even = *a * alpha + p0 * v0[d] + p2 * v2[d] + p4 * v4[d] + p6 * v6[d];  // two chains
     const F odd = p1 * v1[d] + p3 * v3[d] + p5 * v5[d] + p7 * v7[d];              // halve latency
@@ -110,12 +119,6 @@ struct RowCursor {
   }
 };
 
-// Prefetch 16 rows of D floats (64-byte lines).
-ALWAYS_INLINE void Prefetch(const float* const* rows, int64_t D) {
-  for (int j = 0; j < kChunk; ++j)
-    for (int64_t d = 0; d < D; d += 16) __builtin_prefetch(rows[j] + d);
-}
-
 template <int W>
 void RunTile(const Problem& P, const WorkItem& w) {
   typedef typename V<W>::F F;
@@ -142,23 +145,22 @@ void RunTile(const Problem& P, const WorkItem& w) {
 
   F run_max = Splat<F>(kMasked), run_sum{};
   const int32_t* table = P.block_tables + w.seq * P.max_blocks;
-  // Row pointers are double-buffered: the next chunk's rows are prefetched while this one
-  // runs (cache blocks are scattered, so the hardware prefetcher stops at every block edge).
+  // Row pointers are double-buffered so that the four passes over a chunk can prefetch the next
+  // chunk's rows: cache blocks are scattered and the hardware prefetcher stops at every block
+  // edge. (The last chunk "prefetches" its own rows: cache hits.)
   RowCursor cursor(P, table, w.kv_head, w.key_begin, w.key_end);
   const float* rows[2][2][kChunk];  // [buffer][key, value][position in chunk]
   cursor.Next(rows[0][0], rows[0][1]);
   int cur = 0;
   for (int64_t c = w.key_begin; c < w.key_end; c += kChunk, cur ^= 1) {
     const int n = static_cast<int>(w.key_end - c < kChunk ? w.key_end - c : kChunk);
-    const float* const* k = rows[cur][0];
-    const float* const* v = rows[cur][1];
-    if (c + kChunk < w.key_end) {
-      cursor.Next(rows[cur ^ 1][0], rows[cur ^ 1][1]);
-      Prefetch(rows[cur ^ 1][0], D), Prefetch(rows[cur ^ 1][1], D);
-    }
+    const float *const *k = rows[cur][0], *const *v = rows[cur][1];
+    const bool more = c + kChunk < w.key_end;
+    if (more) cursor.Next(rows[cur ^ 1][0], rows[cur ^ 1][1]);
+    const float *const *next_k = more ? rows[cur ^ 1][0] : k, *const *next_v = more ? rows[cur ^ 1][1] : v;
     F s[kChunk], p[kChunk];
-    Scores8<W>(qt, k, s, D);
-    if (n > 8) Scores8<W>(qt, k + 8, s + 8, D);
+    Scores8<W>(qt, k, s, D, next_k);
+    if (n > 8) Scores8<W>(qt, k + 8, s + 8, D, next_k + 8);
     // Mask positions outside [lo, hi] (and the padding), then the chunk's max per lane.
     F chunk_max = Splat<F>(kMasked);
     I valid[kChunk];
@@ -179,8 +181,8 @@ void RunTile(const Problem& P, const WorkItem& w) {
     }
     run_sum = run_sum * alpha + chunk_sum;
     run_max = new_max;
-    Accumulate8<W>(acc, v, p, alpha, D);  // acc = acc e^{m - m'} + sum_j p_j v_j
-    if (n > 8) Accumulate8<W>(acc, v + 8, p + 8, Splat<F>(1.f), D);
+    Accumulate8<W>(acc, v, p, alpha, D, next_v);  // acc = acc e^{m - m'} + sum_j p_j v_j
+    if (n > 8) Accumulate8<W>(acc, v + 8, p + 8, Splat<F>(1.f), D, next_v + 8);
   }
 
   alignas(64) float max_lane[W], sum_lane[W];
