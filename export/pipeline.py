@@ -121,7 +121,15 @@ def _publish(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _peak_rss_bytes() -> int:
+def peak_rss_bytes() -> int:
+    """This process's peak RSS. Linux's VmHWM first: getrusage's ru_maxrss survives exec, so a
+    process started from a big parent (a test runner) would report the parent's peak."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
@@ -204,7 +212,7 @@ def _print_summary(m: ArtifactManifest, out: Path, seconds: float, report) -> No
         f"  weights      {m.weight_bytes / 2**20:,.1f} MiB ({m.weight_precision}, lm head {m.lm_head_precision}); "
         f"artifact {size / 2**20:,.1f} MiB",
         f"  time         {seconds:.1f} s",
-        f"  peak RSS     {_peak_rss_bytes() / 2**20:,.0f} MiB",
+        f"  peak RSS     {peak_rss_bytes() / 2**20:,.0f} MiB",
     ]
     if report is not None:
         lines.append(f"  validation   {report.summary()}")
