@@ -170,3 +170,17 @@ def test_logprobs_zero_gives_only_the_sampled_token():
     seq = seq_with(temperature=0.0, logprobs=0)
     _, logprobs = Sampler().sample(fixed_logits(1), [seq])
     assert logprobs[0].top_logprobs == [] and logprobs[0].rank == 1
+
+
+def test_two_level_draw_equals_a_full_inverse_cdf():
+    from ortserve.engine.sampler import draw
+
+    rng = np.random.default_rng(0)
+    weights = np.exp(rng.normal(0, 3, size=(16, 1000))).astype(np.float32)
+    weights[:, rng.random(1000) < 0.5] = 0.0  # truncated distributions have zero runs
+    u = rng.random(16)
+    cdf = np.cumsum(weights.astype(np.float64), axis=1)
+    expected = [int(np.searchsorted(cdf[i], u[i] * cdf[i, -1], side="right")) for i in range(16)]
+    assert draw(weights, u, chunk=64).tolist() == expected
+    assert all(weights[i, t] > 0 for i, t in enumerate(draw(weights, np.zeros(16), chunk=64)))
+    assert all(weights[i, t] > 0 for i, t in enumerate(draw(weights, np.full(16, 1 - 1e-12), chunk=64)))
