@@ -206,3 +206,50 @@ def test_stats_count_tokens_and_latencies():
     assert c.prompt_tokens == 21 and c.generation_tokens == 15
     assert len(c.ttft) == len(c.e2e) == len(c.tpot) == 3
     assert all(t >= 0 for t in c.ttft + c.tpot + c.e2e)
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from engine_fakes import check_block_tables  # noqa: E402
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), block_size=st.sampled_from([1, 2, 4, 16]), num_blocks=st.integers(4, 40),
+       budget=st.integers(1, 48), max_num_seqs=st.integers(1, 6), prefix_caching=st.booleans())
+def test_any_workload_matches_solo_runs_and_leaks_nothing(data, block_size, num_blocks, budget, max_num_seqs,
+                                                          prefix_caching):
+    max_model_len = num_blocks * block_size
+    scheduler = make_scheduler(num_blocks, block_size, max_num_seqs, budget, max_model_len, prefix_caching)
+    requests, aborted, outputs = {}, set(), {}
+    for step_no in range(data.draw(st.integers(1, 60), label="steps")):
+        for _ in range(data.draw(st.integers(0, 2), label="arrivals")):
+            length = data.draw(st.integers(1, min(40, max_model_len)), label="prompt length")
+            prompt = [data.draw(st.integers(3, 5)) for _ in range(length)]  # tiny alphabet: shared prefixes
+            r = make_request(prompt, max_model_len=max_model_len, n=data.draw(st.integers(1, 3)),
+                             max_tokens=data.draw(st.integers(1, 12)))
+            requests[r.request_id] = r
+            scheduler.add(r)
+        if requests and data.draw(st.integers(0, 9), label="abort?") == 0:
+            rid = data.draw(st.sampled_from(sorted(requests)))
+            index = data.draw(st.sampled_from([None, 0, 1]))
+            scheduler.abort(rid, index)
+            aborted.add((rid, index))
+        batch = scheduler.schedule()
+        check_block_tables(scheduler, batch)
+        sampled = [fake_next_token(s.token_ids) for s in batch.sampling]
+        for out in scheduler.update(batch, sampled, None):
+            outputs.setdefault((out.request_id, out.index), []).extend(out.new_token_ids)
+    while scheduler.has_unfinished_requests():
+        batch = scheduler.schedule()
+        check_block_tables(scheduler, batch)
+        for out in scheduler.update(batch, [fake_next_token(s.token_ids) for s in batch.sampling], None):
+            outputs.setdefault((out.request_id, out.index), []).extend(out.new_token_ids)
+    scheduler.block_manager.check_idle()
+    for rid, r in requests.items():
+        for seq in r.sequences:
+            if seq.finish_reason == "abort":
+                assert (rid, None) in aborted or (rid, seq.index) in aborted
+                continue
+            expected = solo_outputs(r.prompt_token_ids, r.max_tokens)
+            assert outputs[(rid, seq.index)] == expected
