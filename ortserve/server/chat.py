@@ -11,11 +11,20 @@ from litestar import Request
 from .engine_client import EngineClient
 from .errors import error_event
 from .logprobs import chat_logprobs
-from .protocol import ChatCompletionRequest
 from .prompts import Prompts
-from .responses import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
-                        ChatCompletionResponse, DeltaMessage, Usage, finish_reason, now,
-                        random_id)
+from .protocol import ChatCompletionRequest
+from .responses import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    DeltaMessage,
+    Usage,
+    finish_reason,
+    now,
+    random_id,
+)
 from .sampling import sampling_params
 from .streams import EventStream, until_disconnected
 

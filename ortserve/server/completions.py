@@ -9,11 +9,18 @@ from typing import Any
 from litestar import Request
 
 from .engine_client import EngineClient
-from .logprobs import completion_logprobs
-from .protocol import CompletionRequest
-from .prompts import Prompts
 from .errors import error_event
-from .responses import CompletionChoice, CompletionResponse, Usage, finish_reason, now, random_id
+from .logprobs import completion_logprobs
+from .prompts import Prompts
+from .protocol import CompletionRequest
+from .responses import (
+    CompletionChoice,
+    CompletionResponse,
+    Usage,
+    finish_reason,
+    now,
+    random_id,
+)
 from .sampling import sampling_params
 from .streams import EventStream, merge, until_disconnected
 

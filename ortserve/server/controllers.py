@@ -10,21 +10,36 @@ from .completions import CompletionsService
 from .engine_client import EngineClient
 from .errors import EngineUnavailable, ModelNotFound
 from .metrics import CONTENT_TYPE_LATEST, ServerMetrics
-from .protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from .responses import (ChatCompletionChunk, ChatCompletionResponse, CompletionResponse, DetokenizeResponse, ErrorResponse,
-                        ModelCard, ModelList, TokenizeResponse)
+from .protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from .responses import (
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    CompletionResponse,
+    DetokenizeResponse,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    TokenizeResponse,
+)
 from .settings import ServerSettings
 from .streams import EventStream
 
 CLIENT_GONE = 499  # nginx's "client closed request": nobody reads this response
 
-ERRORS = {status: ResponseSpec(ErrorResponse, description=text, generate_examples=False) for status, text in {
+ERROR_STATUSES = {
     400: "Invalid request; the message names the field",
     401: "Missing or wrong API key (when the server has --api-key)",
     404: "Unknown model",
     413: "Body larger than --max-request-body-bytes",
     503: "Model loading, engine down, or waiting queue above --max-waiting-requests",
-}.items()}
+}
+ERRORS = {status: ResponseSpec(ErrorResponse, description=text, generate_examples=False)
+          for status, text in ERROR_STATUSES.items()}
 
 
 def generation_responses(body: type, chunk: type) -> dict[int, ResponseSpec]:

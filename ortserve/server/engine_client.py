@@ -18,7 +18,14 @@ from typing import Any, Protocol
 
 from .engine_process import CoreFactory, EngineProcess, build_engine_core
 from .errors import BadRequest, EngineFailure, EngineUnavailable, Overloaded
-from .ipc import AbortRequests, AddRequest, EngineFailed, EngineInfo, EngineReady, StepResult
+from .ipc import (
+    AbortRequests,
+    AddRequest,
+    EngineFailed,
+    EngineInfo,
+    EngineReady,
+    StepResult,
+)
 from .prompts import Prompts, load_tokenizer
 
 logger = logging.getLogger("ortserve.server")
@@ -71,14 +78,12 @@ class EngineClient:
             return
         self.state = "stopped"
         self._fail_all(EngineUnavailable("the server is shutting down"))
-        self._outgoing.put(None)  # stops the writer
+        self._outgoing.put(None)  # the writer sends what is queued, then stops
         if self._process is not None:
+            for thread in self._threads[1:]:  # the writer: one thread per pipe end
+                await asyncio.to_thread(thread.join, timeout)
             code = await asyncio.to_thread(self._process.close, timeout)
             logger.info("engine process exited with code %s", code)
-
-    @property
-    def num_unfinished(self) -> int:
-        return len(self._queues)
 
     # --- requests ----------------------------------------------------------------------------
 
@@ -174,7 +179,7 @@ class EngineClient:
 
     def _on_step(self, result: StepResult) -> None:
         for request_id, reason in result.rejected.items():
-            self._deliver(request_id, BadRequest(reason, "prompt"))
+            self._deliver(request_id, BadRequest(reason))
             self._processor.abort_requests([request_id])
         request_outputs, to_abort = self._processor.process_outputs(result.outputs)
         for output in request_outputs:

@@ -16,8 +16,15 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from .ipc import (AbortRequests, AddRequest, EngineFailed, EngineInfo, EngineReady,
-                       Shutdown, StepResult)
+from .ipc import (
+    AbortRequests,
+    AddRequest,
+    EngineFailed,
+    EngineInfo,
+    EngineReady,
+    Shutdown,
+    StepResult,
+)
 
 logger = logging.getLogger("ortserve.engine_process")
 
@@ -141,7 +148,8 @@ class EngineProcess:
         return self._outbox.recv()
 
     def close(self, timeout: float = 10.0) -> int | None:
-        """Ask the engine to stop, wait for it, and return its exit code."""
+        """Ask the engine to stop, wait for it, and return its exit code. Call once nothing
+        else sends (a Connection is not safe for two writers)."""
         try:
             self._inbox.send(Shutdown())
         except OSError:

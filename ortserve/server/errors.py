@@ -10,7 +10,11 @@ from http import HTTPStatus
 from typing import Any
 
 from litestar import Request, Response
-from litestar.exceptions import HTTPException, SerializationException, ValidationException
+from litestar.exceptions import (
+    HTTPException,
+    SerializationException,
+    ValidationException,
+)
 
 from .responses import ErrorInfo, ErrorResponse
 

@@ -7,8 +7,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
-                               disable_created_metrics, generate_latest)
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 
 __all__ = ["CONTENT_TYPE_LATEST", "ServerMetrics"]
 

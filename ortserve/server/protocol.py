@@ -149,7 +149,8 @@ class ChatCompletionRequest(SamplingRequest):
                                      description="Alternatives per token; needs logprobs=true")
     chat_template_kwargs: dict[str, Any] | None = Field(None, description="Extra template variables")
     response_format: dict[str, Any] | None = Field(None, description="Only {'type': 'text'}")
-    tools: list[dict[str, Any]] | None = Field(None, description="Not supported (400 unless tool_choice='none')")
+    tools: list[dict[str, Any]] | None = Field(None, description="Not supported (400 unless "
+                                                                 "tool_choice='none')")
     tool_choice: str | dict[str, Any] | None = None
 
     def check(self, vocab_size: int) -> None:

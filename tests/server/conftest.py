@@ -25,8 +25,9 @@ MAX_BODY = 1 << 20
 
 @pytest.fixture(scope="session")
 def server(smollm2_artifact: Path) -> Iterator[ServerProcess]:
-    proc = ServerProcess.real(smollm2_artifact, "--served-model-name", SERVED_NAME, "--api-key", API_KEY, "--max-model-len",
-                              str(MAX_MODEL_LEN), "--max-request-body-bytes", str(MAX_BODY))
+    proc = ServerProcess.real(smollm2_artifact, "--served-model-name", SERVED_NAME,
+                              "--api-key", API_KEY, "--max-model-len", str(MAX_MODEL_LEN),
+                              "--max-request-body-bytes", str(MAX_BODY))
     try:
         proc.wait_ready()
         yield proc

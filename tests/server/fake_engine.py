@@ -9,8 +9,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from ortserve.engine.messages import (EngineCoreOutput, EngineRequest, EngineStats, RequestRejected,
-                                      TokenLogprob)
+from ortserve.engine.messages import (
+    EngineCoreOutput,
+    EngineRequest,
+    EngineStats,
+    RequestRejected,
+    TokenLogprob,
+)
 from ortserve.server.ipc import EngineInfo
 
 
