@@ -1,0 +1,109 @@
+"""The artifact matches DESIGN.md §2: graph inputs/outputs, ORT contrib ops on the hot path,
+hidden states gathered before the LM head, external weights, manifest and side files."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import onnx
+import pytest
+
+from ortserve.artifact import load_manifest
+
+
+def graph_of(artifact):
+    return onnx.load(artifact / "model.onnx", load_external_data=False).graph
+
+
+def test_graph_inputs_and_outputs_follow_the_contract(tiny_artifact):
+    graph = graph_of(tiny_artifact("llama2"))
+    F, I64, I32 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64, onnx.TensorProto.INT32
+    kinds = {i.name: (i.type.tensor_type.elem_type,
+                      [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim]) for i in graph.input}
+    assert kinds["input_ids"] == (I64, ["num_tokens"])
+    assert kinds["positions"] == (I64, ["num_tokens"])
+    assert kinds["slot_mapping"] == (I64, ["num_tokens"])
+    assert kinds["block_tables"] == (I32, ["num_seqs", "max_blocks_per_seq"])
+    assert kinds["context_lens"] == (I32, ["num_seqs"])
+    assert kinds["query_start_loc"] == (I32, ["num_seqs_plus_1"])
+    assert kinds["logits_indices"] == (I64, ["num_logits"])
+    for layer in range(2):
+        for kind in ("key", "value"):
+            assert kinds[f"{kind}_cache.{layer}"] == (F, ["num_blocks", 2, "block_size", 32])
+    outputs = [o.name for o in graph.output]
+    assert outputs == ["logits"] + [f"{k}_cache_out.{l}" for l in range(2) for k in ("key", "value")]
+
+
+def test_hot_path_uses_ort_contrib_ops(tiny_artifact):
+    ops = [(n.domain, n.op_type) for n in graph_of(tiny_artifact("llama2")).node]
+    assert ops.count(("ortserve", "PagedAttention")) == 2
+    assert ops.count(("com.microsoft", "RotaryEmbedding")) == 4  # q and k per layer
+    assert ops.count(("com.microsoft", "SkipSimplifiedLayerNormalization")) == 4  # 2 in-layer, 1 between, final
+    assert ("", "SimplifiedLayerNormalization") in ops
+    assert ops.count(("", "Gemm")) == 2 * 4 + 1
+
+
+def test_layer_norm_models_use_skip_layer_normalization(tiny_artifact):
+    ops = [n.op_type for n in graph_of(tiny_artifact("gpt2_conv1d")).node]
+    assert ops.count("SkipLayerNormalization") == 4 and "RotaryEmbedding" not in ops
+
+
+def test_hidden_states_are_gathered_before_the_final_norm_and_lm_head(tiny_artifact):
+    nodes = list(graph_of(tiny_artifact("llama2")).node)
+    gathers = [i for i, n in enumerate(nodes) if "logits_indices" in n.input]
+    head = next(i for i, n in enumerate(nodes) if n.name.startswith("lm_head"))
+    final_norm = max(i for i, n in enumerate(nodes) if n.op_type == "SkipSimplifiedLayerNormalization")
+    assert len(gathers) == 2 and max(gathers) < final_norm < head
+
+
+def test_tied_fp32_lm_head_shares_the_embedding(tiny_artifact):
+    graph = graph_of(tiny_artifact("qwen2_qkv_bias_tied"))
+    head = next(n for n in graph.node if n.name.startswith("lm_head"))
+    embed = next(n for n in graph.node if n.name.startswith("embed"))
+    assert head.input[1] == embed.input[0] == "model.embed_tokens.weight"
+    assert sum(1 for t in graph.initializer if t.name == "model.embed_tokens.weight") == 1
+
+
+def test_attention_attributes_carry_the_architecture_quirks(tiny_artifact):
+    graph = graph_of(tiny_artifact("gemma2_softcap_sandwich"))
+    attrs = [{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+             for n in graph.node if n.op_type == "PagedAttention"]
+    assert [a["sliding_window"] for a in attrs] == [8, 0]
+    assert all(a["softcap"] == pytest.approx(2.0) and a["scale"] == pytest.approx(24 ** -0.5) for a in attrs)
+    assert all((a["num_heads"], a["num_kv_heads"]) == (4, 2) for a in attrs)
+
+
+def test_weights_live_in_one_external_data_file(tiny_artifact):
+    artifact = tiny_artifact("llama2")
+    model = onnx.load(artifact / "model.onnx", load_external_data=False)
+    assert model.ir_version == 10
+    assert {o.domain: o.version for o in model.opset_import} == {"": 21, "com.microsoft": 1, "ortserve": 1}
+    big = [t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    assert big and {e.value for t in big for e in t.external_data if e.key == "location"} == {"model.onnx.data"}
+    assert (artifact / "model.onnx").stat().st_size < 100_000
+
+
+def test_manifest_describes_the_model(tiny_artifact, tiny_checkpoint):
+    m = load_manifest(tiny_artifact("qwen3_qk_norm"))
+    assert (m.architecture, m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.head_size, m.vocab_size) == \
+           ("qwen3", 2, 64, 4, 2, 32, 320)
+    assert (m.weight_precision, m.lm_head_precision, m.max_model_len, m.op_version) == ("fp32", "fp32", 128, 1)
+    assert m.eos_token_ids == [2] and len(m.source_fingerprint) == 64
+    from safetensors.numpy import load_file
+
+    tensors = load_file(tiny_checkpoint("qwen3_qk_norm") / "model.safetensors")
+    assert m.num_parameters == sum(t.size for t in tensors.values())
+
+
+def test_generation_config_is_always_present(tiny_artifact):
+    generation = json.loads((tiny_artifact("gpt2_conv1d") / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == 2
+
+
+def test_export_never_imports_torch(tiny_checkpoint, tmp_path):
+    script = (f"import sys; from ortserve.export import export_model; "
+              f"export_model({str(tiny_checkpoint('gemma3_local_global'))!r}, {str(tmp_path / 'o')!r}, "
+              f"precision='int4', progress=False); print('torch' in sys.modules, 'transformers' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["False", "False"]

@@ -1,0 +1,84 @@
+"""int8 / int4 exports: MatMulNBits (block 32, accuracy level 4) computing with exactly the
+weights the quantiser produced, and logits that stay close to the fp32 export.
+
+Top-1 agreement with fp32 is measured on SmolLM2 (tests/models): tiny random models have flat
+output distributions, where top-1 flips on noise and says nothing about the export.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from ortserve.export import export_model
+from ortserve.export.quantize import BITS, dequantize, quantize
+from ortserve.export.validate import PagedRunner, random_sequences, teacher_forced_logits
+
+PROMPTS = (19, 7)
+LINEAR = (".q_proj.weight", ".k_proj.weight", ".v_proj.weight", ".o_proj.weight", ".gate_proj.weight",
+          ".up_proj.weight", ".down_proj.weight", ".c_attn.weight", ".c_proj.weight", ".c_fc.weight")
+
+
+def run(artifact, vocab=320):
+    sequences = random_sequences(vocab, [n + 4 for n in PROMPTS], seed=2)
+    return teacher_forced_logits(PagedRunner(artifact, seed=8), sequences, PROMPTS)
+
+
+def fake_quantized_checkpoint(source, folder, precision, conv1d):
+    """The checkpoint with every linear weight replaced by dequantize(quantize(weight))."""
+    import shutil
+
+    shutil.copytree(source, folder)
+    tensors = load_file(source / "model.safetensors")
+    for name, weight in tensors.items():
+        if name.endswith(LINEAR) and weight.ndim == 2:
+            w = weight.T if conv1d else weight
+            restored = dequantize(quantize(np.ascontiguousarray(w), BITS[precision]), w.shape[1])
+            tensors[name] = np.ascontiguousarray(restored.T if conv1d else restored)
+    save_file(tensors, folder / "model.safetensors")
+    return folder
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+@pytest.mark.parametrize("case", ["llama2", "gpt2_conv1d", "qwen2_qkv_bias_tied"])
+def test_quantized_linears_compute_with_the_dequantized_weights(case, precision, tiny_checkpoint, tmp_path):
+    """Packing, scales and zero points are laid out as MatMulNBits reads them: the quantised
+    export equals an fp32 export of the dequantised weights, up to accuracy level 4's int8
+    activations."""
+    source = tiny_checkpoint(case)
+    export_model(source, tmp_path / "q", precision=precision, lm_head_precision="fp32", progress=False)
+    fake = fake_quantized_checkpoint(source, tmp_path / "fake", precision, conv1d=case.startswith("gpt2"))
+    export_model(fake, tmp_path / "ref", progress=False)
+    for ours, reference in zip(run(tmp_path / "q"), run(tmp_path / "ref")):
+        assert np.abs(ours - reference).max() <= 0.03 * np.abs(reference).max()
+
+
+@pytest.mark.parametrize("precision, min_cosine, mean_cosine", [("int8", 0.999, 0.9995), ("int4", 0.85, 0.95)])
+@pytest.mark.parametrize("case", ["llama3_rope_scaling", "gemma3_local_global", "phi3_fused_partial_rotary"])
+def test_quantized_logits_stay_close_to_fp32(case, precision, min_cosine, mean_cosine, tiny_artifact):
+    """Including the tied LM head quantised with the same precision."""
+    for ours, fp32 in zip(run(tiny_artifact(case, precision)), run(tiny_artifact(case))):
+        cosine = (ours * fp32).sum(-1) / np.linalg.norm(ours, axis=-1) / np.linalg.norm(fp32, axis=-1)
+        assert cosine.min() >= min_cosine and cosine.mean() >= mean_cosine
+
+
+def test_every_linear_is_matmulnbits_with_block_32_and_int8_compute(tiny_artifact):
+    graph = onnx.load(tiny_artifact("llama2", "int4") / "model.onnx", load_external_data=False).graph
+    assert not [n for n in graph.node if n.op_type in ("Gemm", "MatMul")]
+    nbits = [n for n in graph.node if n.op_type == "MatMulNBits"]
+    assert len(nbits) == 2 * 4 + 1  # qkv, o, gate_up, down per layer, and the LM head
+    for node in nbits:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert (attrs["bits"], attrs["block_size"], attrs["accuracy_level"]) == (4, 32, 4)
+
+
+def test_lm_head_precision_is_chosen_separately(tiny_checkpoint, tmp_path):
+    export_model(tiny_checkpoint("llama3_rope_scaling"), tmp_path / "a", precision="int4", lm_head_precision="int8",
+                 progress=False)
+    graph = onnx.load(tmp_path / "a" / "model.onnx", load_external_data=False).graph
+    heads = [n for n in graph.node if n.name.startswith("lm_head")]
+    assert len(heads) == 1 and heads[0].op_type == "MatMulNBits"
+    assert {a.name: a.i for a in heads[0].attribute}["bits"] == 8
+    layers = [n for n in graph.node if n.op_type == "MatMulNBits" and not n.name.startswith("lm_head")]
+    assert layers and all({a.name: a.i for a in n.attribute}["bits"] == 4 for n in layers)
