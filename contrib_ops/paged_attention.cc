@@ -4,8 +4,6 @@
 #include "onnxruntime_lite_custom_op.h"
 #undef ORT_API_MANUAL_INIT
 
-#include <sched.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -46,11 +44,11 @@ RunFn PickKernel() {
   return generic::RunWorkItem;
 }
 
-// CPUs this process may run on: an upper bound on the session's intra-op threads.
+// Online CPUs: an upper bound on the session's intra-op threads (which a kernel cannot query).
+// Splitting for more threads than there are costs little: pieces are >= 256 positions.
 int64_t CpuCount() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1u, std::thread::hardware_concurrency());
+  static const int64_t count = std::max(1u, std::thread::hardware_concurrency());
+  return count;
 }
 
 constexpr int64_t kMinSplitKeys = 256;  // a split-K piece covers at least this many positions
