@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import signal
 import sys
 
@@ -47,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from .prompts import block_torch_import
 
     block_torch_import()  # before transformers: this process only needs the tokenizer
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     from ortserve.engine.config import EngineConfig
     from ortserve.models import DEFAULT_MODEL
 
@@ -124,12 +126,16 @@ async def _announce_ready(client, settings) -> None:  # noqa: ANN001
 
 
 def keep_off_engine_cores(engine_cores: list[int]) -> list[int]:
-    """Move the event loop off the engine's pinned cores onto the rest (--reserved-cpus), if
-    any are left; returns the cores it now runs on ([] = none left, unchanged)."""
+    """Move this process's threads off the engine's pinned cores onto the rest (--reserved-cpus),
+    if any are left; returns the cores it now runs on ([] = none left, unchanged)."""
     import os
 
     free = sorted(set(os.sched_getaffinity(0)) - set(engine_cores))
     if not engine_cores or not free:
         return []
-    os.sched_setaffinity(0, free)  # this (event-loop) thread, and threads it starts later
+    for task in os.listdir("/proc/self/task"):  # every thread; new ones inherit the creator's
+        try:
+            os.sched_setaffinity(int(task), free)
+        except OSError:
+            pass  # the thread ended meanwhile
     return free

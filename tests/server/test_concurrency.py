@@ -45,6 +45,8 @@ def test_32_concurrent_streams_all_complete_and_the_engine_ends_idle(server):
     assert metrics["ortserve:kv_cache_usage_perc"] == 0
     assert metrics["ortserve:time_to_first_token_seconds_count"] >= 32
     assert metrics["ortserve:e2e_request_latency_seconds_count"] >= 32
+    # 32 requests over 4 prompts that share the chat template's system prompt
+    assert 0 < metrics["ortserve:prefix_cache_hits_total"] <= metrics["ortserve:prefix_cache_queries_total"]
 
 
 def test_a_client_that_leaves_mid_stream_is_aborted(server):
