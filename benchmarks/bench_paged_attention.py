@@ -4,12 +4,16 @@ Shape: Qwen2.5-0.5B attention (14 query heads, 2 kv heads, head size 64). Each m
 --layers attention nodes, each with its own KV cache (as in a real decoder, so a long cache does
 not stay in the CPU cache between layers); figures are per layer. Cases:
   decode:  1, 8, 32 sequences x context 512 and 2048, one new token each;
-  prefill: one 512-token prompt.
-GQA gets its best configuration: past and present KV share one buffer (bound through IOBinding),
-and every sequence of a batch has the same length (its batched decode needs a padded [B, kv, L, D]
-cache; mixed prefill+decode or prefill with past context would need batch 1 calls).
-Variants are interleaved round by round and medians taken, so load from other processes hits
-all of them alike.
+  prefill: one 512-token prompt;
+  extras:  32 decodes of ragged contexts 64..2048, and one step of a 256-token prefill chunk
+           (context 1024) with 16 decodes (context 1024).
+Each op gets its best configuration. PagedAttention: one call per step, cache blocks scattered
+at random (as after a while of serving). GQA: past and present KV share one buffer (bound through
+IOBinding); decodes go in one batch padded to the longest context ([B, kv, max_ctx, D]); a
+multi-token sequence with past context needs its own batch-1 call (a CPU GQA limit), timed with
+the rest of its step. Per-token figures divide by the step's new tokens.
+Variants (op x threads) are interleaved round by round and medians taken, so load from other
+processes hits all of them alike; the 1-vs-2-thread columns show scaling.
 
     python benchmarks/bench_paged_attention.py [--layers 4] [--rounds 7]
 """
@@ -85,21 +89,26 @@ def session(model, threads):
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def paged_binding(sess, rng, layers, seqs, ctx, q_len):
-    """seqs sequences, each with ctx cached tokens of which the last q_len are new this step."""
-    blocks_per_seq = -(-ctx // BLOCK_SIZE)
-    num_blocks = seqs * blocks_per_seq
-    tables = rng.permutation(num_blocks).astype(np.int32).reshape(seqs, blocks_per_seq)
-    pos = np.arange(ctx - q_len, ctx)
-    slots = (tables[:, pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE).reshape(-1).astype(np.int64)
-    T = seqs * q_len
+def paged_binding(sess, rng, layers, seqs):
+    """One call for the whole step; seqs = [(context, new tokens), ...], blocks scattered."""
+    blocks = [-(-ctx // BLOCK_SIZE) for ctx, _ in seqs]
+    num_blocks = sum(blocks)
+    physical = rng.permutation(num_blocks).astype(np.int32)
+    tables = np.zeros((len(seqs), max(blocks)), np.int32)
+    slots = []
+    for i, ((ctx, q_len), n) in enumerate(zip(seqs, blocks)):
+        tables[i, :n] = physical[sum(blocks[:i]):sum(blocks[:i]) + n]
+        pos = np.arange(ctx - q_len, ctx)
+        slots.append(tables[i, pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE)
+    T = sum(q for _, q in seqs)
     b = sess.io_binding()
     b.bind_output(sess.get_outputs()[0].name, "cpu")
     feeds = dict(query=rng.standard_normal((T, Q_WIDTH), np.float32),
                  key=rng.standard_normal((T, KV_WIDTH), np.float32),
-                 value=rng.standard_normal((T, KV_WIDTH), np.float32), slot_mapping=slots, block_tables=tables,
-                 context_lens=np.full(seqs, ctx, np.int32),
-                 query_start_loc=(np.arange(seqs + 1) * q_len).astype(np.int32))
+                 value=rng.standard_normal((T, KV_WIDTH), np.float32),
+                 slot_mapping=np.concatenate(slots).astype(np.int64), block_tables=tables,
+                 context_lens=np.array([ctx for ctx, _ in seqs], np.int32),
+                 query_start_loc=np.concatenate([[0], np.cumsum([q for _, q in seqs])]).astype(np.int32))
     for name, array in feeds.items():
         b.bind_cpu_input(name, array)
     keep = []
@@ -110,40 +119,49 @@ def paged_binding(sess, rng, layers, seqs, ctx, q_len):
             b.bind_ortvalue_input(f"{kind}_cache.{layer}", cache)
             b.bind_ortvalue_output(f"{kind}_cache_out.{layer}", cache)
             keep.append(cache)
-    return b, keep
+    return [b], keep
 
 
-def gqa_binding(sess, rng, layers, seqs, ctx, q_len):
-    """Padded batch: every sequence in a [seqs, kv, ctx, D] buffer shared by past and present."""
-    b = sess.io_binding()
-    b.bind_output(sess.get_outputs()[0].name, "cpu")
-    feeds = dict(query=rng.standard_normal((seqs, q_len, Q_WIDTH), np.float32),
-                 key=rng.standard_normal((seqs, q_len, KV_WIDTH), np.float32),
-                 value=rng.standard_normal((seqs, q_len, KV_WIDTH), np.float32),
-                 seqlens_k=np.full(seqs, ctx - 1, np.int32),
-                 total_sequence_length=np.array(ctx, np.int32))
-    for name, array in feeds.items():
-        b.bind_cpu_input(name, array)
-    keep = []
-    for layer in range(layers):
-        for kind in ("key", "value"):
-            cache = ort.OrtValue.ortvalue_from_numpy(
-                rng.standard_normal((seqs, NUM_KV_HEADS, ctx, HEAD_SIZE), np.float32))
-            b.bind_ortvalue_input(f"past_{kind}.{layer}", cache)
-            b.bind_ortvalue_output(f"present_{kind}.{layer}", cache)
-            keep.append(cache)
-    return b, keep
+def gqa_bindings(sess, rng, layers, seqs):
+    """GQA's best shape for the same step: all decodes in one padded batch ([B, kv, max_ctx, D]
+    buffer shared by past and present), and each multi-token sequence as its own batch-1 call
+    (GQA cannot batch those with past context)."""
+    decodes = [ctx for ctx, q in seqs if q == 1]
+    groups = ([(decodes, 1)] if decodes else []) + [([ctx], q) for ctx, q in seqs if q > 1]
+    bindings, keep = [], []
+    for contexts, q_len in groups:
+        B, max_ctx = len(contexts), max(contexts)
+        b = sess.io_binding()
+        b.bind_output(sess.get_outputs()[0].name, "cpu")
+        feeds = dict(query=rng.standard_normal((B, q_len, Q_WIDTH), np.float32),
+                     key=rng.standard_normal((B, q_len, KV_WIDTH), np.float32),
+                     value=rng.standard_normal((B, q_len, KV_WIDTH), np.float32),
+                     seqlens_k=np.array(contexts, np.int32) - 1,
+                     total_sequence_length=np.array(max_ctx, np.int32))
+        for name, array in feeds.items():
+            b.bind_cpu_input(name, array)
+        for layer in range(layers):
+            for kind in ("key", "value"):
+                cache = ort.OrtValue.ortvalue_from_numpy(
+                    rng.standard_normal((B, NUM_KV_HEADS, max_ctx, HEAD_SIZE), np.float32))
+                b.bind_ortvalue_input(f"past_{kind}.{layer}", cache)
+                b.bind_ortvalue_output(f"present_{kind}.{layer}", cache)
+                keep.append(cache)
+        bindings.append(b)
+    return bindings, keep
 
 
-def time_block(sess, binding, seconds):
-    """Mean seconds per run over a block of back-to-back runs lasting about `seconds`."""
+def time_block(sess, bindings, seconds):
+    """Mean seconds per step (all of a step's runs) over back-to-back steps lasting ~`seconds`."""
+    def step():
+        for binding in bindings:
+            sess.run_with_iobinding(binding)
     start = time.perf_counter()
-    sess.run_with_iobinding(binding)
-    once = time.perf_counter() - start
-    n = max(2, int(seconds / max(once, 1e-6)))
+    step()
+    n = max(2, int(seconds / max(time.perf_counter() - start, 1e-6)))
     start = time.perf_counter()
     for _ in range(n):
-        sess.run_with_iobinding(binding)
+        step()
     return (time.perf_counter() - start) / n
 
 
@@ -158,34 +176,37 @@ def main():
     models = {"paged": paged_model(L), "gqa": gqa_model(L)}
     sessions = {(kind, t): session(models[kind], t) for kind in models for t in (1, 2)}
 
-    # (label, sequences, context, new tokens per sequence)
-    cases = [(f"decode {s:>2} x {c}", s, c, 1) for s in (1, 8, 32) for c in (512, 2048)]
-    cases.append(("prefill 1 x 512", 1, 512, 512))
+    # (label, [(context, new tokens) per sequence]); the last two go beyond the targets:
+    # a ragged decode batch (contexts 64..2048) and a chunked-prefill step mixed with decodes.
+    cases = [(f"decode {n:>2} x {c}", [(c, 1)] * n) for n in (1, 8, 32) for c in (512, 2048)]
+    cases.append(("prefill 1 x 512", [(512, 512)]))
+    cases.append(("decode 32 ragged", [(int(c), 1) for c in np.linspace(64, 2048, 32)]))
+    cases.append(("256 chunk + 16 dec", [(1024, 256)] + [(1024, 1)] * 16))
     rows = []
-    for label, seqs, ctx, q_len in cases:
+    for label, seqs in cases:
         variants = {}
-        for kind, make in (("paged", paged_binding), ("gqa", gqa_binding)):
+        for kind, make in (("paged", paged_binding), ("gqa", gqa_bindings)):
             for threads in (2, 1):
                 sess = sessions[(kind, threads)]
-                variants[(kind, threads)] = (sess, *make(sess, rng, L, seqs, ctx, q_len))
+                variants[(kind, threads)] = (sess, *make(sess, rng, L, seqs))
         times = {key: [] for key in variants}
         for _ in range(args.rounds):
-            for key, (sess, binding, _keep) in variants.items():
+            for key, (sess, bindings, _keep) in variants.items():
                 time.sleep(0.02)  # let the previous session's spinning pool threads go idle
-                times[key].append(time_block(sess, binding, args.block_seconds) / L)
+                times[key].append(time_block(sess, bindings, args.block_seconds) / L)
         med = {key: statistics.median(v) for key, v in times.items()}
-        rows.append((label, seqs * q_len, med))
+        rows.append((label, sum(q for _, q in seqs), med))
         del variants
 
     print(f"\nPagedAttention vs GroupQueryAttention, {NUM_HEADS} q heads / {NUM_KV_HEADS} kv heads / head {HEAD_SIZE}, "
           f"fp32, per layer, median of {args.rounds} interleaved rounds")
-    head = (f"{'case':<18}{'tokens':>7}{'paged 2t ms':>13}{'gqa 2t ms':>11}{'paged us/tok':>14}{'gqa us/tok':>12}"
+    head = (f"{'case':<19}{'tokens':>7}{'paged 2t ms':>13}{'gqa 2t ms':>11}{'paged us/tok':>14}{'gqa us/tok':>12}"
             f"{'gqa/paged':>11}{'paged 1t ms':>13}{'gqa 1t ms':>11}{'paged 1t/2t':>13}")
     print(head)
     print("-" * len(head))
     for label, tokens, m in rows:
         p2, g2, p1, g1 = m[("paged", 2)], m[("gqa", 2)], m[("paged", 1)], m[("gqa", 1)]
-        print(f"{label:<18}{tokens:>7}{p2 * 1e3:>13.3f}{g2 * 1e3:>11.3f}{p2 / tokens * 1e6:>14.2f}"
+        print(f"{label:<19}{tokens:>7}{p2 * 1e3:>13.3f}{g2 * 1e3:>11.3f}{p2 / tokens * 1e6:>14.2f}"
               f"{g2 / tokens * 1e6:>12.2f}{g2 / p2:>10.2f}x{p1 * 1e3:>13.3f}{g1 * 1e3:>11.3f}{p1 / p2:>12.2f}x")
     by_label = {label: m for label, _, m in rows}
     ratio = lambda label: by_label[label][("gqa", 2)] / by_label[label][("paged", 2)]
