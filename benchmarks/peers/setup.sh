@@ -37,7 +37,7 @@ fi
 if ! stamp python-deps; then
   echo "[peers] onnxruntime-genai, transformers, gguf"
   "${PIP[@]}" "onnxruntime-genai==$ORT_GENAI_VERSION" "transformers==5.23.*" gguf safetensors \
-    sentencepiece protobuf accelerate numpy httpx tqdm scikit-build-core cmake ninja
+    sentencepiece protobuf accelerate numpy httpx tqdm scikit-build-core cmake ninja onnx onnx-ir
   mark python-deps
 fi
 

@@ -1,6 +1,6 @@
 """`ortserve bench serve`: drive an OpenAI-compatible /v1/completions endpoint and measure it.
 
-Flow: build prompts (dataset.py) -> one untimed test request -> optional warm-ups -> read the
+Flow: build prompts (dataset.py) -> one untimed test request (a prompt of its own) -> optional warm-ups -> read the
 server's counters -> send every prompt at its arrival time (arrivals.py), at most
 --max-concurrency in flight -> read the counters again -> metrics.py -> report.py.
 """
@@ -58,12 +58,14 @@ async def _first_model(client, base_url: str) -> str:
     return data[0]["id"]
 
 
-def _requests(args, tokenizer) -> list[dataset.SampleRequest]:
+def _requests(args, tokenizer) -> tuple[dataset.SampleRequest, list[dataset.SampleRequest]]:
+    """A test prompt of its own (so it warms no cache the run could hit), then the run's prompts."""
     maker = dataset.PromptMaker(tokenizer)
+    test = dataset.random_requests(maker, 1, args.input_len, args.output_len, seed=args.seed + 1_000_003)[0]
     if args.dataset == "random":
-        return dataset.random_requests(maker, args.num_prompts, args.input_len, args.output_len, args.seed)
-    return dataset.shared_prefix_requests(maker, args.num_prompts, args.input_len, args.output_len,
-                                          args.prefix_len, args.num_prefixes, args.seed)
+        return test, dataset.random_requests(maker, args.num_prompts, args.input_len, args.output_len, args.seed)
+    return test, dataset.shared_prefix_requests(maker, args.num_prompts, args.input_len, args.output_len,
+                                                args.prefix_len, args.num_prefixes, args.seed)
 
 
 async def _run_all(client, specs: list[RequestSpec], offsets: list[float], max_concurrency: int | None,
@@ -96,7 +98,7 @@ async def run_benchmark(args) -> dict:
     if tokenizer_dir is None:
         raise SystemExit("--tokenizer is required (a local HF tokenizer dir) unless --model is one")
     tokenizer = dataset.load_tokenizer(tokenizer_dir)
-    requests = _requests(args, tokenizer)
+    test_request, requests = _requests(args, tokenizer)
     count_tokens = tokenizer.count
     percentiles = [float(p) for p in args.percentiles.split(",") if p]
 
@@ -106,11 +108,11 @@ async def run_benchmark(args) -> dict:
         spec = lambda r: RequestSpec(  # noqa: E731
             url=base_url + args.endpoint, model=model, prompt=r.prompt, prompt_len=r.prompt_len,
             output_len=r.output_len, backend=args.backend, ignore_eos=not args.no_ignore_eos)
-        test = await send(client, spec(requests[0]), count_tokens)
+        test = await send(client, spec(test_request), count_tokens)
         if not test.success:
             raise SystemExit(f"test request to {base_url + args.endpoint} failed: {test.error}")
         if args.num_warmups:
-            await _run_all(client, [spec(requests[0])] * args.num_warmups, [0.0] * args.num_warmups,
+            await _run_all(client, [spec(test_request)] * args.num_warmups, [0.0] * args.num_warmups,
                            args.max_concurrency, count_tokens, True)
         before = await server_metrics.settled_counters(client, base_url)
         offsets = arrival_offsets(len(requests), args.request_rate, args.burstiness, args.seed)
