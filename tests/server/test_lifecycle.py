@@ -62,6 +62,25 @@ def test_a_kv_cache_that_does_not_fit_stops_the_real_server_with_the_flag_named(
     assert "error:" in proc.output and "--kv-cache-space" in proc.output.split("error:", 1)[1]
 
 
+def test_sigterm_drains_the_real_server_and_exits_0(smollm2_artifact):
+    from server_process import ServerProcess
+
+    proc = ServerProcess.real(smollm2_artifact, "--served-model-name", "m")
+    try:
+        proc.wait_ready()
+        api = openai.OpenAI(base_url=f"{proc.base_url}/v1", api_key="none", max_retries=0, timeout=120)
+        stream = api.completions.create(model="m", prompt="Once upon a time", max_tokens=20,
+                                        temperature=0, stream=True, extra_body={"ignore_eos": True})
+        chunks = iter(stream)
+        next(chunks)
+        proc.proc.send_signal(signal.SIGTERM)
+        assert [c.choices[0].finish_reason for c in chunks][-1] == "length"
+        assert proc.proc.wait(60) == 0
+    finally:
+        if proc.proc.poll() is None:
+            proc.stop()
+
+
 def test_full_waiting_queue_answers_503_in_openai_shape(start_fake):
     proc = start_fake("--max-num-seqs", "1", "--max-waiting-requests", "1", "--step-seconds", "0.05")
     api = client(proc)
