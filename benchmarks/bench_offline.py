@@ -14,6 +14,7 @@ Results go to stdout and, as JSON, to benchmarks/results/bench_offline-<time>.js
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -28,6 +29,8 @@ import numpy as np
 class RunResult:
     precision: str
     max_num_seqs: int
+    block_size: int
+    max_num_batched_tokens: int
     num_prompts: int
     input_len: int
     output_len: int
@@ -46,7 +49,8 @@ class RunResult:
     decode_python_share_with_detok: float
 
 
-def run_one(artifact: Path, precision: str, max_num_seqs: int, args: argparse.Namespace) -> RunResult:
+def run_one(artifact: Path, precision: str, max_num_seqs: int, block_size: int, budget: int,
+            args: argparse.Namespace) -> RunResult:
     from transformers import AutoTokenizer
 
     from ortserve.engine.config import EngineConfig
@@ -55,8 +59,8 @@ def run_one(artifact: Path, precision: str, max_num_seqs: int, args: argparse.Na
     from ortserve.engine.output_processor import OutputProcessor
     from ortserve.sampling_params import SamplingParams
 
-    engine = EngineCore(EngineConfig(model=str(artifact), max_num_seqs=max_num_seqs,
-                                     max_num_batched_tokens=args.max_num_batched_tokens,
+    engine = EngineCore(EngineConfig(model=str(artifact), max_num_seqs=max_num_seqs, block_size=block_size,
+                                     max_num_batched_tokens=budget,
                                      kv_cache_space=args.kv_cache_space, threads_bind=args.threads_bind))
     tokenizer = AutoTokenizer.from_pretrained(engine.tokenizer_dir)
     processor = OutputProcessor(tokenizer)
@@ -89,7 +93,8 @@ def run_one(artifact: Path, precision: str, max_num_seqs: int, args: argparse.Na
     pick = full if full.any() else decode
     python = step_s - model_s
     result = RunResult(
-        precision=precision, max_num_seqs=max_num_seqs, num_prompts=args.num_prompts, input_len=args.input_len,
+        precision=precision, max_num_seqs=max_num_seqs, block_size=block_size, max_num_batched_tokens=budget,
+        num_prompts=args.num_prompts, input_len=args.input_len,
         output_len=args.output_len, wall_seconds=wall, output_tokens_per_s=out_tokens / wall,
         total_tokens_per_s=(out_tokens + args.num_prompts * args.input_len) / wall, num_steps=len(steps),
         mean_step_ms=1e3 * step_s.mean(), python_ms_per_step=1e3 * python.mean(),
@@ -113,13 +118,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=1.0, help="1.0 as vLLM's benchmark; 0 = greedy")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    parser.add_argument("--max-num-batched-tokens", nargs="+", type=int, default=None,
+                        help="token budgets to sweep (default: the engine's)")
+    parser.add_argument("--block-sizes", nargs="+", type=int, default=None, help="block sizes to sweep")
     parser.add_argument("--kv-cache-space", type=float, default=2.0)
     parser.add_argument("--threads-bind", default="auto")
     args = parser.parse_args(argv)
-    if args.max_num_batched_tokens is None:
-        from ortserve.engine.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
-        args.max_num_batched_tokens = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    from ortserve.engine.config import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_BATCHED_TOKENS
+    args.max_num_batched_tokens = args.max_num_batched_tokens or [DEFAULT_MAX_NUM_BATCHED_TOKENS]
+    args.block_sizes = args.block_sizes or [DEFAULT_BLOCK_SIZE]
 
     if args.artifact:
         from ortserve.artifact import load_manifest
@@ -131,19 +138,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# load average before: {load:.2f} on {os.cpu_count()} CPUs"
           + ("  (BUSY MACHINE: figures will be low)" if load > 0.5 else ""), file=sys.stderr)
     results = []
-    for artifact, precision in targets:
-        for seqs in args.max_num_seqs:
-            # a fresh process state per run would be cleaner; the engine pins this thread, so restore it
-            affinity = os.sched_getaffinity(0)
-            r = run_one(artifact, precision, seqs, args)
-            os.sched_setaffinity(0, affinity)
-            results.append(r)
-            print(f"{precision:5s} max-num-seqs {seqs:3d}: {r.output_tokens_per_s:7.1f} output tok/s "
-                  f"({r.total_tokens_per_s:7.1f} total) in {r.wall_seconds:6.1f} s | step {r.mean_step_ms:6.1f} ms, "
-                  f"python {r.python_ms_per_step:5.2f} ms ({100 * r.python_share:4.1f}%) | decode steps at cap: "
-                  f"{r.decode_step_ms:6.1f} ms, python {r.decode_python_ms:5.2f} ms "
-                  f"({100 * r.decode_python_share:4.1f}%, {100 * r.decode_python_share_with_detok:4.1f}% with detok)",
-                  flush=True)
+    sweep = itertools.product(targets, args.block_sizes, args.max_num_batched_tokens, args.max_num_seqs)
+    for (artifact, precision), block_size, budget, seqs in sweep:
+        affinity = os.sched_getaffinity(0)  # the engine pins this thread: undo it between runs
+        r = run_one(artifact, precision, seqs, block_size, budget, args)
+        os.sched_setaffinity(0, affinity)
+        results.append(r)
+        print(f"{precision:5s} block {block_size:3d} budget {budget:4d} max-num-seqs {seqs:3d}: "
+              f"{r.output_tokens_per_s:7.1f} output tok/s "
+              f"({r.total_tokens_per_s:7.1f} total) in {r.wall_seconds:6.1f} s | step {r.mean_step_ms:6.1f} ms, "
+              f"python {r.python_ms_per_step:5.2f} ms ({100 * r.python_share:4.1f}%) | decode steps at cap: "
+              f"{r.decode_step_ms:6.1f} ms, python {r.decode_python_ms:5.2f} ms "
+              f"({100 * r.decode_python_share:4.1f}%, {100 * r.decode_python_share_with_detok:4.1f}% with detok)",
+              flush=True)
     out_dir = Path(__file__).parent / "results"
     out_dir.mkdir(exist_ok=True)
     path = out_dir / f"bench_offline-{time.strftime('%Y%m%d-%H%M%S')}.json"
