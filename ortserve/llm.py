@@ -7,6 +7,7 @@ stop strings it finishes are aborted in the core, as the server does across proc
 from __future__ import annotations
 
 import itertools
+import time
 from typing import Any
 
 from ortserve.engine.output_processor import CompletionOutput, OutputProcessor, RequestOutput
@@ -72,14 +73,19 @@ class LLM:
                 engine.add_request(EngineRequest(request_id, ids, params))
                 processor.add_request(request_id, ids, params, prompt=text)
             with tqdm(total=len(order), desc="Processed prompts", disable=not use_tqdm, dynamic_ncols=True) as bar:
+                started, generated = time.perf_counter(), 0
                 while processor.has_unfinished_requests():
-                    request_outputs, to_abort = processor.process_outputs(engine.step())
+                    core_outputs = engine.step()
+                    generated += sum(len(o.new_token_ids) for o in core_outputs)
+                    request_outputs, to_abort = processor.process_outputs(core_outputs)
                     if to_abort:
                         engine.abort_requests(to_abort)
                     for output in request_outputs:
                         _merge(finals, output)
                         if output.finished:
                             bar.update(1)
+                            bar.set_postfix_str(f"output {generated / (time.perf_counter() - started):.1f} tok/s",
+                                                refresh=False)
             while engine.has_unfinished_requests():  # deliver the aborts of stop-string finishes
                 engine.step()
         except BaseException:

@@ -34,12 +34,12 @@ class Sampler:
         raw_logprobs = log_softmax(logits[lp_rows]) if lp_rows else None
         self._apply_processors(logits, seqs)
         greedy = np.fromiter((p.greedy for p in params), dtype=bool, count=len(params))
-        tokens = np.empty(len(seqs), dtype=np.int64)
-        if greedy.any():
-            tokens[greedy] = (logits if greedy.all() else logits[greedy]).argmax(axis=1)
-        if not greedy.any():  # the runner's buffer is ours until the next step: no copy
-            tokens[:] = self._sample_random(logits, seqs)
-        elif not greedy.all():
+        if greedy.all():
+            tokens = logits.argmax(axis=1)
+        elif not greedy.any():  # the runner's buffer is ours until the next step: no copy
+            tokens = self._sample_random(logits, seqs)
+        else:
+            tokens = logits.argmax(axis=1)
             rows = np.flatnonzero(~greedy)
             tokens[rows] = self._sample_random(logits[rows], [seqs[i] for i in rows])
         token_list = tokens.tolist()
