@@ -7,19 +7,22 @@ Cache layout (see ``cache.cache_dir``)::
     checkpoints/gguf/<stem>-<hash>/        HF checkpoint of a user's .gguf file
     artifacts/<name>-<precision>/          exported artifact of a built-in model
 
-Each checkpoint holds ``ortserve-source.json``: what it was converted from. When that changes
-(a new wheel, an edited file, a new converter) the checkpoint is converted again and the
-built-in's artifacts are dropped, so a stale entry is never served.
+Each entry holds ``ortserve-source.json``: what it was made from. A checkpoint's stamp names the
+GGUF file (path, size, mtime, wheel version) and the converter version; an artifact's stamp is
+its checkpoint's stamp plus a hash of the installed exporter's source. When a stamp no longer
+matches (a new wheel, an edited file, an upgraded ortserve) the entry is made again, so a stale
+one is never served.
 """
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import logging
 import time
 from pathlib import Path
 
-from ortserve.artifact import ArtifactError, is_artifact, load_manifest
+from ortserve.artifact import FORMAT_VERSION, ArtifactError, is_artifact, load_manifest
 
 from . import cache
 from .gguf_checkpoint import CONVERTER_VERSION, convert_gguf
@@ -39,7 +42,6 @@ def prepare_checkpoint(name_or_gguf_path: str | Path, *, progress: bool = True) 
         gguf_path = builtin.gguf_path()
         entry = cache.cache_dir() / "checkpoints" / builtin.name
         stamp = _source_stamp(gguf_path, package=f"{builtin.distribution}=={builtin.source_version()}")
-        stale_artifacts = lambda: _artifact_entries(builtin)  # noqa: E731
     else:
         gguf_path = Path(name_or_gguf_path).expanduser()
         if gguf_path.suffix.lower() != ".gguf" or not gguf_path.is_file():
@@ -51,15 +53,12 @@ def prepare_checkpoint(name_or_gguf_path: str | Path, *, progress: bool = True) 
         digest = hashlib.sha256(str(gguf_path).encode()).hexdigest()[:12]
         entry = cache.cache_dir() / "checkpoints" / "gguf" / f"{gguf_path.stem}-{digest}"
         stamp = _source_stamp(gguf_path, package=None)
-        stale_artifacts = lambda: []  # noqa: E731
 
     if _stamp_matches(entry, stamp):
         return entry
     with cache.locked(entry):
         if _stamp_matches(entry, stamp):  # another process converted it while we waited
             return entry
-        for artifact in stale_artifacts():
-            cache.remove(artifact)
         logger.warning("Converting %s to a Hugging Face checkpoint in %s (done once)", gguf_path.name, entry)
         started = time.perf_counter()
         with cache.staging_dir(entry) as scratch:
@@ -119,18 +118,20 @@ def resolve_model(
 
 
 def _builtin_artifact(builtin: BuiltinModel, precision: str, *, progress: bool) -> Path:
-    checkpoint = prepare_checkpoint(builtin.name, progress=progress)  # drops artifacts of a stale one
+    checkpoint = prepare_checkpoint(builtin.name, progress=progress)
     entry = cache.cache_dir() / "artifacts" / f"{builtin.name}-{precision}"
-    if _loads(entry):
+    stamp = {"checkpoint": json.loads((checkpoint / SOURCE_STAMP).read_text()), "exporter": _exporter_hash()}
+    if _loads(entry) and _stamp_matches(entry, stamp):
         return entry
     with cache.locked(entry):
-        if _loads(entry):
+        if _loads(entry) and _stamp_matches(entry, stamp):
             return entry
         from ortserve.export import export_model  # the exporter is heavy: only on first use
 
         logger.warning("Exporting %s (%s) to %s (done once)", builtin.name, precision, entry)
         cache.remove(entry)  # a stale or half-written one; export itself publishes by rename
         export_model(checkpoint, entry, precision=precision, progress=progress)
+        (entry / SOURCE_STAMP).write_text(json.dumps(stamp, indent=2) + "\n")  # last: marks it complete
     return entry
 
 
@@ -142,8 +143,16 @@ def _loads(entry: Path) -> bool:
     return True
 
 
-def _artifact_entries(builtin: BuiltinModel) -> list[Path]:
-    return [cache.cache_dir() / "artifacts" / f"{builtin.name}-{precision}" for precision in PRECISIONS]
+def _exporter_hash() -> str:
+    """A hash of the installed exporter's source: a changed exporter re-exports cached artifacts."""
+    spec = importlib.util.find_spec("ortserve.export")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelSourceError("ortserve.export is not installed; reinstall ortserve")
+    digest = hashlib.sha256(f"format {FORMAT_VERSION}".encode())
+    for folder in spec.submodule_search_locations:
+        for path in sorted(Path(folder).glob("*.py")):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
 
 
 def _source_stamp(gguf_path: Path, *, package: str | None) -> dict:

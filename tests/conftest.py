@@ -9,6 +9,8 @@ None of them skips. A missing prerequisite fails the test with the command that 
 - ``tiny_llama_checkpoint``: a random 2-layer Llama (hidden 64, 4 heads, 2 kv heads, untied
   LM head) with SmolLM2's real tokenizer (vocab 49152) and chat template.
 - ``tiny_llama_artifact``: its fp32 export.
+- ``report_figure``: record a measured figure (a time, an RSS, an agreement); all figures are
+  printed together at the end of the run, so CI logs show them without ``-s``.
 """
 from __future__ import annotations
 
@@ -36,6 +38,25 @@ TINY_LLAMA = dict(
     pad_token_id=2,
 )
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
+
+
+_FIGURES: list[str] = []
+
+
+@pytest.fixture
+def report_figure(request: pytest.FixtureRequest):
+    def report(text: str) -> None:
+        _FIGURES.append(f"{request.node.nodeid}: {text}")
+        print(text)
+
+    return report
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if _FIGURES:
+        terminalreporter.section("measured figures")
+        for line in _FIGURES:
+            terminalreporter.write_line(line)
 
 
 def require(module: str, fix: str):

@@ -1,6 +1,7 @@
 """Serving's path never needs torch: the first ``ortserve serve`` converts the default model."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -38,14 +39,43 @@ def test_torch_is_really_blocked(tmp_path: Path):
 
 
 @pytest.mark.slow
-def test_gguf_conversion_runs_without_torch(tmp_path: Path, smollm2_checkpoint: Path):
-    run_without_torch(
+def test_gguf_conversion_runs_without_torch(tmp_path: Path, smollm2_checkpoint: Path, report_figure):
+    result = run_without_torch(
         """
+        import json, resource, time
+        started = time.perf_counter()
         from ortserve.models import prepare_checkpoint
-        print(prepare_checkpoint("smollm2-135m-instruct", progress=False))
+        prepare_checkpoint("smollm2-135m-instruct", progress=False)
+        print(json.dumps({"seconds": time.perf_counter() - started,
+                          "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
         """,
         tmp_path / "cache",
     )
+    cost = json.loads(result.stdout.strip().splitlines()[-1])
+    report_figure(f"SmolLM2 GGUF -> HF conversion without torch: {cost['seconds']:.1f} s, "
+                  f"peak RSS {cost['peak_rss'] / 2**20:.0f} MiB")
     converted = tmp_path / "cache" / "checkpoints" / "smollm2-135m-instruct"
     for name in ("model.safetensors", "tokenizer.json", "config.json", "generation_config.json"):
         assert (converted / name).read_bytes() == (smollm2_checkpoint / name).read_bytes(), name
+
+
+@pytest.mark.slow
+def test_first_serve_resolves_the_default_model_without_torch(tmp_path: Path, report_figure):
+    """What the first ``ortserve serve`` does: convert the GGUF, then export fp32, from a cold cache."""
+    result = run_without_torch(
+        """
+        import json, time
+        started = time.perf_counter()
+        from ortserve.artifact import load_manifest
+        from ortserve.models import resolve_model
+        artifact = resolve_model(None, progress=False)
+        manifest = load_manifest(artifact)
+        print(json.dumps({"seconds": time.perf_counter() - started, "artifact": str(artifact),
+                          "precision": manifest.weight_precision, "layers": manifest.num_layers}))
+        """,
+        tmp_path / "cache",
+    )
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    assert outcome["artifact"] == str(tmp_path / "cache" / "artifacts" / "smollm2-135m-instruct-fp32")
+    assert (outcome["precision"], outcome["layers"]) == ("fp32", 30)
+    report_figure(f"first serve from a cold cache (convert + fp32 export), no torch: {outcome['seconds']:.1f} s")
