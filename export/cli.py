@@ -14,7 +14,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", choices=PRECISION_CHOICES, default="fp32",
                         help="weight precision of the linear layers (int4/int8: MatMulNBits, block 32)")
     parser.add_argument("--lm-head-precision", choices=PRECISION_CHOICES, default=None,
-                        help="precision of the LM head (default: same as --precision)")
+                        help="precision of the LM head (default: fp32 for fp32, else int8: the head is the most "
+                             "quantisation-sensitive matmul)")
     parser.add_argument("--max-model-len", type=int, default=None, metavar="N",
                         help="longest sequence the artifact serves (default: the model's max positions)")
     parser.add_argument("--validate", action="store_true",

@@ -24,7 +24,7 @@ from onnx import TensorProto, helper
 
 from .architectures import Architecture
 from .config import ModelSpec
-from .quantize import ACCURACY_LEVEL, BITS, BLOCK_SIZE, quantize
+from .quantize import ACCURACY_LEVEL, BITS, BLOCK_SIZE, offset_grid, on_offset_grid, quantize
 from .rope import rope_table
 from .weights import WeightJob, WeightSource
 
@@ -112,14 +112,26 @@ class DecoderBuilder:
                 self.plan(w, lambda: {w: full_weight()})
             return self.op("Gemm", [x, w] + ([bias] if bias else []), transB=1, name=label)[0]
         bits = BITS[precision]
+        # weights dequantised from Q4_1-style GGUF blocks keep their float block minimum exactly
+        offsets = bits == 4 and any(on_offset_grid(self.src.sample(w, transpose=transpose)) for w in weights)
+        names = {key: f"{label}.{key}" for key in ("qweight", "scales", "zero_points", "offsets")}
 
         def make_quantized() -> dict[str, np.ndarray]:
-            q = quantize(full_weight(), bits)
-            return {f"{label}.qweight": q.packed, f"{label}.scales": q.scales, f"{label}.zero_points": q.zero_points}
+            weight = full_weight()
+            q = offset_grid(weight, bits) if offsets else quantize(weight, bits)
+            arrays = {names["qweight"]: q.packed, names["scales"]: q.scales, names["zero_points"]: q.zero_points}
+            return arrays | ({names["offsets"]: q.offsets} if offsets else {})
         self.plan(f"{label} ({precision})", make_quantized)
-        inputs = [x, f"{label}.qweight", f"{label}.scales", f"{label}.zero_points"] + (["", bias] if bias else [])
-        return self.op("MatMulNBits", inputs, domain=MS, name=label, K=k, N=n, bits=bits,
-                       block_size=BLOCK_SIZE, accuracy_level=ACCURACY_LEVEL)[0]
+        inputs = [x, names["qweight"], names["scales"], names["zero_points"]] + (["", bias] if bias else [])
+        y = self.op("MatMulNBits", inputs, domain=MS, name=label, K=k, N=n, bits=bits,
+                    block_size=BLOCK_SIZE, accuracy_level=ACCURACY_LEVEL)[0]
+        if not offsets:
+            return y
+        # + sum over blocks b of offset[n, b] * (sum of x over block b): [T, K/32] @ offsets.T
+        blocks = self.op("Reshape", [x, self.ints(0, -1, BLOCK_SIZE)], name=f"{label}.blocks")[0]
+        sums = self.op("ReduceSum", [blocks, self.ints(-1)], keepdims=0, name=f"{label}.block_sums")[0]
+        shift = self.op("Gemm", [sums, names["offsets"]], transB=1, name=f"{label}.offsets")[0]
+        return self.op("Add", [y, shift], name=f"{label}.plus_offsets")[0]
 
     # ---- blocks ----------------------------------------------------------------------------
     def norm(self, x: str, module: str, size: int | None = None) -> str:

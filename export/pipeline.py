@@ -29,6 +29,9 @@ from .graph import DecoderBuilder
 from .weights import DATA_FILE, WeightFile, WeightSource
 
 PRECISIONS = ("fp32", "int8", "int4")
+# The LM head (often the tied embedding) is the matmul most sensitive to quantisation: at int4 it
+# costs SmolLM2-135M 14 points of top-1 agreement with fp32 that int8 keeps, for 20 MB.
+DEFAULT_LM_HEAD = {"fp32": "fp32", "int8": "int8", "int4": "int8"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
                    "generation_config.json")
@@ -138,10 +141,11 @@ def export_model(src: str | os.PathLike, out: str | os.PathLike, *, precision: s
                  validate: bool = False, progress: bool = True) -> ArtifactManifest:
     """Export a checkpoint directory, .gguf file or built-in model name to an artifact at ``out``."""
     started = time.perf_counter()
-    lm_head_precision = lm_head_precision or precision
-    for flag, value in (("--precision", precision), ("--lm-head-precision", lm_head_precision)):
-        if value not in PRECISIONS:
-            raise ExportError(f"{flag} {value!r} is not one of {', '.join(PRECISIONS)}")
+    if precision not in PRECISIONS:
+        raise ExportError(f"--precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    lm_head_precision = lm_head_precision or DEFAULT_LM_HEAD[precision]
+    if lm_head_precision not in PRECISIONS:
+        raise ExportError(f"--lm-head-precision {lm_head_precision!r} is not one of {', '.join(PRECISIONS)}")
     out = Path(out).expanduser().absolute()
     _check_out(out)
     folder, label = resolve_source(src)

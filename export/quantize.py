@@ -1,10 +1,19 @@
 """Block-wise weight quantisation for ``com.microsoft.MatMulNBits``, one tensor at a time.
 
-Packing uses onnxruntime's own C++ quantisers (``quantize_matmul_4bits`` / ``_8bits``, what
-``onnxruntime.quantization.MatMulNBitsQuantizer`` calls), so the layout is exactly what the
-kernel expects and a 135M-parameter model quantises in seconds. Asymmetric (with zero points):
-on 2 cores it is as fast as symmetric and more accurate. ``accuracy_level`` 4 makes the CPU
-kernel quantise activations to int8 and use VNNI dot products.
+Every block holds 32 consecutive weights of one output row (along K). Three ways to fill it:
+
+- **Weights already on a grid** (a checkpoint dequantised from GGUF) are kept *exactly*:
+  Q8_0 / Q4_0 blocks are ``d * q`` (symmetric: codes q + 128 or q + 8 with that zero point);
+  Q4_1 / Q4_K blocks are ``lo + d * q`` with a float ``lo`` that no integer zero point can hold,
+  so the graph adds ``lo`` back as a small correction (see ``graph.py``), and ``offsets`` is set.
+  Re-rounding such weights onto a second, shifted grid costs SmolLM2-135M (a Q4_1 GGUF) a third
+  of its top-1 agreement with fp32; kept exact it loses ~6 points, all from int8 activations.
+- **Anything else**: round-to-nearest, asymmetric, by onnxruntime's own C++ quantisers
+  (``quantize_matmul_4bits`` / ``_8bits``, what ``MatMulNBitsQuantizer`` calls), so the packing
+  is what the kernel expects and a 135M model quantises in seconds. Asymmetric is as fast as
+  symmetric on this CPU and more accurate.
+
+``accuracy_level`` 4 makes the CPU kernel quantise activations to int8 and use VNNI.
 """
 from __future__ import annotations
 
@@ -15,6 +24,7 @@ import numpy as np
 BLOCK_SIZE = 32
 ACCURACY_LEVEL = 4
 BITS = {"int4": 4, "int8": 8}
+_GRID_TOLERANCE = 1e-4  # of a block's step: GGUF dequantisation rounds in float32
 
 
 @dataclass(frozen=True)
@@ -23,28 +33,91 @@ class QuantizedWeight:
     scales: np.ndarray       # float32 [N, k_blocks]
     zero_points: np.ndarray  # uint8 [N, ceil(k_blocks * bits / 8)]
     bits: int
-    block_size: int
+    block_size: int = BLOCK_SIZE
+    offsets: np.ndarray | None = None  # float32 [N, k_blocks]: w = offset + scale * (code - zero)
 
 
 def quantize(weight: np.ndarray, bits: int, block_size: int = BLOCK_SIZE) -> QuantizedWeight:
-    """Quantise a linear weight in [out, in] (N, K) layout along K, block by block."""
+    """Quantise a linear weight in [out, in] (N, K) layout along K: exactly if it already sits on
+    a symmetric grid, else round-to-nearest with integer zero points."""
+    exact = symmetric_grid(weight, bits, block_size) if symmetric_grid(weight[:8], bits, block_size) else None
+    return exact if exact is not None else round_to_nearest(weight, bits, block_size)
+
+
+def round_to_nearest(weight: np.ndarray, bits: int, block_size: int = BLOCK_SIZE) -> QuantizedWeight:
     from onnxruntime.capi._pybind_state import quantize_matmul_4bits, quantize_matmul_8bits
 
     n, k = weight.shape
     k_blocks = -(-k // block_size)
-    padded = k_blocks * block_size
-    kmajor = np.zeros((padded, n), np.float32)  # the quantiser reads the MatMul layout [K, N]
+    kmajor = np.zeros((k_blocks * block_size, n), np.float32)  # the quantiser reads the MatMul layout [K, N]
     kmajor[:k] = weight.T
     packed = np.zeros((n, k_blocks, block_size * bits // 8), np.uint8)
     scales = np.zeros((n, k_blocks), np.float32)
     zero_points = np.zeros((n, -(-k_blocks * bits // 8)), np.uint8)
     quantizer = {4: quantize_matmul_4bits, 8: quantize_matmul_8bits}[bits]
-    quantizer(packed, kmajor, scales, zero_points, block_size, n, padded, False)
+    quantizer(packed, kmajor, scales, zero_points, block_size, n, k_blocks * block_size, False)
     return QuantizedWeight(packed, scales, zero_points, bits, block_size)
 
 
+def _blocks(weight: np.ndarray, block_size: int) -> np.ndarray:
+    n, k = weight.shape
+    if k % block_size:
+        weight = np.pad(weight, ((0, 0), (0, block_size - k % block_size)))
+    return weight.reshape(n, -1, block_size)
+
+
+def _pack(codes: np.ndarray, bits: int) -> np.ndarray:
+    """uint8 codes [..., m] -> MatMulNBits bytes (4 bits: low nibble first)."""
+    codes = codes.astype(np.uint8)
+    if bits == 8:
+        return np.ascontiguousarray(codes)
+    if codes.shape[-1] % 2:
+        codes = np.concatenate([codes, np.zeros(codes.shape[:-1] + (1,), np.uint8)], axis=-1)
+    return np.ascontiguousarray(codes[..., 0::2] | (codes[..., 1::2] << 4))
+
+
+def symmetric_grid(weight: np.ndarray, bits: int, block_size: int = BLOCK_SIZE) -> QuantizedWeight | None:
+    """Blocks that are ``d * q`` with q in [-2^(b-1), 2^(b-1) - 1] (Q8_0, Q4_0), or None."""
+    blocks = _blocks(weight, block_size)
+    half = 1 << (bits - 1)
+    peak = np.abs(blocks).max(-1)
+    # the largest |w| is code -half (positive scale) or, as Q4_0 writes it, code +half of a
+    # negative scale; Q8_0 scales by 127, so try both divisors.
+    for divisor in (half, half - 1):
+        step = np.where(peak > 0, peak / divisor, 1.0).astype(np.float32)
+        top = blocks.max(-1) >= -blocks.min(-1)  # the largest magnitude is positive
+        scales = np.where(top & (divisor == half), -step, step).astype(np.float32)
+        codes = np.round(blocks / scales[..., None])
+        if codes.min() < -half or codes.max() > half - 1:
+            continue
+        if np.abs(codes * scales[..., None] - blocks).max() <= _GRID_TOLERANCE * step.max():
+            zero = np.full(scales.shape, half, np.uint8)
+            return QuantizedWeight(_pack(codes + half, bits), scales, _pack(zero, bits), bits, block_size)
+    return None
+
+
+def offset_grid(weight: np.ndarray, bits: int, block_size: int = BLOCK_SIZE) -> QuantizedWeight:
+    """``lo + d * q`` with a float ``lo`` per block: exact for Q4_1 / Q4_K-dequantised weights,
+    and round-to-nearest with an unrounded minimum for any others."""
+    blocks = _blocks(weight, block_size)
+    levels = (1 << bits) - 1
+    lo, hi = blocks.min(-1), blocks.max(-1)
+    scales = np.where(hi > lo, (hi - lo) / levels, 1.0).astype(np.float32)
+    codes = np.clip(np.round((blocks - lo[..., None]) / scales[..., None]), 0, levels)
+    zero = np.zeros(scales.shape, np.uint8)
+    return QuantizedWeight(_pack(codes, bits), scales, _pack(zero, bits), bits, block_size, lo.astype(np.float32))
+
+
+def on_offset_grid(rows: np.ndarray, bits: int = 4, block_size: int = BLOCK_SIZE) -> bool:
+    """Whether sampled rows sit exactly on ``lo + d * q`` grids but not on symmetric ones."""
+    if symmetric_grid(rows, bits, block_size) is not None:
+        return False
+    q = offset_grid(rows, bits, block_size)
+    return bool(np.abs(dequantize(q, rows.shape[1]) - rows).max() <= _GRID_TOLERANCE * q.scales.max())
+
+
 def dequantize(q: QuantizedWeight, k: int) -> np.ndarray:
-    """The [N, K] float32 weight MatMulNBits computes with (for tests and error reports)."""
+    """The [N, K] float32 weight MatMulNBits (plus the offsets, if any) computes with."""
     n, k_blocks, _ = q.packed.shape
     if q.bits == 8:
         values = q.packed.reshape(n, k_blocks, q.block_size).astype(np.float32)
@@ -54,4 +127,6 @@ def dequantize(q: QuantizedWeight, k: int) -> np.ndarray:
         values = np.stack([low, high], axis=-1).reshape(n, k_blocks, q.block_size).astype(np.float32)
         zeros = np.stack([q.zero_points & 0x0F, q.zero_points >> 4], axis=-1).reshape(n, -1)[:, :k_blocks]
     weight = (values - zeros.astype(np.float32)[..., None]) * q.scales[..., None]
+    if q.offsets is not None:
+        weight = weight + q.offsets[..., None]
     return weight.reshape(n, k_blocks * q.block_size)[:, :k]

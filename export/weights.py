@@ -82,5 +82,11 @@ class WeightSource:
             array = np.ascontiguousarray(array.T)
         return array
 
+    def sample(self, name: str, rows: int = 8, transpose: bool = False) -> np.ndarray:
+        """A few rows of a linear weight in [out, in] layout, to inspect before the weights stage."""
+        if transpose:  # rows of [out, in] are columns of the stored [in, out]
+            return np.ascontiguousarray(self.checkpoint.read(name)[:, :rows].T)
+        return self.checkpoint.read_rows(name, rows)
+
     def num_parameters(self) -> int:
         return sum(int(np.prod(self.checkpoint.shape(n))) for n in self.used)

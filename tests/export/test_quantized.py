@@ -57,20 +57,22 @@ def test_quantized_linears_compute_with_the_dequantized_weights(case, precision,
 @pytest.mark.parametrize("precision, min_cosine, mean_cosine", [("int8", 0.999, 0.9995), ("int4", 0.85, 0.95)])
 @pytest.mark.parametrize("case", ["llama3_rope_scaling", "gemma3_local_global", "phi3_fused_partial_rotary"])
 def test_quantized_logits_stay_close_to_fp32(case, precision, min_cosine, mean_cosine, tiny_artifact):
-    """Including the tied LM head quantised with the same precision."""
+    """Including a tied LM head, quantised to int8."""
     for ours, fp32 in zip(run(tiny_artifact(case, precision)), run(tiny_artifact(case))):
         cosine = (ours * fp32).sum(-1) / np.linalg.norm(ours, axis=-1) / np.linalg.norm(fp32, axis=-1)
         assert cosine.min() >= min_cosine and cosine.mean() >= mean_cosine
 
 
 def test_every_linear_is_matmulnbits_with_block_32_and_int8_compute(tiny_artifact):
+    """int4 layers; the LM head defaults to int8 (the most quantisation-sensitive matmul)."""
     graph = onnx.load(tiny_artifact("llama2", "int4") / "model.onnx", load_external_data=False).graph
     assert not [n for n in graph.node if n.op_type in ("Gemm", "MatMul")]
     nbits = [n for n in graph.node if n.op_type == "MatMulNBits"]
     assert len(nbits) == 2 * 4 + 1  # qkv, o, gate_up, down per layer, and the LM head
     for node in nbits:
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-        assert (attrs["bits"], attrs["block_size"], attrs["accuracy_level"]) == (4, 32, 4)
+        bits = 8 if node.name.startswith("lm_head") else 4
+        assert (attrs["bits"], attrs["block_size"], attrs["accuracy_level"]) == (bits, 32, 4)
 
 
 def test_lm_head_precision_is_chosen_separately(tiny_checkpoint, tmp_path):
@@ -82,3 +84,76 @@ def test_lm_head_precision_is_chosen_separately(tiny_checkpoint, tmp_path):
     assert {a.name: a.i for a in heads[0].attribute}["bits"] == 8
     layers = [n for n in graph.node if n.op_type == "MatMulNBits" and not n.name.startswith("lm_head")]
     assert layers and all({a.name: a.i for a in n.attribute}["bits"] == 4 for n in layers)
+
+
+# ---- weights that are already on a GGUF grid are kept exactly ---------------------------------
+def q4_1_grid(w: np.ndarray) -> np.ndarray:
+    """What a Q4_1 GGUF block dequantises to: lo + d * q, q in 0..15, d and lo in float16."""
+    blocks = w.reshape(w.shape[0], -1, 32)
+    lo = blocks.min(-1).astype(np.float16).astype(np.float32)
+    d = ((blocks.max(-1) - lo) / 15).astype(np.float16).astype(np.float32)
+    q = np.clip(np.round((blocks - lo[..., None]) / d[..., None]), 0, 15)
+    return (lo[..., None] + q * d[..., None]).reshape(w.shape).astype(np.float32)
+
+
+def q8_0_grid(w: np.ndarray) -> np.ndarray:
+    blocks = w.reshape(w.shape[0], -1, 32)
+    d = (np.abs(blocks).max(-1) / 127).astype(np.float16).astype(np.float32)
+    return (np.round(blocks / d[..., None]) * d[..., None]).reshape(w.shape).astype(np.float32)
+
+
+def q4_0_grid(w: np.ndarray) -> np.ndarray:
+    blocks = w.reshape(w.shape[0], -1, 32)
+    signed_max = np.take_along_axis(blocks, np.abs(blocks).argmax(-1)[..., None], -1)[..., 0]
+    d = (signed_max / -8).astype(np.float16).astype(np.float32)
+    q = np.clip(np.round(blocks / d[..., None]) + 8, 0, 15)
+    return ((q - 8) * d[..., None]).reshape(w.shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("grid, bits", [(q8_0_grid, 8), (q4_0_grid, 4)])
+def test_symmetric_grids_are_kept_exactly(grid, bits):
+    from ortserve.export.quantize import symmetric_grid
+
+    w = grid(np.random.default_rng(0).standard_normal((48, 96)).astype(np.float32))
+    q = quantize(w, bits)
+    np.testing.assert_allclose(dequantize(q, 96), w, rtol=0, atol=1e-6)
+    assert symmetric_grid(np.random.default_rng(1).standard_normal((48, 96)).astype(np.float32), bits) is None
+
+
+def test_q4_1_grid_is_kept_exactly_with_float_offsets():
+    from ortserve.export.quantize import offset_grid, on_offset_grid
+
+    rng = np.random.default_rng(0)
+    w = q4_1_grid(rng.standard_normal((48, 96)).astype(np.float32))
+    assert on_offset_grid(w[:8]) and not on_offset_grid(rng.standard_normal((8, 96)).astype(np.float32))
+    assert not on_offset_grid(q4_0_grid(rng.standard_normal((8, 96)).astype(np.float32)))
+    np.testing.assert_allclose(dequantize(offset_grid(w, 4), 96), w, rtol=0, atol=1e-6)
+
+
+def test_int4_export_of_a_q4_1_checkpoint_computes_with_its_exact_weights(tiny_checkpoint, tmp_path, monkeypatch):
+    """A checkpoint dequantised from a Q4_1 GGUF (Q8_0 embedding, as SmolLM2's) exports to int4
+    without re-rounding: with fp32 activations (accuracy level 0) it equals its own fp32 export;
+    with the default int8 activations it stays within their rounding."""
+    import shutil
+
+    import ortserve.export.graph as graph
+
+    folder = shutil.copytree(tiny_checkpoint("llama3_rope_scaling"), tmp_path / "gguf_like")
+    tensors = load_file(folder / "model.safetensors")
+    for name, weight in tensors.items():
+        if name.endswith(LINEAR):
+            tensors[name] = q4_1_grid(weight)
+        elif name == "model.embed_tokens.weight":
+            tensors[name] = q8_0_grid(weight)
+    save_file(tensors, folder / "model.safetensors")
+    export_model(folder, tmp_path / "fp32", progress=False)
+    export_model(folder, tmp_path / "int4", precision="int4", progress=False)
+    monkeypatch.setattr(graph, "ACCURACY_LEVEL", 0)
+    export_model(folder, tmp_path / "int4_fp32_compute", precision="int4", progress=False)
+    ops = [n.name for n in onnx.load(tmp_path / "int4" / "model.onnx", load_external_data=False).graph.node]
+    assert sum(".plus_offsets." in name for name in ops) == 2 * 4
+    reference = run(tmp_path / "fp32")
+    for ours, ref in zip(run(tmp_path / "int4_fp32_compute"), reference):
+        assert np.abs(ours - ref).max() <= 1e-4
+    for ours, ref in zip(run(tmp_path / "int4"), reference):
+        assert np.abs(ours - ref).max() <= 0.05 * np.abs(ref).max()
