@@ -19,6 +19,7 @@ from ortserve.engine.sequence import Sequence
 
 NEG_INF = np.float32(-np.inf)
 CHUNK = 128  # inverse-CDF search granularity (see draw)
+TOP_P_CANDIDATES = 1024  # top-p looks for the nucleus among this many largest weights first
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
@@ -126,15 +127,36 @@ class Sampler:
                 row[row < kth] = 0.0
         top_p_rows = [i for i, p in enumerate(params) if p.top_p < 1.0]
         if top_p_rows:
-            top_p = np.array([params[i].top_p for i in top_p_rows], dtype=np.float32)
+            top_p = np.array([params[i].top_p for i in top_p_rows], dtype=np.float64)
             w = weights[top_p_rows]
-            desc = -np.sort(-w, axis=1)
-            mass_before = (np.cumsum(desc, axis=1) - desc) / desc.sum(axis=1, keepdims=True)
-            keep = np.maximum((mass_before < top_p[:, None]).sum(axis=1), 1)  # tokens in the nucleus
-            threshold = desc[np.arange(len(top_p_rows)), keep - 1]
-            w[w < threshold[:, None]] = 0.0
-            weights[top_p_rows] = w
+            weights[top_p_rows] = _keep_nucleus(w, top_p)
         return weights
+
+
+def _keep_nucleus(w: np.ndarray, top_p: np.ndarray) -> np.ndarray:
+    """Zero all but the smallest set of largest weights holding ``top_p`` of each row's mass.
+    The nucleus is looked for among the TOP_P_CANDIDATES largest weights first (a partition costs
+    a third of a full sort); rows whose nucleus is wider fall back to a full sort."""
+    total = w.sum(axis=1, dtype=np.float64)
+    k = min(TOP_P_CANDIDATES, w.shape[1])
+    candidates = np.partition(w, w.shape[1] - k, axis=1)[:, w.shape[1] - k:] if k < w.shape[1] else w
+    desc = -np.sort(-candidates, axis=1)
+    wide = desc.sum(axis=1, dtype=np.float64) < top_p * total
+    threshold = np.empty(len(w), w.dtype)
+    if not wide.all():
+        narrow = ~wide
+        threshold[narrow] = _nucleus_threshold(desc[narrow], top_p[narrow], total[narrow])
+    if wide.any():
+        threshold[wide] = _nucleus_threshold(-np.sort(-w[wide], axis=1), top_p[wide], total[wide])
+    w[w < threshold[:, None]] = 0.0
+    return w
+
+
+def _nucleus_threshold(desc: np.ndarray, top_p: np.ndarray, total: np.ndarray) -> np.ndarray:
+    """The smallest weight kept: tokens are kept while the mass before them is below top_p."""
+    mass_before = (np.cumsum(desc, axis=1, dtype=np.float64) - desc) / total[:, None]
+    keep = np.maximum((mass_before < top_p[:, None]).sum(axis=1), 1)
+    return desc[np.arange(len(desc)), keep - 1]
 
 
 def draw(weights: np.ndarray, u: np.ndarray, chunk: int = CHUNK) -> np.ndarray:

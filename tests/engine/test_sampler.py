@@ -184,3 +184,17 @@ def test_two_level_draw_equals_a_full_inverse_cdf():
     assert draw(weights, u, chunk=64).tolist() == expected
     assert all(weights[i, t] > 0 for i, t in enumerate(draw(weights, np.zeros(16), chunk=64)))
     assert all(weights[i, t] > 0 for i, t in enumerate(draw(weights, np.full(16, 1 - 1e-12), chunk=64)))
+
+
+def test_top_p_candidate_shortcut_and_its_full_sort_fallback_agree_with_the_reference(monkeypatch):
+    import ortserve.engine.sampler as sampler_module
+
+    monkeypatch.setattr(sampler_module, "TOP_P_CANDIDATES", 8)
+    seqs = [seq_with(top_p=p, temperature=t) for p, t in ((0.2, 0.5), (0.99, 1.0), (0.5, 2.0), (0.9, 0.7))]
+    logits = fixed_logits(len(seqs), seed=21)
+    weights = Sampler._weights(logits.copy(), seqs)  # all rows in one batch: both paths at once
+    together = weights / weights.sum(axis=1, keepdims=True)
+    widths = [(together[i] > 0).sum() for i in range(len(seqs))]
+    assert min(widths) <= 8 < max(widths)  # both paths taken
+    for i, seq in enumerate(seqs):
+        np.testing.assert_allclose(together[i], reference_probs(logits[i], seq), atol=1e-6)
