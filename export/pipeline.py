@@ -190,6 +190,7 @@ def export_model(src: str | os.PathLike, out: str | os.PathLike, *, precision: s
                 eos_token_ids=list(spec.eos_token_ids))
             save_manifest(tmp, manifest)
             bar.update()
+        export_peak = peak_rss_bytes()
         report = None
         if validate:
             from .validate import validate_artifact
@@ -204,11 +205,11 @@ def export_model(src: str | os.PathLike, out: str | os.PathLike, *, precision: s
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if progress:
-        _print_summary(manifest, out, time.perf_counter() - started, report)
+        _print_summary(manifest, out, time.perf_counter() - started, export_peak, report)
     return manifest
 
 
-def _print_summary(m: ArtifactManifest, out: Path, seconds: float, report) -> None:
+def _print_summary(m: ArtifactManifest, out: Path, seconds: float, export_peak: int, report) -> None:
     size = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
     lines = [
         f"exported {m.architecture} to {out}",
@@ -216,7 +217,8 @@ def _print_summary(m: ArtifactManifest, out: Path, seconds: float, report) -> No
         f"  weights      {m.weight_bytes / 2**20:,.1f} MiB ({m.weight_precision}, lm head {m.lm_head_precision}); "
         f"artifact {size / 2**20:,.1f} MiB",
         f"  time         {seconds:.1f} s",
-        f"  peak RSS     {peak_rss_bytes() / 2**20:,.0f} MiB",
+        f"  peak RSS     {export_peak / 2**20:,.0f} MiB"
+        + (f" ({peak_rss_bytes() / 2**20:,.0f} MiB with validation)" if report is not None else ""),
     ]
     if report is not None:
         lines.append(f"  validation   {report.summary()}")

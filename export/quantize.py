@@ -76,8 +76,23 @@ def _pack(codes: np.ndarray, bits: int) -> np.ndarray:
     return np.ascontiguousarray(codes[..., 0::2] | (codes[..., 1::2] << 4))
 
 
+_ROWS = 4096  # rows per chunk: bounds the float temporaries of a large embedding
+
+
+def _by_rows(fn, weight: np.ndarray, bits: int, block_size: int) -> QuantizedWeight | None:
+    parts = [fn(weight[r:r + _ROWS], bits, block_size) for r in range(0, weight.shape[0], _ROWS)]
+    if any(p is None for p in parts):
+        return None
+    join = lambda field: None if getattr(parts[0], field) is None else np.concatenate([getattr(p, field) for p in parts])  # noqa: E731
+    return QuantizedWeight(join("packed"), join("scales"), join("zero_points"), bits, block_size, join("offsets"))
+
+
 def symmetric_grid(weight: np.ndarray, bits: int, block_size: int = BLOCK_SIZE) -> QuantizedWeight | None:
     """Blocks that are ``d * q`` with q in [-2^(b-1), 2^(b-1) - 1] (Q8_0, Q4_0), or None."""
+    return _by_rows(_symmetric_grid, weight, bits, block_size)
+
+
+def _symmetric_grid(weight: np.ndarray, bits: int, block_size: int) -> QuantizedWeight | None:
     blocks = _blocks(weight, block_size)
     half = 1 << (bits - 1)
     peak = np.abs(blocks).max(-1)
@@ -99,6 +114,10 @@ def symmetric_grid(weight: np.ndarray, bits: int, block_size: int = BLOCK_SIZE) 
 def offset_grid(weight: np.ndarray, bits: int, block_size: int = BLOCK_SIZE) -> QuantizedWeight:
     """``lo + d * q`` with a float ``lo`` per block: exact for Q4_1 / Q4_K-dequantised weights,
     and round-to-nearest with an unrounded minimum for any others."""
+    return _by_rows(_offset_grid, weight, bits, block_size)
+
+
+def _offset_grid(weight: np.ndarray, bits: int, block_size: int) -> QuantizedWeight:
     blocks = _blocks(weight, block_size)
     levels = (1 << bits) - 1
     lo, hi = blocks.min(-1), blocks.max(-1)

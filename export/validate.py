@@ -147,7 +147,9 @@ def transformers_logits(checkpoint: str | Path, sequences: Sequence[Sequence[int
     """Reference logits [len(seq), vocab] from transformers' PyTorch model (fp32, eager attention)."""
     import torch
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
 
+    logging.disable_progress_bar()
     model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32, attn_implementation="eager")
     model.eval()
     with torch.no_grad():
@@ -181,13 +183,39 @@ def random_sequences(vocab_size: int, lengths: Sequence[int], seed: int = 0) -> 
     return [rng.integers(0, vocab_size, n).tolist() for n in lengths]
 
 
-def validate_artifact(artifact: str | Path, checkpoint: str | Path, *, prompt_lens: Sequence[int] = (19, 7),
+PASSAGE = (
+    "The river starts high in the mountains, where snow melts in the spring and runs down through "
+    "narrow valleys. By the time it reaches the plain it is wide and slow, and farmers along its banks "
+    "use the water for their fields. In the old town near the mouth of the river, a stone bridge has "
+    "stood for more than four hundred years. People say it was built by a family of masons who spent "
+    "their whole lives on it, and that the last stone was laid by the youngest daughter."
+)
+
+
+def text_sequences(artifact: str | Path, lengths: Sequence[int]) -> list[list[int]] | None:
+    """Consecutive slices of an English passage, tokenised with the artifact's tokenizer.json
+    (natural text makes top-1 agreement meaningful); None without a tokenizer."""
+    path = Path(artifact) / "tokenizer.json"
+    if not path.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    ids = Tokenizer.from_file(str(path)).encode(PASSAGE).ids
+    if len(ids) < sum(lengths):
+        return None
+    starts = np.cumsum([0, *lengths[:-1]])
+    return [ids[s:s + n] for s, n in zip(starts, lengths)]
+
+
+def validate_artifact(artifact: str | Path, checkpoint: str | Path, *, prompt_lens: Sequence[int] = (41, 23),
                       decode_steps: int = 4, tolerance: float = 1e-3, seed: int = 0,
                       block_size: int = 16) -> ValidationReport:
     """Two sequences of different lengths: prefill, then ``decode_steps`` decodes each, on shuffled
-    blocks; logits at every position compared with transformers on the same tokens."""
+    blocks; logits at every position compared with transformers on the same tokens (slices of an
+    English passage when the artifact has a tokenizer, else random tokens)."""
     manifest = load_manifest(artifact)
-    sequences = random_sequences(manifest.vocab_size, [n + decode_steps for n in prompt_lens], seed)
+    lengths = [n + decode_steps for n in prompt_lens]
+    sequences = text_sequences(artifact, lengths) or random_sequences(manifest.vocab_size, lengths, seed)
     runner = PagedRunner(artifact, block_size=block_size, seed=seed)
     ours = teacher_forced_logits(runner, sequences, prompt_lens)
     reference = transformers_logits(checkpoint, sequences)
