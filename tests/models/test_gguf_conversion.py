@@ -161,4 +161,5 @@ def test_user_gguf_file_round_trips_exactly(tmp_path: Path, tiny_llama_checkpoin
         assert np.array_equal(ours[name], original[name]), name
     config = json.loads((converted / "config.json").read_text())
     assert (config["num_hidden_layers"], config["num_attention_heads"], config["num_key_value_heads"]) == (2, 4, 2)
+    assert config["head_dim"] == 32
     assert config["tie_word_embeddings"] is False
