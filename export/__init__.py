@@ -6,12 +6,12 @@ Modules, in data-flow order: ``checkpoint`` (safetensors reader), ``config`` + `
 (stages, temp dir, atomic rename), ``validate`` (run an artifact; compare with transformers),
 ``cli``. Nothing here imports torch except ``validate``'s transformers comparison.
 """
-# Bumped whenever the same SRC would export to a different artifact (graph or weights): caches
-# of exported artifacts (ortserve.models) key on it.
-EXPORTER_VERSION = 2
-
 from .architectures import ARCHITECTURES, SUPPORTED_MODEL_TYPES, architecture_for
 from .errors import ExportError
 from .pipeline import PRECISIONS, export_model
+
+# Bumped whenever the same SRC would export to a different artifact (graph or weights): caches
+# of exported artifacts (ortserve.models) key on it.
+EXPORTER_VERSION = 2
 
 __all__ = ["ARCHITECTURES", "EXPORTER_VERSION", "PRECISIONS", "SUPPORTED_MODEL_TYPES", "ExportError", "architecture_for", "export_model"]

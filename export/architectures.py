@@ -7,9 +7,10 @@ Defaults in the hooks mirror the transformers config classes (checked in tests).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from . import config as cfg
 from .config import FULL, SLIDING, ModelSpec

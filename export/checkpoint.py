@@ -10,8 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 from safetensors import safe_open

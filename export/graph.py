@@ -16,7 +16,7 @@ checkpoint's own [out, in] layout (no transposed copy; a tied LM head shares the
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import onnx

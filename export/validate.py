@@ -8,9 +8,9 @@ in ``ortserve.export`` that imports torch.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -24,7 +24,7 @@ class PagedRunner:
                  threads: int = 0, seed: int = 0):
         import onnxruntime as ort
 
-        import ortserve.ops as ops
+        from ortserve import ops
 
         self.manifest = m = load_manifest(artifact)
         options = ort.SessionOptions()

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from export_cases import CASES, LARGEST_DIFFS
+from ortserve.export.validate import PagedRunner, random_sequences, teacher_forced_logits, transformers_logits
 
 from ortserve.artifact import load_manifest
-from ortserve.export.validate import (PagedRunner, random_sequences, teacher_forced_logits,
-                                      transformers_logits)
-
-from export_cases import CASES, LARGEST_DIFFS
 
 PROMPTS, DECODES, TOLERANCE = (19, 7), 4, 1e-4
 

@@ -9,16 +9,14 @@ import textwrap
 
 import numpy as np
 import pytest
-
 from ortserve.export.checkpoint import Checkpoint
 from ortserve.export.errors import ExportError
 
 
 def test_sharded_checkpoint_exports_the_same_weights(tiny_checkpoint, tiny_artifact, tmp_path):
     import torch
-    from transformers import AutoModelForCausalLM
-
     from ortserve.export import export_model
+    from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint("llama2"), dtype=torch.float32)
     sharded = tmp_path / "sharded"
@@ -55,9 +53,8 @@ def test_bfloat16_tensors_widen_exactly_to_float32(tmp_path):
 
 def test_gpt2_weights_without_transformer_prefix_are_found(tiny_checkpoint, tmp_path):
     """The original GPT-2 checkpoints name tensors 'h.0.attn...' rather than 'transformer.h.0...'."""
-    from safetensors.numpy import save_file
-
     from ortserve.export.architectures import architecture_for
+    from safetensors.numpy import save_file
 
     source = Checkpoint(tiny_checkpoint("gpt2_conv1d"))
     (tmp_path / "config.json").write_text((tiny_checkpoint("gpt2_conv1d") / "config.json").read_text())

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from ortserve.export.architectures import ARCHITECTURES, SUPPORTED_MODEL_TYPES, architecture_for
 from ortserve.export.config import FULL, SLIDING
 from ortserve.export.errors import ExportError
@@ -19,7 +18,7 @@ def spec_of(config: dict, folder: Path):
 def hf_view(config) -> dict:
     """The fields ModelSpec holds, as transformers' config object states them."""
     c = config
-    get = lambda *names: next((getattr(c, n) for n in names if getattr(c, n, None) is not None), None)  # noqa: E731
+    get = lambda *names: next((getattr(c, n) for n in names if getattr(c, n, None) is not None), None)
     heads = get("num_attention_heads", "n_head")
     return dict(
         num_layers=get("num_hidden_layers", "n_layer"), hidden_size=get("hidden_size", "n_embd"), num_heads=heads,

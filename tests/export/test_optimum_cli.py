@@ -8,9 +8,12 @@ from ortserve.artifact import load_manifest
 
 def test_optimum_cli_export_ortserve_writes_an_artifact(tiny_checkpoint, tmp_path):
     pytest.importorskip("optimum.commands")
-    from optimum.commands.optimum_cli import (OPTIMUM_CLI_ROOT_SUBCOMMANDS, RootOptimumCLICommand,
-                                              register_optimum_cli_subcommand, resolve_command_to_command_instance)
-
+    from optimum.commands.optimum_cli import (
+        OPTIMUM_CLI_ROOT_SUBCOMMANDS,
+        RootOptimumCLICommand,
+        register_optimum_cli_subcommand,
+        resolve_command_to_command_instance,
+    )
     from ortserve.export.optimum_cli import REGISTER_COMMANDS
 
     root = RootOptimumCLICommand("optimum-cli")

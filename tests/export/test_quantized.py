@@ -9,11 +9,10 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from safetensors.numpy import load_file, save_file
-
 from ortserve.export import export_model
 from ortserve.export.quantize import BITS, dequantize, quantize
 from ortserve.export.validate import PagedRunner, random_sequences, teacher_forced_logits
+from safetensors.numpy import load_file, save_file
 
 PROMPTS = (19, 7)
 LINEAR = (".q_proj.weight", ".k_proj.weight", ".v_proj.weight", ".o_proj.weight", ".gate_proj.weight",
@@ -136,7 +135,7 @@ def test_int4_export_of_a_q4_1_checkpoint_computes_with_its_exact_weights(tiny_c
     with the default int8 activations it stays within their rounding."""
     import shutil
 
-    import ortserve.export.graph as graph
+    from ortserve.export import graph
 
     folder = shutil.copytree(tiny_checkpoint("llama3_rope_scaling"), tmp_path / "gguf_like")
     tensors = load_file(folder / "model.safetensors")

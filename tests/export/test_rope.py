@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from ortserve.export.config import FULL
 from ortserve.export.architectures import architecture_for
+from ortserve.export.config import FULL
 from ortserve.export.rope import rope_table
 
 HEAD = 64
