@@ -1,0 +1,118 @@
+"""Run ortserve and its peers side by side on this machine and write benchmarks/RESULTS.md.
+
+    python benchmarks/compare.py [--systems ...] [--models ...] [--workloads ...] [--precisions ...]
+                                 [--force] [--report-only]
+
+Systems: ortserve, llama.cpp, genai-static, genai-engine, transformers (peers need
+`bash benchmarks/peers/setup.sh` first). Models: smollm2-135m (real weights),
+qwen2.5-0.5b-shape (random, built by make_qwen_shape.py). Workloads: decode, prefill,
+serve-c1, serve-c4, serve-c16, serve-c32, shared-prefix.
+
+Resumable: each (model, system, precision, workload) result is a record under
+benchmarks/results/compare/; existing records are skipped unless --force, so a long run can be
+stopped and picked up, or done in parts. The report always covers every record on disk.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata as md
+import json
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import membw  # noqa: E402
+import report  # noqa: E402
+from runners import RUNNERS  # noqa: E402
+from runners.common import (BENCH_DIR, MODELS, PEERS_PY, RECORDS, WORKLOADS, load_model, load_records,  # noqa: E402
+                            record_path)
+
+PEER_SYSTEMS = {"llama.cpp", "genai-static", "genai-engine", "transformers"}
+
+
+def versions() -> dict:
+    v = {"python": sys.version.split()[0]}
+    for name in ("onnxruntime", "transformers"):
+        try:
+            v[name] = md.version(name)
+        except md.PackageNotFoundError:
+            pass
+    v["ortserve"] = subprocess.run(["git", "-C", str(BENCH_DIR), "rev-parse", "--short", "HEAD"],
+                                   capture_output=True, text=True).stdout.strip() or "?"
+    if PEERS_PY.exists():
+        out = subprocess.run([str(PEERS_PY), "-c", "import importlib.metadata as m;"
+                              "print(m.version('onnxruntime-genai'), m.version('llama_cpp_python'), m.version('torch'))"],
+                             capture_output=True, text=True).stdout.split()
+        if len(out) == 3:
+            v.update({"onnxruntime-genai": out[0], "llama.cpp (llama-cpp-python sdist)": out[1], "torch (peers)": out[2]})
+    return v
+
+
+def machine(force: bool) -> dict:
+    path = RECORDS / "machine.json"
+    if path.is_file() and not force:
+        return json.loads(path.read_text())
+    print("measuring memory bandwidth (benchmarks/membw.py)...", flush=True)
+    info = {"membw": membw.measure(2.0, [1, 2], 5), "versions": versions()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(info, indent=1))
+    return info
+
+
+def summary(rec: dict) -> str:
+    m = rec["metrics"]
+    keys = ("decode_tok_s", "prompt_tok_s", "output_throughput", "ttft_p50_ms")
+    return ", ".join(f"{k} {m[k]:.1f}" for k in keys if isinstance(m.get(k), (int, float)))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--systems", nargs="+", default=list(RUNNERS), choices=list(RUNNERS))
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    p.add_argument("--precisions", nargs="+", default=["fp32", "int8", "int4"], choices=["fp32", "int8", "int4"])
+    p.add_argument("--force", action="store_true", help="re-run parts that already have a record")
+    p.add_argument("--remeasure-machine", action="store_true", help="re-run the bandwidth benchmark")
+    p.add_argument("--report-only", action="store_true", help="only rewrite RESULTS.md from the records")
+    p.add_argument("--results-md", type=Path, default=BENCH_DIR / "RESULTS.md")
+    args = p.parse_args()
+
+    info = machine(args.remeasure_machine)
+    failures = []
+    if not args.report_only:
+        if PEER_SYSTEMS & set(args.systems) and not PEERS_PY.exists():
+            print(f"peers venv missing ({PEERS_PY}): run `bash benchmarks/peers/setup.sh`; skipping peers")
+            args.systems = [s for s in args.systems if s not in PEER_SYSTEMS]
+        for model_name in args.models:
+            model = load_model(model_name)
+            for system in args.systems:
+                runner = RUNNERS[system]
+                for precision in [q for q in args.precisions if q in runner.PRECISIONS]:
+                    todo = [w for w in args.workloads if w in runner.WORKLOADS_SUPPORTED
+                            and (args.force or not record_path(model_name, system, precision, w).is_file())]
+                    if not todo:
+                        continue
+                    print(f"== {model_name} / {system} {precision}: {' '.join(todo)}", flush=True)
+                    t0 = time.monotonic()
+                    try:
+                        for rec in runner.run(model, precision, todo):
+                            print(f"   {rec['workload']}: {summary(rec)}", flush=True)
+                    except Exception as exc:  # one system failing must not stop the others
+                        failures.append(f"{model_name} / {system} {precision}: {exc}")
+                        print(f"   FAILED: {exc}", flush=True)
+                        traceback.print_exc()
+                    print(f"   ({time.monotonic() - t0:.0f} s)", flush=True)
+    records = load_records()
+    report.write(records, info, args.results_md)
+    print(f"wrote {args.results_md} ({len(records)} records)")
+    for f in failures:
+        print(f"failed: {f}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

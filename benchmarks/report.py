@@ -1,0 +1,214 @@
+"""RESULTS.md and its plots, from the records benchmarks/compare.py left in results/compare/."""
+from __future__ import annotations
+
+import platform
+import subprocess
+from pathlib import Path
+
+from roofline import gguf_weight_bytes, hf_weight_bytes, onnx_weight_bytes, roofline_tok_s
+from runners.common import BENCH_DIR, MODELS, PEER_MODELS, RESULTS, WORKLOADS, load_model
+
+PLOTS = BENCH_DIR / "plots"
+PRECISION_ORDER = {"int4": 0, "int8": 1, "fp32": 2}
+SYSTEM_ORDER = {"ortserve": 0, "genai-static": 1, "genai-engine": 2, "llama.cpp": 3, "transformers": 4}
+
+
+def _fmt(x, digits=1):
+    return "–" if x is None else f"{x:,.{digits}f}"
+
+
+def _key(r):
+    return (PRECISION_ORDER.get(r["precision"], 9), SYSTEM_ORDER.get(r["system"], 9))
+
+
+def weight_bytes(system: str, precision: str, model_name: str) -> int | None:
+    """Bytes each system's own format reads per decoded token (see roofline.py)."""
+    try:
+        if system == "ortserve":
+            return onnx_weight_bytes(RESULTS / "artifacts" / f"{model_name}-{precision}" / "model.onnx")
+        if system.startswith("genai"):
+            return onnx_weight_bytes(PEER_MODELS / model_name / f"genai-{precision}" / "model.onnx")
+        if system == "llama.cpp":
+            from runners.llamacpp import GGUF_TYPE
+
+            return gguf_weight_bytes(PEER_MODELS / model_name / "llama.cpp" / f"{model_name}-{GGUF_TYPE[precision]}.gguf")
+        if system == "transformers":
+            return hf_weight_bytes(load_model(model_name).hf_dir)
+    except (FileNotFoundError, OSError):
+        return None
+    return None
+
+
+def machine_section(machine: dict) -> list[str]:
+    cpu = subprocess.run(["bash", "-c", "lscpu | grep -E 'Model name|^CPU\\(s\\)|Thread|L2|L3' | sed 's/  */ /g'"],
+                         capture_output=True, text=True).stdout.strip().splitlines()
+    flags = open("/proc/cpuinfo").read()
+    isa = [f for f in ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile") if f" {f}" in flags]
+    mem = next((line.split(":")[1].strip() for line in open("/proc/meminfo") if line.startswith("MemTotal")), "?")
+    bw = machine.get("membw", {}).get("threads", {})
+    lines = ["## Machine", ""]
+    lines += [f"- {c.strip()}" for c in cpu]
+    lines += [f"- ISA: {', '.join(isa)}", f"- RAM: {mem}; kernel {platform.release()}"]
+    for t, r in bw.items():
+        lines.append(f"- memory bandwidth, {t} thread(s) (benchmarks/membw.py, 2 GiB arrays): "
+                     + ", ".join(f"{k.replace('_GBps', '')} {v:.1f} GB/s" for k, v in r.items()))
+    lines += [f"- versions: {', '.join(f'{k} {v}' for k, v in machine.get('versions', {}).items())}", ""]
+    return lines
+
+
+def decode_table(records: list[dict], bandwidth: float | None) -> list[str]:
+    rows = sorted([r for r in records if r["workload"] == "decode"], key=_key)
+    out = ["| system | precision | decode tok/s | prompt tok/s (128) | weights read / token | roofline tok/s | of roofline |",
+           "|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        m = r["metrics"]
+        wb = weight_bytes(r["system"], r["precision"], r["model"])
+        roof = roofline_tok_s(bandwidth, wb) if wb and bandwidth else None
+        frac = m.get("decode_tok_s") / roof if roof and m.get("decode_tok_s") else None
+        out.append(f"| {r['system']} | {r['precision']} | {_fmt(m.get('decode_tok_s'))} | {_fmt(m.get('prompt_tok_s'))} | "
+                   f"{_fmt(wb / 1e6 if wb else None, 0)} MB | {_fmt(roof)} | {_fmt(frac * 100 if frac else None, 0)}% |")
+    return out
+
+
+def prefill_table(records: list[dict]) -> list[str]:
+    rows = sorted([r for r in records if r["workload"] == "prefill"], key=_key)
+    out = ["| system | precision | prompt tok/s | TTFT p50 ms |", "|---|---|---:|---:|"]
+    out += [f"| {r['system']} | {r['precision']} | {_fmt(r['metrics'].get('prompt_tok_s'))} | "
+            f"{_fmt(r['metrics'].get('ttft_p50_ms'), 0)} |" for r in rows]
+    return out
+
+
+def serving_table(records: list[dict]) -> list[str]:
+    rows = [r for r in records if r["workload"].startswith("serve-c")]
+    rows.sort(key=lambda r: (_key(r), WORKLOADS[r["workload"]].concurrency))
+    out = ["| system | precision | concurrency | output tok/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms |",
+           "|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        m = r["metrics"]
+        out.append(f"| {r['system']} | {r['precision']} | {WORKLOADS[r['workload']].concurrency} | "
+                   f"{_fmt(m.get('output_throughput'))} | {_fmt(m.get('ttft_p50_ms'), 0)} | "
+                   f"{_fmt(m.get('ttft_p99_ms'), 0)} | {_fmt(m.get('tpot_p50_ms'))} |")
+    return out
+
+
+def shared_prefix_table(records: list[dict]) -> list[str]:
+    rows = sorted([r for r in records if r["workload"] == "shared-prefix"], key=_key)
+    out = ["| system | precision | output tok/s | TTFT p50 ms | TTFT p99 ms | prefix-cache hit tokens (server) |",
+           "|---|---|---:|---:|---:|---:|"]
+    for r in rows:
+        m = r["metrics"]
+        hits = next((v for k, v in m.get("server_counters_delta", {}).items() if "prefix_cache_hits" in k), None)
+        out.append(f"| {r['system']} | {r['precision']} | {_fmt(m.get('output_throughput'))} | "
+                   f"{_fmt(m.get('ttft_p50_ms'), 0)} | {_fmt(m.get('ttft_p99_ms'), 0)} | {_fmt(hits, 0)} |")
+    return out
+
+
+def _get(records, system, precision, workload, key):
+    r = next((r for r in records if (r["system"], r["precision"], r["workload"]) == (system, precision, workload)), None)
+    return r["metrics"].get(key) if r else None
+
+
+def _ratio(a, b):
+    return a / b if a and b else None
+
+
+def targets(records: list[dict], bandwidth: float | None) -> list[str]:
+    """The issue's targets, as ratios from this run (same model, same precision)."""
+    g = lambda *a: _get(records, *a)  # noqa: E731
+    best_static = max([v for c in (1, 4, 16, 32) if (v := g("genai-static", "int4", f"serve-c{c}", "output_throughput"))],
+                      default=None)
+    wb = weight_bytes("ortserve", "fp32", records[0]["model"]) if records else None
+    roof = roofline_tok_s(bandwidth, wb) if wb and bandwidth else None
+    rows = [
+        ("int4 decode vs onnxruntime-genai int4", _ratio(g("ortserve", "int4", "decode", "decode_tok_s"), g("genai-static", "int4", "decode", "decode_tok_s")), 1.3),
+        ("int4 decode vs llama.cpp q4_0", _ratio(g("ortserve", "int4", "decode", "decode_tok_s"), g("llama.cpp", "int4", "decode", "decode_tok_s")), 1.3),
+        ("fp32 decode / roofline", _ratio(g("ortserve", "fp32", "decode", "decode_tok_s"), roof), 0.95),
+        ("prompt (512) vs onnxruntime-genai, int4", _ratio(g("ortserve", "int4", "prefill", "prompt_tok_s"), g("genai-static", "int4", "prefill", "prompt_tok_s")), 1.5),
+        ("prompt (512) vs onnxruntime-genai, fp32", _ratio(g("ortserve", "fp32", "prefill", "prompt_tok_s"), g("genai-static", "fp32", "prefill", "prompt_tok_s")), 1.5),
+        ("c16 output tok/s vs genai best static batch, int4", _ratio(g("ortserve", "int4", "serve-c16", "output_throughput"), best_static), 2.0),
+        ("c16 output tok/s vs llama.cpp server 16 slots, int4", _ratio(g("ortserve", "int4", "serve-c16", "output_throughput"), g("llama.cpp", "int4", "serve-c16", "output_throughput")), 1.2),
+        ("c16 TTFT p50: llama.cpp / ortserve, int4 (≥ 1 = no worse)", _ratio(g("llama.cpp", "int4", "serve-c16", "ttft_p50_ms"), g("ortserve", "int4", "serve-c16", "ttft_p50_ms")), 1.0),
+    ]
+    out = ["| target | ratio | goal | met |", "|---|---:|---:|---|"]
+    for name, ratio, goal in rows:
+        met = "–" if ratio is None else ("yes" if ratio >= goal else "**no**")
+        out.append(f"| {name} | {_fmt(ratio, 2)} | ≥ {goal} | {met} |")
+    return out
+
+
+def plots(records: list[dict], model: str) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series: dict[str, list[tuple[int, dict]]] = {}
+    for r in records:
+        if r["workload"].startswith("serve-c"):
+            series.setdefault(f"{r['system']} {r['precision']}", []).append((WORKLOADS[r["workload"]].concurrency, r["metrics"]))
+    if not series:
+        return []
+    PLOTS.mkdir(parents=True, exist_ok=True)
+    made = []
+    for key, label, fname in (("output_throughput", "output tokens/s", "throughput"), ("ttft_p50_ms", "TTFT p50 (ms)", "ttft")):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for name, points in sorted(series.items()):
+            points = sorted(p for p in points if p[1].get(key) is not None)
+            if points:
+                ax.plot([c for c, _ in points], [m[key] for _, m in points], marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks([1, 4, 16, 32], labels=["1", "4", "16", "32"])
+        if key == "ttft_p50_ms":
+            ax.set_yscale("log")
+        ax.set_xlabel("concurrency (requests in flight; genai-static: batch size)")
+        ax.set_ylabel(label)
+        ax.set_title(f"{model}: {label} vs concurrency (128 in / 128 out)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        path = PLOTS / f"{model}-{fname}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        made.append(f"![{model} {label}](plots/{path.name})")
+    return made
+
+
+def write(records: list[dict], machine: dict, path: Path) -> None:
+    two = machine.get("membw", {}).get("threads", {}).get("2", {})
+    bw = max([v for k, v in two.items() if k.startswith("read")], default=None)
+    lines = ["# ortserve vs peers on this machine", "",
+             "Generated by `python benchmarks/compare.py` (see *Reproduce*). Every number comes from one run on a",
+             "shared 2-core machine: compare ratios within a run, not across runs.", ""]
+    lines += machine_section(machine)
+    lines += ["## Definitions", "",
+              "- Servers (ortserve, llama.cpp's llama-server) are measured over HTTP with `ortserve bench serve`,"
+              " whose metrics are defined as `vllm bench serve`'s: TTFT, TPOT = (E2EL − TTFT)/(tokens − 1), ITL per streamed chunk.",
+              "- *decode*: 3 requests of 128 random tokens in, 128 out (ignore_eos), one at a time: decode tok/s = 1000 / median TPOT.",
+              "- *prefill*: 3 requests of 512 tokens, 1 out: prompt tok/s = 512 / median TTFT.",
+              "- *serve-cN*: 2N (at least 4) random 128/128 requests, N in flight, sent at once.",
+              "- *shared-prefix*: 16 requests of 512 tokens whose first 448 are the same, 32 out, 4 in flight.",
+              "- onnxruntime-genai and transformers run in-process (no HTTP) with the same token counts and definitions;"
+              " genai-static serve-cN is one static batch of N.",
+              f"- Roofline: decode tok/s ≤ read bandwidth ({_fmt(bw)} GB/s: the better of read and read4, 2 threads)"
+              " / weight bytes read per token"
+              " (each system's own file; see benchmarks/roofline.py).", ""]
+    for model in MODELS:
+        recs = [r for r in records if r["model"] == model]
+        if not recs:
+            continue
+        lines += [f"## {model}", "", "### Targets (issue 6)", ""] + targets(recs, bw) + [""]
+        lines += ["### Single-stream decode (128 in, 128 out)", ""] + decode_table(recs, bw) + [""]
+        lines += ["### Prompt processing (one 512-token prompt)", ""] + prefill_table(recs) + [""]
+        lines += ["### Serving (128 in, 128 out, random)", ""] + serving_table(recs) + [""]
+        lines += plots(recs, model) + [""]
+        lines += ["### Shared prefix (512 in, 448 shared, 32 out, 4 in flight)", ""] + shared_prefix_table(recs) + [""]
+    lines += ["## Reproduce", "", "```sh",
+              "bash benchmarks/peers/setup.sh          # peers venv: torch, onnxruntime-genai, llama.cpp (~15 min)",
+              "python benchmarks/compare.py            # everything; resumable: finished parts are skipped",
+              "python benchmarks/compare.py --systems ortserve llama.cpp --models qwen2.5-0.5b-shape --workloads decode serve-c16",
+              "python benchmarks/compare.py --report-only   # rewrite this file from the saved records",
+              "```", "", "<details><summary>Exact command of every row</summary>", ""]
+    for r in sorted(records, key=lambda r: (r["model"], r["system"], r["precision"], r["workload"])):
+        lines.append(f"- {r['model']} / {r['system']} {r['precision']} / {r['workload']}: `{r['command']}`")
+    lines += ["", "</details>", ""]
+    path.write_text("\n".join(lines))

@@ -1,0 +1,212 @@
+"""What every runner shares: workloads, models, paths, records, server processes, the bench."""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+BENCH_DIR = Path(__file__).resolve().parent.parent
+RESULTS = BENCH_DIR / "results"
+RECORDS = RESULTS / "compare"
+PEER_MODELS = RESULTS / "peer-models"
+PEERS_VENV = Path(os.environ.get("PEERS_VENV", BENCH_DIR / ".venv-peers"))
+PEERS_PY = PEERS_VENV / "bin" / "python"
+LLAMA_BIN = PEERS_VENV / "build-llama.cpp" / "bin"
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    kind: str  # decode | prefill | serve | shared-prefix
+    input_len: int
+    output_len: int
+    concurrency: int
+    num_prompts: int
+    prefix_len: int = 0
+
+
+WORKLOADS = {w.name: w for w in [
+    Workload("decode", "decode", 128, 128, 1, 3),
+    Workload("prefill", "prefill", 512, 1, 1, 3),
+    *[Workload(f"serve-c{c}", "serve", 128, 128, c, max(4, 2 * c)) for c in (1, 4, 16, 32)],
+    Workload("shared-prefix", "shared-prefix", 512, 32, 4, 16, prefix_len=448),
+]}
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    hf_dir: Path
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return self.hf_dir
+
+
+def load_model(name: str) -> Model:
+    if name == "smollm2-135m":
+        from ortserve.models import prepare_checkpoint
+
+        return Model(name, Path(prepare_checkpoint("smollm2-135m-instruct", progress=False)))
+    if name == "qwen2.5-0.5b-shape":
+        out = RESULTS / "models" / "qwen2.5-0.5b-shape"
+        if not (out / "config.json").is_file():
+            run_logged([sys.executable, str(BENCH_DIR / "make_qwen_shape.py"), "--out", str(out)], RESULTS / "logs" / "make_qwen_shape.log")
+        return Model(name, out)
+    raise SystemExit(f"unknown model {name!r}: smollm2-135m or qwen2.5-0.5b-shape")
+
+
+MODELS = ("smollm2-135m", "qwen2.5-0.5b-shape")
+
+
+# ---- records -------------------------------------------------------------------------------
+
+def record_path(model: str, system: str, precision: str, workload: str) -> Path:
+    return RECORDS / model / f"{system}--{precision}" / f"{workload}.json"
+
+
+def record(model: str, system: str, precision: str, workload: Workload, metrics: dict, command: str,
+           raw: Path | None = None, notes: str = "") -> dict:
+    rec = dict(model=model, system=system, precision=precision, workload=workload.name,
+               workload_spec=asdict(workload), metrics=metrics, command=command,
+               raw=str(raw.relative_to(BENCH_DIR)) if raw else None, notes=notes,
+               when=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    path = record_path(model, system, precision, workload.name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rec, indent=1))
+    return rec
+
+
+def load_records() -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(RECORDS.glob("*/*/*.json"))]
+
+
+# ---- processes -----------------------------------------------------------------------------
+
+def run_logged(argv: list[str], log: Path, env: dict | None = None, timeout: float | None = None) -> None:
+    """Run argv to completion, output to log; raise with the log's tail on failure."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as f:
+        f.write("$ " + shlex.join(argv) + "\n")
+        f.flush()
+        code = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                              timeout=timeout).returncode
+    if code != 0:
+        raise RuntimeError(f"{shlex.join(argv[:3])}... exited {code}; last lines of {log}:\n" + "".join(log.read_text().splitlines(True)[-15:]))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A server process on 127.0.0.1: started in its own session, healthy when `health` answers
+    200, stopped with SIGTERM (then SIGKILL) of its whole process group."""
+
+    def __init__(self, argv: list[str], port: int, log: Path, env: dict | None = None, ready_timeout: float = 900):
+        import httpx
+
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.command = shlex.join(argv)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log, "w")
+        self._log.write("$ " + self.command + "\n")
+        self._log.flush()
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env={**os.environ, **(env or {})})
+        deadline = time.monotonic() + ready_timeout
+        while True:
+            if self.proc.poll() is not None:
+                self.stop()
+                raise RuntimeError(f"server exited ({self.proc.returncode}); see {log}:\n" + "".join(log.read_text().splitlines(True)[-15:]))
+            try:
+                if httpx.get(self.base_url + "/health", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"server not healthy after {ready_timeout:.0f}s; see {log}")
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+# ---- the serving benchmark -----------------------------------------------------------------
+
+def bench_serve(base_url: str, model_name: str, model: Model, workload: Workload, out: Path,
+                backend: str = "openai", seed: int = 0) -> tuple[dict, str]:
+    """`ortserve bench serve` for one workload; returns (its JSON record, the command)."""
+    argv = [sys.executable, "-m", "ortserve.cli", "bench", "serve", "--base-url", base_url, "--model", model_name,
+            "--backend", backend, "--tokenizer", str(model.tokenizer_dir),
+            "--dataset", "shared-prefix" if workload.kind == "shared-prefix" else "random",
+            "--num-prompts", str(workload.num_prompts), "--max-concurrency", str(workload.concurrency),
+            "--input-len", str(workload.input_len), "--output-len", str(workload.output_len),
+            "--percentiles", "50,99", "--seed", str(seed), "--disable-tqdm", "--result-json", str(out)]
+    if workload.kind == "shared-prefix":
+        argv += ["--prefix-len", str(workload.prefix_len)]
+    run_logged(argv, out.with_suffix(".log"))
+    return json.loads(out.read_text()), shlex.join(["ortserve", *argv[3:]])
+
+
+def serve_metrics(bench: dict, workload: Workload) -> dict:
+    """The numbers RESULTS.md reports, from one `ortserve bench serve` record."""
+    m = {
+        "completed": bench["completed"], "failed": bench["failed"],
+        "output_throughput": bench["output_throughput"], "total_token_throughput": bench["total_token_throughput"],
+        "ttft_p50_ms": bench["median_ttft_ms"], "ttft_p99_ms": bench["p99_ttft_ms"],
+        "tpot_p50_ms": bench["median_tpot_ms"], "itl_p50_ms": bench["median_itl_ms"],
+        "e2el_p50_ms": bench["median_e2el_ms"], "mean_input_len": float(np.mean(bench["input_lens"])),
+        "server_counters_delta": bench.get("server_counters_delta", {}),
+    }
+    if workload.kind in ("decode", "prefill"):
+        m["prompt_tok_s"] = workload.input_len / (bench["median_ttft_ms"] / 1000)
+    if workload.kind == "decode":
+        m["decode_tok_s"] = 1000 / bench["median_tpot_ms"]
+    return m
+
+
+# ---- prompts for in-process peers ------------------------------------------------------------
+
+def token_prompts(model: Model, workload: Workload, seed: int = 0) -> list[list[int]]:
+    """The same kind of prompts `ortserve bench serve` sends, as token ids."""
+    from ortserve.bench.dataset import PromptMaker, load_tokenizer
+
+    maker = PromptMaker(load_tokenizer(model.tokenizer_dir))
+    rng = np.random.default_rng(seed)
+    if workload.kind == "shared-prefix":
+        prefix = maker.tokens(workload.prefix_len, rng)
+        return [prefix + maker.tokens(workload.input_len - workload.prefix_len, rng) for _ in range(workload.num_prompts)]
+    return [maker.tokens(workload.input_len, rng) for _ in range(workload.num_prompts)]
+
+
+def distribution_ms(seconds: list[float]) -> tuple[float, float]:
+    """(p50, p99) in ms, numpy percentiles as in the bench."""
+    a = np.asarray(seconds, dtype=np.float64) * 1000
+    return float(np.median(a)), float(np.percentile(a, 99))
