@@ -181,25 +181,30 @@ class DecoderBuilder:
                  [(n.q.format(i=i), q_size), (n.k.format(i=i), kv_size), (n.v.format(i=i), kv_size)])
         qkv = self.linear(x, f"layers.{i}.qkv", parts, s.hidden_size, self.precision)
         q, k, v = self.op("Split", [qkv, self.ints(q_size, kv_size, kv_size)], 3, axis=1, name="split_qkv")
-        rotated = []
-        for t, heads, norm in ((q, s.num_heads, n.q_norm), (k, s.num_kv_heads, n.k_norm)):
-            if norm:  # Qwen3 / Gemma 3: RMSNorm over each head's vector
-                t = self.op("Reshape", [t, self.ints(-1, heads, s.head_size)])[0]
-                t = self.norm(t, norm.format(i=i), s.head_size)
-            if s.ropes:
-                t = self.op("Reshape", [t, self.ints(1, -1, heads * s.head_size)])[0]
-                t = self.rotary(t, heads, i, positions)
-            if norm or s.ropes:
-                t = self.op("Reshape", [t, self.ints(-1, heads * s.head_size)])[0]
-            rotated.append(t)
+        q, k = (self.head_norm_and_rotary(t, heads, norm, i, positions)
+                for t, heads, norm in ((q, s.num_heads, n.q_norm), (k, s.num_kv_heads, n.k_norm)))
         attn, _, _ = self.op(
             "PagedAttention",
-            [rotated[0], rotated[1], v, f"key_cache.{i}", f"value_cache.{i}", "slot_mapping", "block_tables",
+            [q, k, v, f"key_cache.{i}", f"value_cache.{i}", "slot_mapping", "block_tables",
              "context_lens", "query_start_loc"],
             outputs=[f"layers.{i}.attn", f"key_cache_out.{i}", f"value_cache_out.{i}"], domain=OURS,
             num_heads=s.num_heads, num_kv_heads=s.num_kv_heads, scale=float(s.attn_scales[i]),
             sliding_window=s.window_for(i), softcap=float(s.attn_softcap))
         return self.linear(attn, f"layers.{i}.o", [(n.o.format(i=i), s.hidden_size)], q_size, self.precision)
+
+    def head_norm_and_rotary(self, t: str, heads: int, norm: str | None, layer: int,
+                             positions: dict[str, str]) -> str:
+        """Qwen3 / Gemma 3: RMSNorm over each head's vector, then rotary; [T, heads * head_size]."""
+        s = self.spec
+        if norm:
+            t = self.op("Reshape", [t, self.ints(-1, heads, s.head_size)])[0]
+            t = self.norm(t, norm.format(i=layer), s.head_size)
+        if s.ropes:
+            t = self.op("Reshape", [t, self.ints(1, -1, heads * s.head_size)])[0]
+            t = self.rotary(t, heads, layer, positions)
+        if norm or s.ropes:
+            t = self.op("Reshape", [t, self.ints(-1, heads * s.head_size)])[0]
+        return t
 
     def mlp(self, x: str, layer: int) -> str:
         s, n, i = self.spec, self.arch.names, layer
