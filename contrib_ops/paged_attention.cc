@@ -35,12 +35,14 @@ using RunFn = void (*)(const Problem&, const WorkItem&);
 // The best kernel build this CPU supports; ORTSERVE_PAGED_ATTENTION_ISA=avx2|generic caps it
 // (to test every build on one machine).
 RunFn PickKernel() {
+#ifndef ORTSERVE_GENERIC_KERNEL_ONLY
   const char* cap = std::getenv("ORTSERVE_PAGED_ATTENTION_ISA");
   const std::string want = cap ? cap : "avx512";
   if (want == "avx512" && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw"))
     return avx512::RunWorkItem;
   if (want != "generic" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return avx2::RunWorkItem;
+#endif
   return generic::RunWorkItem;
 }
 

@@ -34,8 +34,10 @@ struct WorkItem {
 inline int64_t PartialFloats(int64_t head_size) { return 2 * kMaxLanes + head_size * kMaxLanes; }
 
 // The kernel, one build per instruction set; paged_attention.cc picks one at run time.
+#ifndef ORTSERVE_GENERIC_KERNEL_ONLY
 namespace avx512 { void RunWorkItem(const Problem& p, const WorkItem& w); }
 namespace avx2 { void RunWorkItem(const Problem& p, const WorkItem& w); }
+#endif
 namespace generic { void RunWorkItem(const Problem& p, const WorkItem& w); }
 
 }  // namespace ortserve
