@@ -12,6 +12,6 @@ from .pipeline import PRECISIONS, export_model
 
 # Bumped whenever the same SRC would export to a different artifact (graph or weights): caches
 # of exported artifacts (ortserve.models) key on it.
-EXPORTER_VERSION = 2
+EXPORTER_VERSION = 3
 
 __all__ = ["ARCHITECTURES", "EXPORTER_VERSION", "PRECISIONS", "SUPPORTED_MODEL_TYPES", "ExportError", "architecture_for", "export_model"]

@@ -83,8 +83,9 @@ class DecoderBuilder:
         return names
 
     def linear(self, x: str, label: str, parts: list[tuple[str, int]], k: int, precision: str,
-               share: str | None = None, conv1d: bool | None = None) -> str:
-        """y = x @ W.T + b for W = concat(parts) [N, K]; parts are (module, rows)."""
+               share: str | None = None, conv1d: bool | None = None, gather_too: bool = False) -> str:
+        """y = x @ W.T + b for W = concat(parts) [N, K]; parts are (module, rows). ``gather_too``
+        also writes the per-block scales and zero points in GatherBlockQuantized's layout."""
         n = sum(rows for _, rows in parts)
         transpose = self.arch.conv1d if conv1d is None else conv1d
         weights = [self.src.expect(f"{m}.weight", (rows, k), transpose) if share is None else share
@@ -120,6 +121,8 @@ class DecoderBuilder:
             weight = full_weight()
             q = offset_grid(weight, bits) if offsets else quantize(weight, bits)
             arrays = {names["qweight"]: q.packed, names["scales"]: q.scales, names["zero_points"]: q.zero_points}
+            if gather_too:
+                arrays |= {f"{label}.scales_3d": q.scales[..., None], f"{label}.zero_points_3d": q.unpacked_zero_points()[..., None]}
             return arrays | ({names["offsets"]: q.offsets} if offsets else {})
         self.plan(f"{label} ({precision})", make_quantized)
         inputs = [x, names["qweight"], names["scales"], names["zero_points"]] + (["", bias] if bias else [])
@@ -232,8 +235,19 @@ class DecoderBuilder:
     def build(self) -> tuple[onnx.ModelProto, list[WeightJob]]:
         s, n = self.spec, self.arch.names
         embed = self.src.expect(f"{n.embed}.weight", (s.vocab_size, s.hidden_size))
-        self.plan(embed, lambda: {embed: self.src.read(embed)})
-        h = self.op("Gather", [embed, "input_ids"], axis=0, name="embed")[0]
+        tied = s.tie_word_embeddings or not self.src.has(f"{n.lm_head}.weight")
+        # A tied, quantised LM head also serves the embedding lookup (GatherBlockQuantized on the
+        # same packed bytes): no float copy of the largest tensor. Not with float block offsets.
+        shared = (tied and self.lm_head_precision != "fp32" and s.hidden_size % BLOCK_SIZE == 0
+                  and not (BITS[self.lm_head_precision] == 4 and on_offset_grid(self.src.sample(embed))))
+        if shared:
+            h = self.op("GatherBlockQuantized", ["lm_head.qweight", "input_ids", "lm_head.scales_3d",
+                                                 "lm_head.zero_points_3d"], domain=MS, name="embed",
+                        bits=BITS[self.lm_head_precision], block_size=BLOCK_SIZE, gather_axis=0, quantize_axis=2)[0]
+            h = self.op("Reshape", [h, self.ints(-1, s.hidden_size)], name="embed_rows")[0]
+        else:
+            self.plan(embed, lambda: {embed: self.src.read(embed)})
+            h = self.op("Gather", [embed, "input_ids"], axis=0, name="embed")[0]
         if s.embed_scale != 1.0:
             h = self.op("Mul", [h, self.scalar(s.embed_scale)], name="embed_scale")[0]
         if n.pos_embed:
@@ -259,10 +273,10 @@ class DecoderBuilder:
         h = self.op("Gather", [h, "logits_indices"], axis=0, name="select_h")[0]
         delta = self.op("Gather", [delta, "logits_indices"], axis=0, name="select_delta")[0]
         x, _ = self.skip_norm(delta, h, n.final_norm)
-        tied = s.tie_word_embeddings or not self.src.has(f"{n.lm_head}.weight")
         share = embed if tied and self.lm_head_precision == "fp32" else None
         head = [(n.embed if tied else n.lm_head, s.vocab_size)]
-        logits = self.linear(x, "lm_head", head, s.hidden_size, self.lm_head_precision, share=share, conv1d=False)
+        logits = self.linear(x, "lm_head", head, s.hidden_size, self.lm_head_precision, share=share, conv1d=False,
+                             gather_too=shared)
         if s.final_softcap:
             cap = self.scalar(s.final_softcap)
             logits = self.op("Mul", [self.op("Tanh", [self.op("Div", [logits, cap])[0]])[0], cap])[0]

@@ -36,6 +36,14 @@ class QuantizedWeight:
     block_size: int = BLOCK_SIZE
     offsets: np.ndarray | None = None  # float32 [N, k_blocks]: w = offset + scale * (code - zero)
 
+    def unpacked_zero_points(self) -> np.ndarray:
+        """uint8 [N, k_blocks]: one zero point per block."""
+        k_blocks = self.scales.shape[1]
+        if self.bits == 8:
+            return self.zero_points[:, :k_blocks]
+        both = np.stack([self.zero_points & 0x0F, self.zero_points >> 4], axis=-1)
+        return np.ascontiguousarray(both.reshape(self.zero_points.shape[0], -1)[:, :k_blocks])
+
 
 def quantize(weight: np.ndarray, bits: int, block_size: int = BLOCK_SIZE) -> QuantizedWeight:
     """Quantise a linear weight in [out, in] (N, K) layout along K: exactly if it already sits on
@@ -140,12 +148,10 @@ def dequantize(q: QuantizedWeight, k: int) -> np.ndarray:
     n, k_blocks, _ = q.packed.shape
     if q.bits == 8:
         values = q.packed.reshape(n, k_blocks, q.block_size).astype(np.float32)
-        zeros = q.zero_points[:, :k_blocks].astype(np.float32)
     else:
         low, high = q.packed & 0x0F, q.packed >> 4
         values = np.stack([low, high], axis=-1).reshape(n, k_blocks, q.block_size).astype(np.float32)
-        zeros = np.stack([q.zero_points & 0x0F, q.zero_points >> 4], axis=-1).reshape(n, -1)[:, :k_blocks]
-    weight = (values - zeros.astype(np.float32)[..., None]) * q.scales[..., None]
+    weight = (values - q.unpacked_zero_points().astype(np.float32)[..., None]) * q.scales[..., None]
     if q.offsets is not None:
         weight = weight + q.offsets[..., None]
     return weight.reshape(n, k_blocks * q.block_size)[:, :k]

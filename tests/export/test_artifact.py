@@ -107,3 +107,12 @@ def test_export_never_imports_torch(tiny_checkpoint, tmp_path):
               f"precision='int4', progress=False); print('torch' in sys.modules, 'transformers' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert result.stdout.split() == ["False", "False"]
+
+
+def test_tied_quantised_head_also_serves_the_embedding(tiny_artifact):
+    """No float copy of the tied embedding: GatherBlockQuantized reads the LM head's packed bytes."""
+    graph = graph_of(tiny_artifact("qwen2_qkv_bias_tied", "int4"))
+    embed = next(n for n in graph.node if n.name.startswith("embed."))
+    head = next(n for n in graph.node if n.name.startswith("lm_head"))
+    assert embed.op_type == "GatherBlockQuantized" and embed.input[0] == head.input[1] == "lm_head.qweight"
+    assert "model.embed_tokens.weight" not in {t.name for t in graph.initializer}

@@ -53,7 +53,7 @@ def test_quantized_linears_compute_with_the_dequantized_weights(case, precision,
         assert np.abs(ours - reference).max() <= 0.03 * np.abs(reference).max()
 
 
-@pytest.mark.parametrize("precision, min_cosine, mean_cosine", [("int8", 0.999, 0.9995), ("int4", 0.85, 0.95)])
+@pytest.mark.parametrize("precision, min_cosine, mean_cosine", [("int8", 0.998, 0.999), ("int4", 0.85, 0.95)])
 @pytest.mark.parametrize("case", ["llama3_rope_scaling", "gemma3_local_global", "phi3_fused_partial_rotary"])
 def test_quantized_logits_stay_close_to_fp32(case, precision, min_cosine, mean_cosine, tiny_artifact):
     """Including a tied LM head, quantised to int8."""
