@@ -11,8 +11,9 @@ Everything is 2-D over the flattened batch [T, ·]: no padding, no batch axis. P
 
 Hidden states are gathered at ``logits_indices`` before the final norm and the LM head.
 CPU-fast ORT contrib ops: SimplifiedLayerNormalization, SkipSimplifiedLayerNormalization,
-SkipLayerNormalization, RotaryEmbedding, MatMulNBits; fp32 linears are ``Gemm(transB=1)`` on the
-checkpoint's own [out, in] layout (no transposed copy; a tied LM head shares the embedding).
+SkipLayerNormalization, RotaryEmbedding, MatMulNBits, GatherBlockQuantized. fp32 linears are
+``Gemm(transB=1)`` on the checkpoint's own [out, in] layout (no transposed copy; a tied fp32 LM
+head shares the embedding); a tied quantised LM head serves the embedding lookup too.
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ class DecoderBuilder:
         self.precision, self.lm_head_precision = precision, lm_head_precision
         self.max_model_len = max_model_len or spec.max_position_embeddings
         self.nodes: list[onnx.NodeProto] = []
-        self.constants: list[onnx.TensorProto] = []
+        self.constants: dict[str, onnx.TensorProto] = {}
         self.jobs: list[WeightJob] = []
         self._count = 0
 
@@ -56,8 +57,8 @@ class DecoderBuilder:
         return outputs
 
     def const(self, name: str, value: np.ndarray) -> str:
-        if name not in {c.name for c in self.constants}:
-            self.constants.append(onnx.numpy_helper.from_array(np.asarray(value), name))
+        if name not in self.constants:
+            self.constants[name] = onnx.numpy_helper.from_array(np.asarray(value), name)
         return name
 
     def ints(self, *values: int) -> str:
@@ -84,24 +85,12 @@ class DecoderBuilder:
 
     def linear(self, x: str, label: str, parts: list[tuple[str, int]], k: int, precision: str,
                share: str | None = None, conv1d: bool | None = None, gather_too: bool = False) -> str:
-        """y = x @ W.T + b for W = concat(parts) [N, K]; parts are (module, rows). ``gather_too``
-        also writes the per-block scales and zero points in GatherBlockQuantized's layout."""
-        n = sum(rows for _, rows in parts)
+        """y = x @ W.T + b for W = concat(parts) [N, K]; parts are (module, rows). ``share`` names an
+        fp32 initializer to use as W; ``gather_too`` also writes a quantised W's scales and zero
+        points in GatherBlockQuantized's layout (for a tied embedding)."""
         transpose = self.arch.conv1d if conv1d is None else conv1d
-        weights = [self.src.expect(f"{m}.weight", (rows, k), transpose) if share is None else share
-                   for m, rows in parts]
-        has_bias = [self.src.has(f"{m}.bias") for m, _ in parts]
-        bias = None
-        if any(has_bias):
-            for (m, rows), present in zip(parts, has_bias):
-                if present:
-                    self.src.expect(f"{m}.bias", (rows,))
-            bias = f"{label}.bias"
-
-            def make_bias() -> dict[str, np.ndarray]:
-                return {bias: np.concatenate([self.src.read(f"{m}.bias") if present else np.zeros(rows, np.float32)
-                                              for (m, rows), present in zip(parts, has_bias)])}
-            self.plan(bias, make_bias)
+        weights = [share] if share else [self.src.expect(f"{m}.weight", (rows, k), transpose) for m, rows in parts]
+        bias = self.bias(label, parts)
 
         def full_weight() -> np.ndarray:
             arrays = [self.src.read(w, transpose) for w in weights]
@@ -109,23 +98,26 @@ class DecoderBuilder:
 
         if precision == "fp32":
             w = weights[0] if len(weights) == 1 else f"{label}.weight"
-            if len(weights) > 1 or share is None:
+            if not share:
                 self.plan(w, lambda: {w: full_weight()})
             return self.op("Gemm", [x, w] + ([bias] if bias else []), transB=1, name=label)[0]
-        bits = BITS[precision]
+
+        bits, n = BITS[precision], sum(rows for _, rows in parts)
         # weights dequantised from Q4_1-style GGUF blocks keep their float block minimum exactly
         offsets = bits == 4 and any(on_offset_grid(self.src.sample(w, transpose=transpose)) for w in weights)
-        names = {key: f"{label}.{key}" for key in ("qweight", "scales", "zero_points", "offsets")}
 
         def make_quantized() -> dict[str, np.ndarray]:
-            weight = full_weight()
-            q = offset_grid(weight, bits) if offsets else quantize(weight, bits)
-            arrays = {names["qweight"]: q.packed, names["scales"]: q.scales, names["zero_points"]: q.zero_points}
+            q = offset_grid(full_weight(), bits) if offsets else quantize(full_weight(), bits)
+            arrays = {f"{label}.qweight": q.packed, f"{label}.scales": q.scales, f"{label}.zero_points": q.zero_points}
+            if offsets:
+                arrays[f"{label}.offsets"] = q.offsets
             if gather_too:
-                arrays |= {f"{label}.scales_3d": q.scales[..., None], f"{label}.zero_points_3d": q.unpacked_zero_points()[..., None]}
-            return arrays | ({names["offsets"]: q.offsets} if offsets else {})
+                arrays[f"{label}.scales_3d"] = q.scales[..., None]
+                arrays[f"{label}.zero_points_3d"] = q.unpacked_zero_points()[..., None]
+            return arrays
+
         self.plan(f"{label} ({precision})", make_quantized)
-        inputs = [x, names["qweight"], names["scales"], names["zero_points"]] + (["", bias] if bias else [])
+        inputs = [x, f"{label}.qweight", f"{label}.scales", f"{label}.zero_points"] + (["", bias] if bias else [])
         y = self.op("MatMulNBits", inputs, domain=MS, name=label, K=k, N=n, bits=bits,
                     block_size=BLOCK_SIZE, accuracy_level=ACCURACY_LEVEL)[0]
         if not offsets:
@@ -133,8 +125,21 @@ class DecoderBuilder:
         # + sum over blocks b of offset[n, b] * (sum of x over block b): [T, K/32] @ offsets.T
         blocks = self.op("Reshape", [x, self.ints(0, -1, BLOCK_SIZE)], name=f"{label}.blocks")[0]
         sums = self.op("ReduceSum", [blocks, self.ints(-1)], keepdims=0, name=f"{label}.block_sums")[0]
-        shift = self.op("Gemm", [sums, names["offsets"]], transB=1, name=f"{label}.offsets")[0]
+        shift = self.op("Gemm", [sums, f"{label}.offsets"], transB=1, name=f"{label}.offsets")[0]
         return self.op("Add", [y, shift], name=f"{label}.plus_offsets")[0]
+
+    def bias(self, label: str, parts: list[tuple[str, int]]) -> str | None:
+        """One bias for the fused parts (zeros for parts without one), or None if none has one."""
+        present = [self.src.has(f"{m}.bias") for m, _ in parts]
+        if not any(present):
+            return None
+        for (m, rows), has in zip(parts, present):
+            if has:
+                self.src.expect(f"{m}.bias", (rows,))
+        name = f"{label}.bias"
+        self.plan(name, lambda: {name: np.concatenate([
+            self.src.read(f"{m}.bias") if has else np.zeros(rows, np.float32) for (m, rows), has in zip(parts, present)])})
+        return name
 
     # ---- blocks ----------------------------------------------------------------------------
     def norm(self, x: str, module: str, size: int | None = None) -> str:
@@ -300,7 +305,7 @@ class DecoderBuilder:
             for kind in ("key", "value"):
                 inputs.append(helper.make_tensor_value_info(f"{kind}_cache.{i}", TensorProto.FLOAT, *cache))
                 outputs.append(helper.make_tensor_value_info(f"{kind}_cache_out.{i}", TensorProto.FLOAT, *cache))
-        graph = helper.make_graph(self.nodes, f"ortserve_{s.model_type}", inputs, outputs, self.constants)
+        graph = helper.make_graph(self.nodes, f"ortserve_{s.model_type}", inputs, outputs, list(self.constants.values()))
         model = helper.make_model(graph, opset_imports=OPSETS, producer_name="ortserve.export",
                                   ir_version=IR_VERSION)
         return model
