@@ -11,7 +11,9 @@ Output: ``config.json``, ``model.safetensors`` (fp32), ``tokenizer.json``,
 """
 from __future__ import annotations
 
+import json
 import logging
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -190,33 +192,55 @@ def _unpermute_qk(weight: np.ndarray, num_heads: int) -> np.ndarray:
 
 
 def _write_weights(reader, config, arch: GgufArchitecture, path: Path, *, progress: bool) -> None:
-    import gguf
-    from safetensors.numpy import save_file
+    """Dequantise tensor by tensor straight into ``model.safetensors``: peak memory is one fp32
+    tensor, not the whole model (a 7B GGUF would otherwise need 28 GB)."""
     from tqdm.auto import tqdm
 
     hf_names = _hf_names(arch, reader.fields["general.architecture"].contents(), config.num_hidden_layers)
-    tensors: dict[str, np.ndarray] = {}
-    skipped = []
-    for tensor in tqdm(reader.tensors, desc="Dequantising GGUF", unit="tensor", disable=not progress):
-        name = hf_names.get(tensor.name)
-        if name is None:
-            skipped.append(tensor.name)
-            continue
-        weight = gguf.dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
-        expected = tuple(int(n) for n in reversed(tensor.shape))
-        if weight.shape != expected:
-            raise ModelSourceError(f"GGUF tensor {tensor.name} dequantised to {weight.shape}, expected {expected}")
-        if arch.permute_qk and name.endswith("self_attn.q_proj.weight"):
-            weight = _unpermute_qk(weight, config.num_attention_heads)
-        elif arch.permute_qk and name.endswith("self_attn.k_proj.weight"):
-            weight = _unpermute_qk(weight, config.num_key_value_heads)
-        tensors[name] = np.ascontiguousarray(weight)
+    kept = [(hf_names[t.name], t) for t in reader.tensors if t.name in hf_names]
+    skipped = [t.name for t in reader.tensors if t.name not in hf_names]
     if skipped:
         logger.info("GGUF tensors with no transformers counterpart were left out: %s", skipped)
     required = {name for name in hf_names.values() if name.endswith(".weight")}
     if config.tie_word_embeddings:
         required.discard("lm_head.weight")
-    missing = sorted(required - tensors.keys())
+    missing = sorted(required - {name for name, _ in kept})
     if missing:
         raise ModelSourceError(f"The GGUF file lacks {len(missing)} weights the model needs, e.g. {missing[:3]}")
-    save_file(tensors, str(path), metadata={"format": "pt"})
+
+    kept.sort(key=lambda item: item[0])
+    shapes = {name: tuple(int(n) for n in reversed(tensor.shape)) for name, tensor in kept}
+    with open(path, "wb") as out:
+        _write_safetensors_header(out, shapes)
+        for name, tensor in tqdm(kept, desc="Dequantising GGUF", unit="tensor", disable=not progress):
+            weight = _dequantise(tensor, name, config, arch)
+            if weight.shape != shapes[name]:
+                raise ModelSourceError(f"GGUF tensor {tensor.name} dequantised to {weight.shape}, "
+                                       f"expected {shapes[name]}")
+            out.write(np.ascontiguousarray(weight, dtype="<f4").tobytes())
+
+
+def _dequantise(tensor, name: str, config, arch: GgufArchitecture) -> np.ndarray:
+    import gguf
+
+    weight = gguf.dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
+    if arch.permute_qk and name.endswith("self_attn.q_proj.weight"):
+        return _unpermute_qk(weight, config.num_attention_heads)
+    if arch.permute_qk and name.endswith("self_attn.k_proj.weight"):
+        return _unpermute_qk(weight, config.num_key_value_heads)
+    return weight
+
+
+def _write_safetensors_header(out, shapes: dict[str, tuple[int, ...]]) -> None:
+    """safetensors layout: u64 header length, JSON header (padded to 8 bytes), then the tensors'
+    bytes back to back in header order; here every tensor is F32."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, shape in shapes.items():
+        size = 4 * int(np.prod(shape, dtype=np.int64))
+        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    out.write(struct.pack("<Q", len(encoded)))
+    out.write(encoded)

@@ -38,6 +38,18 @@ PASSAGES = [
     "<|im_start|>user\nGive me three tips for a good night's sleep.<|im_end|>\n<|im_start|>assistant\n"
     "1. Keep a regular schedule: go to bed and wake up at the same time every day.\n2. Avoid screens "
     "for an hour before bed.\n3. Keep your bedroom cool, dark and quiet.<|im_end|>\n",
+    "Once upon a time, in a small village at the edge of a forest, there lived an old baker named "
+    "Tomas. Every morning before sunrise he lit his oven and baked bread for the whole village. One "
+    "winter the flour ran out, and the children went hungry until a stranger arrived with a cart.",
+    "To find the area of a circle, multiply pi by the square of the radius. For example, a circle "
+    "with a radius of 3 centimetres has an area of about 28.27 square centimetres, because 3 squared "
+    "is 9 and 9 times 3.14159 is roughly 28.27.",
+    "The Amazon rainforest covers much of the Amazon basin in South America. It is home to millions "
+    "of species of insects, plants, birds and other forms of life, many of which have not yet been "
+    "described by scientists. Deforestation threatens the forest and the climate of the whole planet.",
+    "<|im_start|>user\nHow do I reverse a list in Python?<|im_end|>\n<|im_start|>assistant\n"
+    "You can reverse a list in place with my_list.reverse(), or make a reversed copy with "
+    "my_list[::-1]. The built-in reversed() function returns an iterator.<|im_end|>\n",
 ]
 
 
@@ -109,14 +121,10 @@ def test_greedy_continuations_equal_transformers_generate(smollm2_artifact: Path
         assert continuation == reference
 
 
-# int4 (block 32, integer zero points) re-quantises weights that the GGUF already holds as Q4_1:
-# each block's Q4_1 minimum is a float, MatMulNBits' zero point an integer, so every block shifts
-# by up to half a step. On this 135M model that costs ~30% of top-1 agreement (see the report:
-# numpy fake-quantisation with fp32 compute gives the same figure, so it is the weights, not the
-# kernel). Below the issue's 90% the test is an expected failure that prints the figure, and
-# still fails on a regression below FLOOR.
+# The GGUF holds SmolLM2 as Q4_1 (Q8_0 embedding): the exporter keeps such grid weights exact at
+# int4 (a float per-block offset corrects what an integer zero point cannot hold). Plain
+# re-rounding onto a second int4 grid gave only ~68% here, so this test guards that path.
 ACCEPTANCE = 0.90
-FLOOR = {"int8": 0.90, "int4": 0.60}
 
 
 @pytest.mark.parametrize("precision", ["int8", "int4"])
@@ -130,6 +138,4 @@ def test_quantised_exports_agree_with_fp32_on_top1(precision: str, passage_ids, 
     figure = (f"SmolLM2 {precision} vs fp32: top-1 agreement {agreement:.1%} over {positions} teacher-forced "
               f"positions, max |logit diff| {diff:.2f}")
     report_figure(figure)
-    assert agreement >= FLOOR[precision], figure
-    if agreement < ACCEPTANCE:
-        pytest.xfail(f"{figure}; below the {ACCEPTANCE:.0%} acceptance (known: Q4_1 -> int4 re-quantisation)")
+    assert agreement >= ACCEPTANCE, figure
