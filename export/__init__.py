@@ -14,4 +14,5 @@ from .pipeline import PRECISIONS, export_model
 # of exported artifacts (ortserve.models) key on it.
 EXPORTER_VERSION = 3
 
-__all__ = ["ARCHITECTURES", "EXPORTER_VERSION", "PRECISIONS", "SUPPORTED_MODEL_TYPES", "ExportError", "architecture_for", "export_model"]
+__all__ = ["ARCHITECTURES", "EXPORTER_VERSION", "PRECISIONS", "SUPPORTED_MODEL_TYPES", "ExportError",
+           "architecture_for", "export_model"]

@@ -55,7 +55,8 @@ class Checkpoint:
         if single.is_file():
             return [single]
         others = sorted(p.name for p in self.folder.glob("*.bin")) + sorted(p.name for p in self.folder.glob("*.pt"))
-        hint = f" (found {', '.join(others[:3])}: PyTorch pickles are not read; re-save with safetensors)" if others else ""
+        hint = (f" (found {', '.join(others[:3])}: PyTorch pickles are not read; re-save with safetensors)"
+                if others else "")
         raise ExportError(f"{self.folder} has no {SINGLE} or {INDEX}{hint}")
 
     @staticmethod
@@ -67,7 +68,8 @@ class Checkpoint:
                     raise ValueError("header length out of range")
                 header = json.loads(f.read(length))
         except (OSError, ValueError, struct.error) as exc:
-            raise ExportError(f"{shard} is not a readable safetensors file ({exc}); the checkpoint looks corrupt") from exc
+            raise ExportError(f"{shard} is not a readable safetensors file ({exc}); "
+                              "the checkpoint looks corrupt") from exc
         end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
         if 8 + length + end > shard.stat().st_size:
             raise ExportError(f"{shard} is truncated: the header describes {8 + length + end} bytes, "

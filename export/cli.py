@@ -19,7 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int, default=None, metavar="N",
                         help="longest sequence the artifact serves (default: the model's max positions)")
     parser.add_argument("--validate", action="store_true",
-                        help="compare the artifact's logits with transformers (needs torch: pip install ortserve[validate])")
+                        help="compare the artifact's logits with transformers "
+                             "(needs torch: pip install ortserve[validate])")
     parser.add_argument("--quiet", action="store_true", help="no progress bars or summary")
 
 

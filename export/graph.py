@@ -137,8 +137,8 @@ class DecoderBuilder:
             if has:
                 self.src.expect(f"{m}.bias", (rows,))
         name = f"{label}.bias"
-        self.plan(name, lambda: {name: np.concatenate([
-            self.src.read(f"{m}.bias") if has else np.zeros(rows, np.float32) for (m, rows), has in zip(parts, present)])})
+        self.plan(name, lambda: {name: np.concatenate([self.src.read(f"{m}.bias") if has else np.zeros(rows, np.float32)
+                                                       for (m, rows), has in zip(parts, present)])})
         return name
 
     # ---- blocks ----------------------------------------------------------------------------
@@ -305,7 +305,8 @@ class DecoderBuilder:
             for kind in ("key", "value"):
                 inputs.append(helper.make_tensor_value_info(f"{kind}_cache.{i}", TensorProto.FLOAT, *cache))
                 outputs.append(helper.make_tensor_value_info(f"{kind}_cache_out.{i}", TensorProto.FLOAT, *cache))
-        graph = helper.make_graph(self.nodes, f"ortserve_{s.model_type}", inputs, outputs, list(self.constants.values()))
+        graph = helper.make_graph(self.nodes, f"ortserve_{s.model_type}", inputs, outputs,
+                                  list(self.constants.values()))
         model = helper.make_model(graph, opset_imports=OPSETS, producer_name="ortserve.export",
                                   ir_version=IR_VERSION)
         return model

@@ -91,7 +91,10 @@ def _by_rows(fn, weight: np.ndarray, bits: int, block_size: int) -> QuantizedWei
     parts = [fn(weight[r:r + _ROWS], bits, block_size) for r in range(0, weight.shape[0], _ROWS)]
     if any(p is None for p in parts):
         return None
-    join = lambda field: None if getattr(parts[0], field) is None else np.concatenate([getattr(p, field) for p in parts])
+
+    def join(field: str) -> np.ndarray | None:
+        return None if getattr(parts[0], field) is None else np.concatenate([getattr(p, field) for p in parts])
+
     return QuantizedWeight(join("packed"), join("scales"), join("zero_points"), bits, block_size, join("offsets"))
 
 

@@ -60,7 +60,8 @@ class PagedRunner:
             if not self.free:
                 raise RuntimeError("PagedRunner ran out of KV blocks; pass a larger num_blocks")
             table.append(self.free.pop())
-        return [table[p // self.block_size] * self.block_size + p % self.block_size for p in range(start, start + count)]
+        size = self.block_size
+        return [table[p // size] * size + p % size for p in range(start, start + count)]
 
     def step(self, batch: Sequence[tuple[int, Sequence[int]]], all_logits: bool = False) -> list[np.ndarray]:
         """Feed new tokens per sequence; returns per sequence logits [len(tokens), vocab] or [vocab]."""
