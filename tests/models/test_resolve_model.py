@@ -129,3 +129,21 @@ def test_changed_source_is_converted_again(tmp_path: Path, tiny_llama_checkpoint
     second = prepare_checkpoint(path, progress=False)
     assert second == first
     assert json.loads((second / "ortserve-source.json").read_text())["mtime_ns"] == stamp["mtime_ns"] + 10**9
+
+
+@pytest.mark.slow
+def test_two_processes_resolving_at_once_convert_and_export_once(tmp_path: Path, smollm2_checkpoint: Path):
+    """The server and the engine may both resolve the default model on a cold cache."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, ORTSERVE_CACHE_DIR=str(tmp_path / "cache"))
+    code = "from ortserve.models import resolve_model; print(resolve_model(None, progress=False))"
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    outputs = [proc.communicate(timeout=600) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], [err[-2000:] for _, err in outputs]
+    artifacts = {out.strip().splitlines()[-1] for out, _ in outputs}
+    assert artifacts == {str(tmp_path / "cache" / "artifacts" / "smollm2-135m-instruct-fp32")}
+    logs = "".join(err for _, err in outputs)
+    assert logs.count("Converting SmolLM2") == 1 and logs.count("Exporting smollm2") == 1, logs[-2000:]
