@@ -116,3 +116,22 @@ def test_tied_quantised_head_also_serves_the_embedding(tiny_artifact):
     head = next(n for n in graph.node if n.name.startswith("lm_head"))
     assert embed.op_type == "GatherBlockQuantized" and embed.input[0] == head.input[1] == "lm_head.qweight"
     assert "model.embed_tokens.weight" not in {t.name for t in graph.initializer}
+
+
+def test_validate_compares_the_new_artifact_with_transformers(tiny_checkpoint, tmp_path, capsys):
+    from ortserve.export import export_model
+
+    export_model(tiny_checkpoint("gemma2_softcap_sandwich"), tmp_path / "out", validate=True)
+    summary = capsys.readouterr().err
+    assert "validation   max |logit diff|" in summary and "top-1 agreement 100.0%" in summary
+
+
+def test_failed_validation_leaves_no_artifact(tiny_checkpoint, tmp_path, monkeypatch):
+    import ortserve.export.validate as validate
+    from ortserve.export import ExportError, export_model
+
+    monkeypatch.setattr(validate, "validate_artifact",
+                        lambda *a, **k: validate.ValidationReport(0.5, 0.9, 10, tolerance=1e-3))
+    with pytest.raises(ExportError, match="validation failed: max \\|logit diff\\| 5.00e-01"):
+        export_model(tiny_checkpoint("llama2"), tmp_path / "out", validate=True, progress=False)
+    assert list(tmp_path.iterdir()) == []
