@@ -111,3 +111,19 @@ def test_fp32_export_peak_rss_stays_under_the_output_size(tmp_path):
     peak, size, torch_imported = result.stdout.split()
     assert torch_imported == "False"
     assert int(peak) < 1.5 * int(size), f"peak RSS {int(peak) >> 20} MiB vs artifact {int(size) >> 20} MiB"
+
+
+def test_bfloat16_checkpoint_exports_and_matches_transformers(tiny_checkpoint, tmp_path):
+    """Most released checkpoints are bf16: exported fp32, they match transformers run in fp32."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ortserve.export import export_model
+    from ortserve.export.validate import validate_artifact
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint("qwen3_qk_norm"), dtype=torch.bfloat16)
+    model.save_pretrained(tmp_path / "bf16")
+    assert Checkpoint(tmp_path / "bf16")._entry("model.embed_tokens.weight")[2]["dtype"] == "BF16"
+    export_model(tmp_path / "bf16", tmp_path / "out", progress=False)
+    report = validate_artifact(tmp_path / "out", tmp_path / "bf16", prompt_lens=(19, 7), tolerance=1e-4)
+    assert report.ok, report.summary()
