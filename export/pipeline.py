@@ -124,6 +124,12 @@ def _publish(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def peak_rss_bytes() -> int:
     """This process's peak RSS. Linux's VmHWM first: getrusage's ru_maxrss survives exec, so a
     process started from a big parent (a test runner) would report the parent's peak."""
@@ -165,6 +171,7 @@ def export_model(src: str | os.PathLike, out: str | os.PathLike, *, precision: s
         bar.update()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the artifact is an ordinary folder
     try:
         with bars.stage("load", checkpoint.total_bytes(), "B") as bar:
             fingerprint = checkpoint.fingerprint(bar.update)

@@ -135,3 +135,12 @@ def test_failed_validation_leaves_no_artifact(tiny_checkpoint, tmp_path, monkeyp
     with pytest.raises(ExportError, match="validation failed: max \\|logit diff\\| 5.00e-01"):
         export_model(tiny_checkpoint("llama2"), tmp_path / "out", validate=True, progress=False)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_artifact_directory_has_ordinary_permissions(tiny_artifact):
+    import os
+    import stat
+
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE(tiny_artifact("llama2").stat().st_mode) == 0o777 & ~mask
