@@ -19,11 +19,7 @@ namespace {
 
 constexpr int kChunk = 16;         // positions per online-softmax step
 constexpr int kMaxHeadSize = 256;  // validated by the op
-constexpr float kMasked = -1e30f;
-#ifndef ORTSERVE_PREFETCH_CHUNKS
-#define ORTSERVE_PREFETCH_CHUNKS 2
-#endif
-constexpr int kPrefetchChunks = ORTSERVE_PREFETCH_CHUNKS;  // prefetch distance, in chunks  // score of a masked position (finite, so max - max is 0)
+constexpr float kMasked = -1e30f;  // score of a masked position (finite, so max - max is 0)
 
 template <int W>
 struct V {
@@ -58,8 +54,8 @@ ALWAYS_INLINE F Softcap(F s, float c) {
   return (1.f - 2.f / (Exp<F, I>(s * (2.f / c)) + 1.f)) * c;
 }
 
-// Prefetches 8 rows of D floats (the next chunk's), one 64-byte line every other step of a
-// loop over D: row d % 8, line d / 8 (spread out, so the loads overlap the math).
+// Step d of a loop over D prefetches line d / 8 of row d % 8 of the next chunk's 8 rows, for
+// d < D / 2 (8 rows x D / 16 lines): spread out, the loads overlap the math.
 ALWAYS_INLINE void PrefetchStep(const float* const* rows, int64_t d, int64_t D) {
   if (d < D / 2) __builtin_prefetch(rows[d & 7] + (d >> 3) * 16);
 }
