@@ -107,13 +107,14 @@ void PlanWork(const Problem& P, Plan& plan) {
   plan.partials.assign(plan.split.empty() ? 0 : plan.items.size() * PartialFloats(P.D), 0.f);
   for (const auto& [first, count] : plan.split)
     for (size_t i = first; i < first + count; ++i) plan.items[i].partial = plan.partials.data() + i * PartialFloats(P.D);
+  std::vector<int64_t> cost(plan.items.size());  // ~ lanes x positions
+  for (size_t i = 0; i < cost.size(); ++i) {
+    const WorkItem& w = plan.items[i];
+    cost[i] = int64_t{w.row_end - w.row_begin} * (w.head_end - w.head_begin) * (w.key_end - w.key_begin);
+  }
   plan.order.resize(plan.items.size());
   std::iota(plan.order.begin(), plan.order.end(), 0);
-  auto cost = [&](size_t i) {
-    const WorkItem& w = plan.items[i];
-    return int64_t{w.row_end - w.row_begin} * (w.head_end - w.head_begin) * (w.key_end - w.key_begin);
-  };
-  std::stable_sort(plan.order.begin(), plan.order.end(), [&](size_t a, size_t b) { return cost(a) > cost(b); });
+  std::stable_sort(plan.order.begin(), plan.order.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });
 }
 
 void RunTask(void* data, size_t index) {
