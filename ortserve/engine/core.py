@@ -51,8 +51,7 @@ class EngineCore:
         self.runner = ModelRunner(self.artifact_dir, manifest, self.kv_plan, self.threads, config.max_num_seqs)
         pin_calling_thread(self.threads)
         self.block_manager = BlockManager(self.kv_plan.num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
-                                   self.max_model_len)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.sampler = Sampler()
         self._pending: list[EngineCoreOutput] = []  # abort outputs, delivered by the next step()
         self._num_steps = 0

@@ -53,12 +53,10 @@ class SchedulerCounters:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int):
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.max_model_len = max_model_len
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -76,24 +74,18 @@ class Scheduler:
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
         block_manager, running = self.block_manager, self.running
-        preempted = False
+        preemptions = self.counters.num_preemptions
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            while not block_manager.allocate(seq, num_new):
-                victim = running.pop()  # the newest
-                self._preempt(victim)
-                preempted = True
-                if victim is seq:
-                    break
-            else:
-                batch.seqs.append(seq)
-                batch.num_new_tokens.append(num_new)
-                budget -= num_new
-                i += 1
-                continue
-            break
+            if not self._allocate_or_preempt(seq, num_new):
+                break  # seq itself was the newest: it went back to waiting
+            batch.seqs.append(seq)
+            batch.num_new_tokens.append(num_new)
+            budget -= num_new
+            i += 1
+        preempted = self.counters.num_preemptions > preemptions
         while not preempted and self.waiting and budget > 0 and len(running) < self.max_num_seqs:
             seq = self.waiting[0]
             computed = block_manager.find_computed_blocks(seq)
@@ -178,6 +170,16 @@ class Scheduler:
         return outputs
 
     # -- helpers ---------------------------------------------------------------------------------
+    def _allocate_or_preempt(self, seq: Sequence, num_new: int) -> bool:
+        """Blocks for the next ``num_new`` tokens of a running ``seq``, preempting the newest
+        running sequences until they fit. False if ``seq`` itself had to go."""
+        while not self.block_manager.allocate(seq, num_new):
+            victim = self.running.pop()
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        return True
+
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
         seq.reset_for_recompute()

@@ -73,6 +73,7 @@ def solo_outputs(prompt, max_tokens: int) -> list[int]:
 
 
 def make_scheduler(num_blocks=64, block_size=4, max_num_seqs=8, max_num_batched_tokens=32,
-                   max_model_len=None, prefix_caching=True) -> Scheduler:
+                   prefix_caching=True) -> Scheduler:
+    """Requests for it must come from make_request(..., max_model_len <= num_blocks * block_size)."""
     bm = BlockManager(num_blocks, block_size, prefix_caching)
-    return Scheduler(bm, max_num_seqs, max_num_batched_tokens, max_model_len or num_blocks * block_size)
+    return Scheduler(bm, max_num_seqs, max_num_batched_tokens)

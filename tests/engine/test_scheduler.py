@@ -189,7 +189,7 @@ def test_min_tokens_defers_stop_tokens():
 
 
 def test_max_model_len_bounds_the_output():
-    scheduler = make_scheduler(max_model_len=20)
+    scheduler = make_scheduler()
     request = make_request(range(15), max_tokens=None, max_model_len=20)
     scheduler.add(request)
     run_to_completion(scheduler)
@@ -220,7 +220,7 @@ from engine_fakes import check_block_tables  # noqa: E402
 def test_any_workload_matches_solo_runs_and_leaks_nothing(data, block_size, num_blocks, budget, max_num_seqs,
                                                           prefix_caching):
     max_model_len = num_blocks * block_size
-    scheduler = make_scheduler(num_blocks, block_size, max_num_seqs, budget, max_model_len, prefix_caching)
+    scheduler = make_scheduler(num_blocks, block_size, max_num_seqs, budget, prefix_caching)
     requests, aborted, outputs = {}, set(), {}
     for step_no in range(data.draw(st.integers(1, 60), label="steps")):
         for _ in range(data.draw(st.integers(0, 2), label="arrivals")):
