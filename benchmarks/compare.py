@@ -29,7 +29,7 @@ import membw  # noqa: E402
 import report  # noqa: E402
 from runners import RUNNERS  # noqa: E402
 from runners.common import (BENCH_DIR, MODELS, PEERS_PY, RECORDS, WORKLOADS, load_model, load_records,  # noqa: E402
-                            record_path)
+                            record_path, wait_idle)
 
 PEER_SYSTEMS = {"llama.cpp", "genai-static", "genai-engine", "transformers"}
 
@@ -77,6 +77,9 @@ def main() -> int:
     p.add_argument("--precisions", nargs="+", default=["fp32", "int8", "int4"], choices=["fp32", "int8", "int4"])
     p.add_argument("--force", action="store_true", help="re-run parts that already have a record")
     p.add_argument("--remeasure-machine", action="store_true", help="re-run the bandwidth benchmark")
+    p.add_argument("--wait-idle", type=float, default=0, metavar="SECONDS",
+                   help="before each system, wait up to this long for the 1-min load average to drop below 0.5 "
+                        "(the machine is shared; a busy neighbour skews every number)")
     p.add_argument("--report-only", action="store_true", help="only rewrite RESULTS.md from the records")
     p.add_argument("--results-md", type=Path, default=BENCH_DIR / "RESULTS.md")
     args = p.parse_args()
@@ -96,6 +99,9 @@ def main() -> int:
                             and (args.force or not record_path(model_name, system, precision, w).is_file())]
                     if not todo:
                         continue
+                    if args.wait_idle:
+                        load = wait_idle(0.5, args.wait_idle)
+                        print(f"   (1-min load average {load:.2f})", flush=True)
                     print(f"== {model_name} / {system} {precision}: {' '.join(todo)}", flush=True)
                     t0 = time.monotonic()
                     try:

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import platform
+import re
 import subprocess
+import sys
 from pathlib import Path
 
 from roofline import gguf_weight_bytes, hf_weight_bytes, onnx_weight_bytes, roofline_tok_s
@@ -85,7 +87,8 @@ def serving_table(records: list[dict]) -> list[str]:
            "|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         m = r["metrics"]
-        out.append(f"| {r['system']} | {r['precision']} | {WORKLOADS[r['workload']].concurrency} | "
+        failed = f" ({m['failed']} failed)" if m.get("failed") else ""
+        out.append(f"| {r['system']} | {r['precision']} | {WORKLOADS[r['workload']].concurrency}{failed} | "
                    f"{_fmt(m.get('output_throughput'))} | {_fmt(m.get('ttft_p50_ms'), 0)} | "
                    f"{_fmt(m.get('ttft_p99_ms'), 0)} | {_fmt(m.get('tpot_p50_ms'))} |")
     return out
@@ -173,6 +176,12 @@ def plots(records: list[dict], model: str) -> list[str]:
     return made
 
 
+def _portable(command: str) -> str:
+    """A record's command with this checkout's paths made relative and ports made symbolic."""
+    command = command.replace(str(BENCH_DIR.parent) + "/", "").replace(sys.executable, "python")
+    return re.sub(r"(127\.0\.0\.1:|--port )\d+", r"\1$PORT", command)
+
+
 def write(records: list[dict], machine: dict, path: Path) -> None:
     two = machine.get("membw", {}).get("threads", {}).get("2", {})
     bw = max([v for k, v in two.items() if k.startswith("read")], default=None)
@@ -209,6 +218,8 @@ def write(records: list[dict], machine: dict, path: Path) -> None:
               "python benchmarks/compare.py --report-only   # rewrite this file from the saved records",
               "```", "", "<details><summary>Exact command of every row</summary>", ""]
     for r in sorted(records, key=lambda r: (r["model"], r["system"], r["precision"], r["workload"])):
-        lines.append(f"- {r['model']} / {r['system']} {r['precision']} / {r['workload']}: `{r['command']}`")
+        load = r.get("loadavg_1m_at_end")
+        lines.append(f"- {r['model']} / {r['system']} {r['precision']} / {r['workload']} ({r['when']}, 1-min load at end "
+                     f"{_fmt(load, 2)}): `{_portable(r['command'])}`")
     lines += ["", "</details>", ""]
     path.write_text("\n".join(lines))

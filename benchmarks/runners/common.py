@@ -80,6 +80,7 @@ def record(model: str, system: str, precision: str, workload: Workload, metrics:
     rec = dict(model=model, system=system, precision=precision, workload=workload.name,
                workload_spec=asdict(workload), metrics=metrics, command=command,
                raw=str(raw.relative_to(BENCH_DIR)) if raw else None, notes=notes,
+               loadavg_1m_at_end=round(os.getloadavg()[0], 2),
                when=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     path = record_path(model, system, precision, workload.name)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -91,9 +92,18 @@ def load_records() -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(RECORDS.glob("*/*/*.json"))]
 
 
+def wait_idle(max_load: float, timeout: float) -> float:
+    """Wait (up to timeout s) until the 1-minute load average is below max_load; return it."""
+    deadline = time.monotonic() + timeout
+    while (load := os.getloadavg()[0]) >= max_load and time.monotonic() < deadline:
+        time.sleep(10)
+    return load
+
+
 # ---- processes -----------------------------------------------------------------------------
 
-def run_logged(argv: list[str], log: Path, env: dict | None = None, timeout: float | None = None) -> None:
+def run_logged(argv: list[str], log: Path, env: dict | None = None, timeout: float | None = None,
+               ok_codes: tuple[int, ...] = (0,)) -> None:
     """Run argv to completion, output to log; raise with the log's tail on failure."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as f:
@@ -101,7 +111,7 @@ def run_logged(argv: list[str], log: Path, env: dict | None = None, timeout: flo
         f.flush()
         code = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
                               timeout=timeout).returncode
-    if code != 0:
+    if code not in ok_codes:
         raise RuntimeError(f"{shlex.join(argv[:3])}... exited {code}; last lines of {log}:\n" + "".join(log.read_text().splitlines(True)[-15:]))
 
 
@@ -171,7 +181,10 @@ def bench_serve(base_url: str, model_name: str, model: Model, workload: Workload
             "--percentiles", "50,99", "--seed", str(seed), "--disable-tqdm", "--result-json", str(out)]
     if workload.kind == "shared-prefix":
         argv += ["--prefix-len", str(workload.prefix_len)]
-    run_logged(argv, out.with_suffix(".log"))
+    out.unlink(missing_ok=True)
+    run_logged(argv, out.with_suffix(".log"), ok_codes=(0, 1))  # 1: some requests failed; the record says so
+    if not out.is_file():
+        raise RuntimeError(f"ortserve bench serve wrote no result; see {out.with_suffix('.log')}")
     return json.loads(out.read_text()), shlex.join(["ortserve", *argv[3:]])
 
 

@@ -49,6 +49,5 @@ def run(model: Model, precision: str, workloads: list[str]):
         raw.parent.mkdir(parents=True, exist_ok=True)
         with Server(argv, port, log) as server:
             bench, cmd = bench_serve(server.base_url, model.name, model, w, raw, backend="llama.cpp")
-        yield record(model.name, SYSTEM, precision, w, serve_metrics(bench, w),
-                     f"{server.command.replace(str(LLAMA_BIN) + '/', '')}  # then: {cmd}", raw,
+        yield record(model.name, SYSTEM, precision, w, serve_metrics(bench, w), f"{server.command} & {cmd}", raw,
                      notes=f"GGUF {GGUF_TYPE[precision]} (llama-quantize default tensor types)")

@@ -31,5 +31,5 @@ def run(model: Model, precision: str, workloads: list[str]):
             raw = RESULTS / "raw" / model.name / f"{SYSTEM}--{precision}" / f"{name}.json"
             raw.parent.mkdir(parents=True, exist_ok=True)
             bench, cmd = bench_serve(server.base_url, model.name, model, w, raw)
-            yield record(model.name, SYSTEM, precision, w, serve_metrics(bench, w),
-                         f"ortserve serve {art.relative_to(RESULTS.parent)}  # then: {cmd}", raw)
+            setup = f"ortserve export {model.hf_dir} -o {art} --precision {precision}; {server.command} &"
+            yield record(model.name, SYSTEM, precision, w, serve_metrics(bench, w), f"{setup} {cmd}", raw)

@@ -62,7 +62,18 @@ def _events(line: str):
 
 
 async def send(client: httpx.AsyncClient, spec: RequestSpec, count_tokens=None) -> RequestOutput:
-    """Stream one request. count_tokens(text) -> int counts output tokens when usage is absent."""
+    """Stream one request. count_tokens(text) -> int counts output tokens when usage is absent.
+
+    A kept-alive connection the server closed just before reuse fails before any response byte
+    (httpx.RemoteProtocolError); that attempt is retried once on a fresh connection, timed anew.
+    """
+    out = await _attempt(client, spec, count_tokens)
+    if out.error.startswith("RemoteProtocolError") and out.num_chunks == 0:
+        out = await _attempt(client, spec, count_tokens)
+    return out
+
+
+async def _attempt(client: httpx.AsyncClient, spec: RequestSpec, count_tokens) -> RequestOutput:
     out = RequestOutput(prompt_len=spec.prompt_len)
     st = time.perf_counter()
     out.start_time = last = st

@@ -103,8 +103,9 @@ async def run_benchmark(args) -> dict:
     percentiles = [float(p) for p in args.percentiles.split(",") if p]
 
     limits = httpx.Limits(max_connections=args.max_concurrency or None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(args.timeout, connect=30.0), limits=limits) as client:
-        model = args.model or await _first_model(client, base_url)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(args.timeout, connect=30.0), limits=limits) as client, \
+            httpx.AsyncClient(timeout=30.0) as side:  # /metrics and /v1/models: off the request connections
+        model = args.model or await _first_model(side, base_url)
         spec = lambda r: RequestSpec(  # noqa: E731
             url=base_url + args.endpoint, model=model, prompt=r.prompt, prompt_len=r.prompt_len,
             output_len=r.output_len, backend=args.backend, ignore_eos=not args.no_ignore_eos)
@@ -114,11 +115,11 @@ async def run_benchmark(args) -> dict:
         if args.num_warmups:
             await _run_all(client, [spec(test_request)] * args.num_warmups, [0.0] * args.num_warmups,
                            args.max_concurrency, count_tokens, True)
-        before = await server_metrics.settled_counters(client, base_url)
+        before = await server_metrics.settled_counters(side, base_url)
         offsets = arrival_offsets(len(requests), args.request_rate, args.burstiness, args.seed)
         outputs, duration = await _run_all(client, [spec(r) for r in requests], offsets,
                                            args.max_concurrency, count_tokens, args.disable_tqdm)
-        after = await server_metrics.settled_counters(client, base_url)
+        after = await server_metrics.settled_counters(side, base_url)
 
     metrics = calculate_metrics(outputs, duration, percentiles)
     server_delta = server_metrics.delta(before, after)

@@ -87,3 +87,19 @@ def test_the_sent_body_is_the_payload():
     seen: list[dict] = []
     run([chunk("a")], seen=seen)
     assert seen == [payload(SPEC)]
+
+
+def test_a_connection_closed_before_any_response_is_retried_once():
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        if len(calls) == 1:
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+        return httpx.Response(200, content=sse([chunk("a"), chunk("b")]))
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            return await send(client, SPEC)
+    out = asyncio.run(go())
+    assert out.success and len(calls) == 2
