@@ -7,10 +7,14 @@ vocab 151936, tied embeddings, rope_theta 1e6, q/k/v biases; 494M parameters, sa
 (~2 GB). Weights: transformers' own initialisation under torch.manual_seed(--seed).
 
 Tokenizer: Qwen2's tokenizer files are not available offline, so this reuses SmolLM2's byte-level
-BPE tokenizer (vocab 49152, ChatML template, <|im_end|> = 2) and pads its vocabulary to 151936
-with filler tokens "Ġ<N>" (decode to " <N>"). Fillers have no merges, so encoding never produces
-them, but every id the random model can emit decodes, and every peer (ortserve,
-onnxruntime-genai, llama.cpp's GGUF conversion) sees a tokenizer of exactly the model's vocab.
+BPE vocabulary and merges (49152 tokens, ChatML template, <|im_end|> = 2) and
+- pads the vocabulary to 151936 with filler tokens "Ġ<N>" (decode to " <N>"). Fillers have no
+  merges, so encoding never produces them, but every id the random model can emit decodes, and
+  every peer sees a tokenizer of exactly the model's vocab;
+- gives tokenizer.json Qwen2's own NFC normaliser and pre-tokenizer (regex split, then byte-level),
+  because transformers loads any model_type=qwen2 tokenizer as Qwen2Tokenizer, which imposes
+  them: so the `tokenizers` library, transformers, onnxruntime-genai and llama.cpp (converted
+  with pre-tokenizer "qwen2", see peers/convert_gguf.py) all split text the same way.
 Generated text is meaningless: benchmark it with ignore_eos and fixed lengths.
 """
 from __future__ import annotations
@@ -38,6 +42,12 @@ QWEN25_05B = dict(
     pad_token_id=2,
 )
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_PRE_TOKENIZER = {"type": "Sequence", "pretokenizers": [
+    {"type": "Split", "pattern": {"Regex": QWEN2_SPLIT}, "behavior": "Isolated", "invert": False},
+    {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
+]}
 
 
 def default_tokenizer_source() -> Path:
@@ -59,12 +69,27 @@ def padded_tokenizer(source: Path, out: Path, vocab_size: int) -> None:
     for i in range(vocab_size):
         if i not in taken:
             vocab[f"\u0120<{i}>"] = i  # "Ġ<i>": byte-level for " <i>"
+    spec["normalizer"] = {"type": "NFC"}
+    spec["pre_tokenizer"] = QWEN2_PRE_TOKENIZER
     (out / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False))
+
+
+def check_tokenizer(folder: Path, vocab_size: int) -> None:
+    """transformers (as Qwen2Tokenizer) and the bare tokenizer.json must agree, on every kind of text."""
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    raw = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    assert len(hf) == vocab_size, (len(hf), vocab_size)
+    text = "\n \n\n \t\t 3 33 333 3.3 I've been 'told he's there 🚀 (normal) 我想在apple工作1314151天 ------======= нещо"
+    assert hf.encode(text, add_special_tokens=False) == raw.encode(text, add_special_tokens=False).ids
+    assert hf.decode([vocab_size - 1]) == f" <{vocab_size - 1}>"
 
 
 def build(out: Path, seed: int, tokenizer_source: Path) -> Path:
     import torch
-    from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -75,8 +100,7 @@ def build(out: Path, seed: int, tokenizer_source: Path) -> Path:
     model.save_pretrained(tmp)
     GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=2, do_sample=False).save_pretrained(tmp)
     padded_tokenizer(tokenizer_source, tmp, config.vocab_size)
-    tokenizer = AutoTokenizer.from_pretrained(tmp, local_files_only=True)
-    assert len(tokenizer) == config.vocab_size, (len(tokenizer), config.vocab_size)
+    check_tokenizer(tmp, config.vocab_size)
     (tmp / "MODEL_CARD.md").write_text(
         f"Random weights (torch.manual_seed({seed})) in Qwen2.5-0.5B-Instruct's shape; "
         f"tokenizer: {tokenizer_source.name}'s, padded to {config.vocab_size}. Built by benchmarks/make_qwen_shape.py.\n")

@@ -5,7 +5,7 @@ concurrency. llama-cpp-python's own server has no parallel slots (one request at
 would not be a fair serving peer."""
 from __future__ import annotations
 
-from runners.common import (LLAMA_BIN, PEER_MODELS, PEERS_PY, PEERS_VENV, RESULTS, Model, Server, WORKLOADS,
+from runners.common import (BENCH_DIR, LLAMA_BIN, PEER_MODELS, PEERS_PY, PEERS_VENV, RESULTS, Model, Server, WORKLOADS,
                             bench_serve, free_port, record, run_logged, serve_metrics)
 
 SYSTEM = "llama.cpp"
@@ -27,7 +27,8 @@ def gguf(model: Model, precision: str):
     f32 = folder / f"{model.name}-f32.gguf"
     if not f32.is_file():
         folder.mkdir(parents=True, exist_ok=True)
-        run_logged([str(PEERS_PY), str(convert_script()), str(model.hf_dir), "--outtype", "f32", "--outfile", str(f32)],
+        run_logged([str(PEERS_PY), str(BENCH_DIR / "peers" / "convert_gguf.py"), str(convert_script()), "--pre-fallback",
+                    "qwen2", "--", str(model.hf_dir), "--outtype", "f32", "--outfile", str(f32)],
                    RESULTS / "logs" / f"gguf-{model.name}-f32.log")
     out = folder / f"{model.name}-{GGUF_TYPE[precision]}.gguf"
     if not out.is_file():
