@@ -5,6 +5,7 @@ library and the reference (``paged_attention_reference.py``) into this package.
 """
 from __future__ import annotations
 
+from importlib import metadata
 from pathlib import Path
 
 DOMAIN = "ortserve"
@@ -12,12 +13,27 @@ OPSET_VERSION = 1
 _LIBRARY_NAME = "libortserve_ops.so"
 
 
+# In a source checkout the reference sits in contrib_ops/ rather than beside this file.
+_checkout_ops = Path(__file__).resolve().parents[2] / "contrib_ops"
+if (_checkout_ops / "paged_attention_reference.py").is_file():
+    __path__.append(str(_checkout_ops))
+
+
+def _installed_copy() -> Path | None:
+    """The library in the installed distribution, for a source checkout that shadows it."""
+    try:
+        return Path(metadata.distribution("ortserve").locate_file(f"ortserve/ops/{_LIBRARY_NAME}"))
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def library_path() -> str:
     """Absolute path of the compiled custom-op library shipped inside the package."""
-    for folder in __path__:  # editable installs may split the package over two folders
-        candidate = Path(folder) / _LIBRARY_NAME
-        if candidate.is_file():
-            return str(candidate)
+    # Editable installs may split the package over two folders; a checkout defers to the install.
+    candidates = [Path(folder) / _LIBRARY_NAME for folder in __path__] + [_installed_copy()]
+    for candidate in candidates:
+        if candidate is not None and candidate.is_file():
+            return str(candidate.resolve())
     raise FileNotFoundError(
         f"{_LIBRARY_NAME} is not installed next to ortserve.ops ({list(__path__)}). "
         "Build it by reinstalling the package: pip install ."
