@@ -60,15 +60,16 @@ def machine_section(machine: dict) -> list[str]:
 
 def decode_table(records: list[dict], bandwidth: float | None) -> list[str]:
     rows = sorted([r for r in records if r["workload"] == "decode"], key=_key)
-    out = ["| system | precision | decode tok/s | prompt tok/s (128) | weights read / token | roofline tok/s | of roofline |",
-           "|---|---|---:|---:|---:|---:|---:|"]
+    out = ["| system | precision | decode tok/s | prompt tok/s (128) | weights read / token | read GB/s | roofline tok/s | of roofline |",
+           "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         m = r["metrics"]
         wb = weight_bytes(r["system"], r["precision"], r["model"])
-        roof = roofline_tok_s(bandwidth, wb) if wb and bandwidth else None
+        bw = m.get("bandwidth_GBps") or bandwidth
+        roof = roofline_tok_s(bw, wb) if wb and bw else None
         frac = m.get("decode_tok_s") / roof if roof and m.get("decode_tok_s") else None
         out.append(f"| {r['system']} | {r['precision']} | {_fmt(m.get('decode_tok_s'))} | {_fmt(m.get('prompt_tok_s'))} | "
-                   f"{_fmt(wb / 1e6 if wb else None, 0)} MB | {_fmt(roof)} | {_fmt(frac * 100 if frac else None, 0)}% |")
+                   f"{_fmt(wb / 1e6 if wb else None, 0)} MB | {_fmt(bw)} | {_fmt(roof)} | {_fmt(frac * 100 if frac else None, 0)}% |")
     return out
 
 
@@ -121,7 +122,8 @@ def targets(records: list[dict], bandwidth: float | None) -> list[str]:
     best_static = max([v for c in (1, 4, 16, 32) if (v := g("genai-static", "int4", f"serve-c{c}", "output_throughput"))],
                       default=None)
     wb = weight_bytes("ortserve", "fp32", records[0]["model"]) if records else None
-    roof = roofline_tok_s(bandwidth, wb) if wb and bandwidth else None
+    bw = g("ortserve", "fp32", "decode", "bandwidth_GBps") or bandwidth
+    roof = roofline_tok_s(bw, wb) if wb and bw else None
     rows = [
         ("int4 decode vs onnxruntime-genai int4", _ratio(g("ortserve", "int4", "decode", "decode_tok_s"), g("genai-static", "int4", "decode", "decode_tok_s")), 1.3),
         ("int4 decode vs llama.cpp q4_0", _ratio(g("ortserve", "int4", "decode", "decode_tok_s"), g("llama.cpp", "int4", "decode", "decode_tok_s")), 1.3),
@@ -198,9 +200,10 @@ def write(records: list[dict], machine: dict, path: Path) -> None:
               "- *shared-prefix*: 16 requests of 512 tokens whose first 448 are the same, 32 out, 4 in flight.",
               "- onnxruntime-genai and transformers run in-process (no HTTP) with the same token counts and definitions;"
               " genai-static serve-cN is one static batch of N.",
-              f"- Roofline: decode tok/s ≤ read bandwidth ({_fmt(bw)} GB/s: the better of read and read4, 2 threads)"
-              " / weight bytes read per token"
-              " (each system's own file; see benchmarks/roofline.py).", ""]
+              "- Roofline: decode tok/s ≤ read bandwidth / weight bytes read per token (each system's own file; see"
+              " benchmarks/roofline.py). The bandwidth (the better of membw.py's read and read4, 2 threads, 0.5 GiB)"
+              f" is measured right after each decode run, since it swings with the neighbours' load (machine figure: {_fmt(bw)} GB/s)."
+              "", ""]
     for model in MODELS:
         recs = [r for r in records if r["model"] == model]
         if not recs:

@@ -77,6 +77,13 @@ def record_path(model: str, system: str, precision: str, workload: str) -> Path:
 
 def record(model: str, system: str, precision: str, workload: Workload, metrics: dict, command: str,
            raw: Path | None = None, notes: str = "") -> dict:
+    """Save one result. A decode result also gets the read bandwidth measured right after it: on a
+    shared host it swings by 2x with the neighbours' load, and the roofline must use the same."""
+    if workload.kind == "decode":
+        import membw
+
+        two = membw.measure(0.5, [2], 3)["threads"]["2"]
+        metrics["bandwidth_GBps"] = max(v for k, v in two.items() if k.startswith("read"))
     rec = dict(model=model, system=system, precision=precision, workload=workload.name,
                workload_spec=asdict(workload), metrics=metrics, command=command,
                raw=str(raw.relative_to(BENCH_DIR)) if raw else None, notes=notes,
