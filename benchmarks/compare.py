@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import membw  # noqa: E402
 import report  # noqa: E402
-from runners import RUNNERS  # noqa: E402
+from runners import RUNNERS, common  # noqa: E402
 from runners.common import (BENCH_DIR, MODELS, PEERS_PY, RECORDS, WORKLOADS, load_model, load_records,  # noqa: E402
                             record_path, wait_idle)
 
@@ -69,6 +69,32 @@ def summary(rec: dict) -> str:
     return ", ".join(f"{k} {m[k]:.1f}" for k in keys if isinstance(m.get(k), (int, float)))
 
 
+def run_round(args, round_: int, failures: list[str]) -> None:
+    """Every selected (model, system, precision) once, with the workloads still to do."""
+    for model_name in args.models:
+        model = load_model(model_name)
+        for system in args.systems:
+            runner = RUNNERS[system]
+            for precision in [q for q in args.precisions if q in runner.PRECISIONS]:
+                todo = [w for w in args.workloads if w in runner.WORKLOADS_SUPPORTED
+                        and (args.force or round_ > 0 or not record_path(model_name, system, precision, w).is_file())]
+                if not todo:
+                    continue
+                if args.wait_idle:
+                    print(f"   (1-min load average {wait_idle(0.5, args.wait_idle):.2f})", flush=True)
+                print(f"== round {round_ + 1}/{args.repeat}: {model_name} / {system} {precision}: {' '.join(todo)}",
+                      flush=True)
+                t0 = time.monotonic()
+                try:
+                    for rec in runner.run(model, precision, todo):
+                        print(f"   {rec['workload']}: {summary(rec)}", flush=True)
+                except Exception as exc:  # one system failing must not stop the others
+                    failures.append(f"{model_name} / {system} {precision}: {exc}")
+                    print(f"   FAILED: {exc}", flush=True)
+                    traceback.print_exc()
+                print(f"   ({time.monotonic() - t0:.0f} s)", flush=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--systems", nargs="+", default=list(RUNNERS), choices=list(RUNNERS))
@@ -77,6 +103,9 @@ def main() -> int:
     p.add_argument("--precisions", nargs="+", default=["fp32", "int8", "int4"], choices=["fp32", "int8", "int4"])
     p.add_argument("--force", action="store_true", help="re-run parts that already have a record")
     p.add_argument("--remeasure-machine", action="store_true", help="re-run the bandwidth benchmark")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="run the selection N times, round robin over systems, and keep each part's best "
+                        "attempt (neighbours on a shared host only ever slow a run down)")
     p.add_argument("--wait-idle", type=float, default=0, metavar="SECONDS",
                    help="before each system, wait up to this long for the 1-min load average to drop below 0.5 "
                         "(the machine is shared; a busy neighbour skews every number)")
@@ -90,28 +119,9 @@ def main() -> int:
         if PEER_SYSTEMS & set(args.systems) and not PEERS_PY.exists():
             print(f"peers venv missing ({PEERS_PY}): run `bash benchmarks/peers/setup.sh`; skipping peers")
             args.systems = [s for s in args.systems if s not in PEER_SYSTEMS]
-        for model_name in args.models:
-            model = load_model(model_name)
-            for system in args.systems:
-                runner = RUNNERS[system]
-                for precision in [q for q in args.precisions if q in runner.PRECISIONS]:
-                    todo = [w for w in args.workloads if w in runner.WORKLOADS_SUPPORTED
-                            and (args.force or not record_path(model_name, system, precision, w).is_file())]
-                    if not todo:
-                        continue
-                    if args.wait_idle:
-                        load = wait_idle(0.5, args.wait_idle)
-                        print(f"   (1-min load average {load:.2f})", flush=True)
-                    print(f"== {model_name} / {system} {precision}: {' '.join(todo)}", flush=True)
-                    t0 = time.monotonic()
-                    try:
-                        for rec in runner.run(model, precision, todo):
-                            print(f"   {rec['workload']}: {summary(rec)}", flush=True)
-                    except Exception as exc:  # one system failing must not stop the others
-                        failures.append(f"{model_name} / {system} {precision}: {exc}")
-                        print(f"   FAILED: {exc}", flush=True)
-                        traceback.print_exc()
-                    print(f"   ({time.monotonic() - t0:.0f} s)", flush=True)
+        for round_ in range(args.repeat):
+            common.KEEP_BEST = round_ > 0
+            run_round(args, round_, failures)
     records = load_records()
     report.write(records, info, args.results_md)
     print(f"wrote {args.results_md} ({len(records)} records)")

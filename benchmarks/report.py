@@ -216,13 +216,14 @@ def write(records: list[dict], machine: dict, path: Path) -> None:
         lines += ["### Shared prefix (512 in, 448 shared, 32 out, 4 in flight)", ""] + shared_prefix_table(recs) + [""]
     lines += ["## Reproduce", "", "```sh",
               "bash benchmarks/peers/setup.sh          # peers venv: torch, onnxruntime-genai, llama.cpp (~15 min)",
-              "python benchmarks/compare.py            # everything; resumable: finished parts are skipped",
+              "python benchmarks/compare.py --repeat 3 # everything, best of 3 rounds; resumable: finished parts are skipped",
               "python benchmarks/compare.py --systems ortserve llama.cpp --models qwen2.5-0.5b-shape --workloads decode serve-c16",
               "python benchmarks/compare.py --report-only   # rewrite this file from the saved records",
               "```", "", "<details><summary>Exact command of every row</summary>", ""]
     for r in sorted(records, key=lambda r: (r["model"], r["system"], r["precision"], r["workload"])):
         load = r.get("loadavg_1m_at_end")
+        best = f", best of {len(r['attempts'])}: {', '.join(_fmt(a) for a in r['attempts'])}" if r.get("attempts") else ""
         lines.append(f"- {r['model']} / {r['system']} {r['precision']} / {r['workload']} ({r['when']}, 1-min load at end "
-                     f"{_fmt(load, 2)}): `{_portable(r['command'])}`")
+                     f"{_fmt(load, 2)}{best}): `{_portable(r['command'])}`")
     lines += ["", "</details>", ""]
     path.write_text("\n".join(lines))

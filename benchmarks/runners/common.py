@@ -91,8 +91,21 @@ def record(model: str, system: str, precision: str, workload: Workload, metrics:
                when=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     path = record_path(model, system, precision, workload.name)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if KEEP_BEST and path.is_file():  # a repeat round: keep the better attempt, remember them all
+        old = json.loads(path.read_text())
+        key = PRIMARY[workload.kind]
+        tries = old.get("attempts", [old["metrics"].get(key)]) + [metrics.get(key)]
+        if (old["metrics"].get(key) or 0) >= (metrics.get(key) or 0):
+            rec = old
+        rec["attempts"] = tries
     path.write_text(json.dumps(rec, indent=1))
     return rec
+
+
+# The number a repeat round compares attempts by; set KEEP_BEST for rounds after the first.
+PRIMARY = {"decode": "decode_tok_s", "prefill": "prompt_tok_s", "serve": "output_throughput",
+           "shared-prefix": "output_throughput"}
+KEEP_BEST = False
 
 
 def load_records() -> list[dict]:
