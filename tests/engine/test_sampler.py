@@ -198,3 +198,13 @@ def test_top_p_candidate_shortcut_and_its_full_sort_fallback_agree_with_the_refe
     assert min(widths) <= 8 < max(widths)  # both paths taken
     for i, seq in enumerate(seqs):
         np.testing.assert_allclose(together[i], reference_probs(logits[i], seq), atol=1e-6)
+
+
+def test_draw_handles_a_short_last_chunk():
+    from ortserve.engine.sampler import draw
+
+    weights = np.zeros((3, 70), np.float32)
+    weights[:, 69] = 1.0  # all the mass in the short last chunk
+    weights[1, 3] = 1.0
+    assert draw(weights, np.array([0.0, 0.9, 0.999]), chunk=32).tolist() == [69, 69, 69]
+    assert draw(weights, np.array([0.0, 0.1, 0.5]), chunk=32).tolist()[1] == 3
