@@ -82,8 +82,8 @@ def record(model: str, system: str, precision: str, workload: Workload, metrics:
     if workload.kind == "decode":
         import membw
 
-        two = membw.measure(0.5, [2], 3)["threads"]["2"]
-        metrics["bandwidth_GBps"] = max(v for k, v in two.items() if k.startswith("read"))
+        bw = membw.measure(0.5, [1, 2], 3)["threads"]
+        metrics["bandwidth_GBps"] = max(v for t in bw.values() for k, v in t.items() if k.startswith("read"))
     rec = dict(model=model, system=system, precision=precision, workload=workload.name,
                workload_spec=asdict(workload), metrics=metrics, command=command,
                raw=str(raw.relative_to(BENCH_DIR)) if raw else None, notes=notes,
