@@ -21,14 +21,17 @@ class PagedRunner:
     """An artifact's session plus a paged KV cache; sequences are ids, steps are flattened batches."""
 
     def __init__(self, artifact: str | Path, *, block_size: int = 16, num_blocks: int = 64,
-                 threads: int = 0, seed: int = 0):
+                 threads: int = 0, seed: int = 0, options=None):
+        """``options``: an ``onnxruntime.SessionOptions`` to use (profiling, spinning); the op
+        library is registered on it, and ``threads`` is then ignored."""
         import onnxruntime as ort
 
         from ortserve import ops
 
         self.manifest = m = load_manifest(artifact)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
+        if options is None:
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = threads
         ops.register(options)
         self.session = ort.InferenceSession(str(Path(artifact) / MODEL_FILE), options,
                                             providers=["CPUExecutionProvider"])

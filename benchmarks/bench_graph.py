@@ -1,0 +1,345 @@
+"""Graph-level speed: an ortserve artifact next to onnxruntime-genai's model of the same checkpoint,
+both run by plain onnxruntime in this process (same version, same session options), no engine,
+server or sampler in the way.
+
+Workloads (batch 1, random token ids):
+  decode   a --context-token prompt is prefilled, then --steps single-token steps are timed one
+           by one; tok/s = 1000 / median step ms
+  prefill  one --prefill-token prompt into an empty cache; tok/s = tokens / seconds
+Decode steps interleave the graphs step by step and prefills round by round, so a noisy neighbour
+hits all alike; figures are medians (and the fast end: 10th-percentile step, best prefill), and
+ratios compare numbers from this one run.
+
+ortserve: artifact inputs as the engine feeds them (export/validate.py PagedRunner: flattened
+batch, paged KV bound once through IOBinding). genai: its model.onnx (GroupQueryAttention) with
+past and present KV sharing one buffer per layer through IOBinding, as its runtime does; its
+graph computes logits for every prompt position, ours only for the last.
+
+--profile adds ORT's profiler (one extra session per graph): per-op time of a decode step and of
+the prefill, node counts, and the time between kernels.
+
+    python benchmarks/bench_graph.py                                  # smollm2 int4 and fp32
+    python benchmarks/bench_graph.py --precision int4 --profile
+    python benchmarks/bench_graph.py --artifact A=/path/to/artifact --artifact B=/other --precision int4
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+BENCH_DIR = Path(__file__).resolve().parent
+PEER_NAMES = {"smollm2-135m-instruct": "smollm2-135m"}  # built-in model -> benchmarks/runners name
+
+
+def session_options(threads: int, spin: bool, profile_prefix: str | None = None) -> ort.SessionOptions:
+    o = ort.SessionOptions()
+    o.intra_op_num_threads = threads
+    o.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    if profile_prefix:
+        o.enable_profiling = True
+        o.profile_file_prefix = profile_prefix
+    return o
+
+
+class OrtserveGraph:
+    """One sequence through an ortserve artifact, fed as the engine feeds it."""
+
+    def __init__(self, label: str, artifact: Path, options: ort.SessionOptions, max_tokens: int):
+        from ortserve.export.validate import PagedRunner
+
+        self.label, self.path = label, artifact
+        self.runner = PagedRunner(artifact, num_blocks=-(-max_tokens // 16) + 4, options=options)
+        self.session = self.runner.session
+        self.weight_bytes = _weight_bytes(artifact / "model.onnx")
+
+    def reset(self) -> None:
+        self.runner.release(0)
+
+    def step(self, tokens: list[int]) -> None:
+        self.runner.step([(0, tokens)])
+
+
+class GenaiGraph:
+    """One sequence through onnxruntime-genai's model.onnx: past/present KV share one buffer."""
+
+    def __init__(self, label: str, model_dir: Path, options: ort.SessionOptions, max_tokens: int):
+        self.label, self.path = label, model_dir
+        config = json.loads((model_dir / "genai_config.json").read_text())["model"]["decoder"]
+        self.session = ort.InferenceSession(str(model_dir / config["filename"]), options,
+                                            providers=["CPUExecutionProvider"])
+        shape = (1, config["num_key_value_heads"], max_tokens, config["head_size"])
+        names = config["inputs"], config["outputs"]
+        self.binding = self.session.io_binding()
+        self.caches = []
+        for layer in range(config["num_hidden_layers"]):
+            for past, present in (("past_key_names", "present_key_names"), ("past_value_names", "present_value_names")):
+                value = ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32))
+                self.binding.bind_ortvalue_input(names[0][past] % layer, value)
+                self.caches.append((names[1][present] % layer, value))
+        self.input_ids, self.mask = names[0]["input_ids"], names[0]["attention_mask"]
+        self.logits = names[1]["logits"]
+        self.length = 0
+        self.weight_bytes = _weight_bytes(model_dir / config["filename"])
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def step(self, tokens: list[int]) -> None:
+        self.length += len(tokens)
+        self.binding.bind_cpu_input(self.input_ids, np.array([tokens], np.int64))
+        self.binding.bind_cpu_input(self.mask, np.ones((1, self.length), np.int64))
+        self.binding.clear_binding_outputs()
+        self.binding.bind_output(self.logits, "cpu")
+        for name, value in self.caches:
+            self.binding.bind_ortvalue_output(name, value)
+        self.session.run_with_iobinding(self.binding)
+
+
+def _weight_bytes(model_path: Path) -> int:
+    sys.path.insert(0, str(BENCH_DIR))
+    from roofline import onnx_weight_bytes
+
+    return onnx_weight_bytes(model_path)
+
+
+# ---- workloads -------------------------------------------------------------------------------
+
+def prefill_time(graph, prompt: list[int]) -> float:
+    graph.reset()
+    start = time.perf_counter()
+    graph.step(prompt)
+    return time.perf_counter() - start
+
+
+def measure(graphs: list, context: list[int], prefill: list[int], steps: int, rounds: int) -> dict[str, dict]:
+    """Decode steps interleave the graphs step by step (each keeps its own sequence, restarted
+    from the context every ``steps`` steps); prefills interleave round by round."""
+    for g in graphs:  # warm-up: first runs allocate and page in the weights
+        prefill_time(g, prefill)
+        g.reset()
+        g.step(context)
+        for token in context[:4]:
+            g.step([token])
+    decode, prompt = defaultdict(list), defaultdict(list)
+    for r in range(rounds):
+        for g in graphs:
+            g.reset()
+            g.step(context)
+        for i in range(steps):
+            for g in graphs[r % len(graphs):] + graphs[:r % len(graphs)]:
+                start = time.perf_counter()
+                g.step([context[i % len(context)]])
+                decode[g.label].append(time.perf_counter() - start)
+        for g in graphs:
+            prompt[g.label].append(prefill_time(g, prefill))
+    out = {}
+    for g in graphs:
+        steps_s, prompts_s = np.array(decode[g.label]), np.array(prompt[g.label])
+        out[g.label] = {"decode_step_ms": float(np.median(steps_s)) * 1e3,
+                        "decode_step_ms_p10": float(np.percentile(steps_s, 10)) * 1e3,
+                        "prefill_s": float(np.median(prompts_s)), "prefill_s_min": float(prompts_s.min()),
+                        "weight_bytes": g.weight_bytes}
+        out[g.label]["decode_tok_s"] = 1e3 / out[g.label]["decode_step_ms"]
+        out[g.label]["decode_tok_s_p10"] = 1e3 / out[g.label]["decode_step_ms_p10"]
+        out[g.label]["prefill_tok_s"] = len(prefill) / out[g.label]["prefill_s"]
+        out[g.label]["prefill_tok_s_best"] = len(prefill) / out[g.label]["prefill_s_min"]
+    return out
+
+
+# ---- profile ---------------------------------------------------------------------------------
+
+def profile(make_graph, context: list[int], prefill: list[int], steps: int) -> dict:
+    """Per-op time of a decode step (median over steps) and of one prefill, from ORT's profiler."""
+    with tempfile.TemporaryDirectory() as tmp:
+        graph = make_graph(str(Path(tmp) / "prof"))
+        graph.reset()
+        graph.step(context)
+        for i in range(steps + 2):
+            graph.step([context[i % len(context)]])
+        graph.reset()
+        graph.step(prefill)
+        graph.reset()
+        graph.step(prefill)
+        path = graph.session.end_profiling()
+        events = json.loads(Path(path).read_text())
+    runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])
+    nodes = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+    per_run = [defaultdict(float) for _ in runs]
+    counts = [defaultdict(int) for _ in runs]
+    starts = [r["ts"] for r in runs]
+    for e in nodes:
+        i = int(np.searchsorted(starts, e["ts"], side="right")) - 1
+        role = _role(e["name"], e["args"].get("op_name", "?"))
+        per_run[i][role] += e["dur"] / 1e3
+        counts[i][role] += 1
+    decode_runs = list(range(3, 3 + steps))  # run 0 = context prefill, 1-2 warm decodes
+    prefill_run = len(runs) - 1
+
+    def summary(indices):
+        roles = set().union(*(per_run[i] for i in indices))
+        ops = {r: statistics.median(per_run[i].get(r, 0.0) for i in indices) for r in roles}
+        wall = statistics.median(runs[i]["dur"] / 1e3 for i in indices)
+        return {"wall_ms": wall, "kernels_ms": sum(ops.values()), "ops_ms": dict(sorted(ops.items(), key=lambda x: -x[1])),
+                "nodes": dict(counts[indices[0]])}
+
+    return {"decode": summary(decode_runs), "prefill": summary([prefill_run])}
+
+
+def _role(name: str, op: str) -> str:
+    name = name.removesuffix("_kernel_time")
+    if "lm_head" in name:
+        return f"{op} (lm_head)"
+    if "embed" in name:
+        return f"{op} (embed)"
+    return op
+
+
+# ---- report ----------------------------------------------------------------------------------
+
+def print_results(title: str, results: dict[str, dict], reference: str | None) -> None:
+    """Medians, and in brackets the fast end (decode: 10th-percentile step; prefill: best round),
+    which a busy neighbour disturbs less."""
+    print(f"\n## {title}")
+    print(f"{'graph':<20}{'decode tok/s':>22}{'prefill tok/s':>22}{'weights MB':>12}"
+          + (f"{'decode ×ref':>16}{'prefill ×ref':>16}" if reference else ""))
+    for label, r in results.items():
+        suffix = label.rsplit(" ", 1)[-1] if reference and reference.endswith(" t") else ""
+        ref = results.get(reference + suffix[1:]) if reference else None
+        line = (f"{label:<20}{r['decode_tok_s']:>12.1f} ({r['decode_tok_s_p10']:>6.1f})"
+                f"{r['prefill_tok_s']:>12.1f} ({r['prefill_tok_s_best']:>6.1f}){r['weight_bytes'] / 1e6:>12.1f}")
+        if ref:
+            line += (f"{r['decode_tok_s'] / ref['decode_tok_s']:>9.2f} ({r['decode_tok_s_p10'] / ref['decode_tok_s_p10']:.2f})"
+                     f"{r['prefill_tok_s'] / ref['prefill_tok_s']:>9.2f} ({r['prefill_tok_s_best'] / ref['prefill_tok_s_best']:.2f})")
+        print(line)
+
+
+def print_profiles(profiles: dict[str, dict]) -> None:
+    for phase in ("decode", "prefill"):
+        print(f"\n### profile: {phase} ({'ms per step' if phase == 'decode' else 'ms per prompt'})")
+        labels = list(profiles)
+        roles = sorted({r for p in profiles.values() for r in p[phase]["ops_ms"]},
+                       key=lambda r: -max(p[phase]["ops_ms"].get(r, 0) for p in profiles.values()))
+        print(f"{'op':<42}" + "".join(f"{l[:22]:>24}" for l in labels))
+        for role in roles:
+            cells = []
+            for l in labels:
+                p = profiles[l][phase]
+                ms, n = p["ops_ms"].get(role), p["nodes"].get(role, 0)
+                cells.append(f"{ms:9.3f} ms ×{n:<4d}" if ms is not None else "-")
+            print(f"{role:<42}" + "".join(f"{c:>24}" for c in cells))
+        for key, name in (("kernels_ms", "sum of kernels"), ("wall_ms", "run (wall)")):
+            print(f"{name:<42}" + "".join(f"{profiles[l][phase][key]:>21.3f} ms" for l in labels))
+        gap = [profiles[l][phase]["wall_ms"] - profiles[l][phase]["kernels_ms"] for l in labels]
+        print(f"{'between kernels':<42}" + "".join(f"{g:>21.3f} ms" for g in gap))
+        print(f"{'nodes run':<42}" + "".join(f"{sum(profiles[l][phase]['nodes'].values()):>24d}" for l in labels))
+
+
+# ---- which graphs ----------------------------------------------------------------------------
+
+def genai_dir(model: str, precision: str, pattern: str | None, build: bool) -> Path | None:
+    if pattern:
+        path = Path(pattern.format(precision=precision))
+        return path if (path / "genai_config.json").is_file() else None
+    peer = PEER_NAMES.get(model, model)
+    candidates = [BENCH_DIR / "results" / "peer-models" / peer / f"genai-{precision}",
+                  Path("/tmp") / "peer-models" / peer / f"genai-{precision}"]
+    for path in candidates:
+        if (path / "genai_config.json").is_file():
+            return path
+    sys.path.insert(0, str(BENCH_DIR))
+    from runners.common import PEERS_PY, load_model
+
+    if not build or not PEERS_PY.is_file():
+        return None
+    from runners.genai import model_dir  # builds with onnxruntime-genai's model builder in the peers venv
+
+    return model_dir(load_model(peer), precision)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m-instruct", help="built-in model name (ortserve.models)")
+    p.add_argument("--precision", nargs="+", default=["int4", "fp32"], choices=("fp32", "int8", "int4"))
+    p.add_argument("--artifact", action="append", default=[], metavar="LABEL=DIR",
+                   help="ortserve artifact(s) to time instead of the built-in model's cached one (one precision)")
+    p.add_argument("--genai", default=None, help="genai model dir; {precision} is replaced (default: "
+                   "benchmarks/results/peer-models/<model>/genai-<precision>, built if the peers venv exists)")
+    p.add_argument("--no-genai", action="store_true")
+    p.add_argument("--no-build", action="store_true", help="do not build a missing genai model")
+    p.add_argument("--context", type=int, default=128)
+    p.add_argument("--prefill", type=int, default=512)
+    p.add_argument("--steps", type=int, default=32, help="timed decode steps per round")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--threads", type=int, nargs="+", default=[2],
+                   help="intra-op threads; several values time each graph at each, interleaved")
+    p.add_argument("--no-spin", action="store_true", help="session.intra_op.allow_spinning = 0")
+    p.add_argument("--profile", action="store_true", help="also per-op profiles (ORT profiler)")
+    p.add_argument("--out", type=Path, default=None, help="write the numbers as JSON")
+    args = p.parse_args()
+
+    rng = np.random.default_rng(0)
+    report = {"args": {k: str(v) for k, v in vars(args).items()}, "onnxruntime": ort.__version__, "precisions": {}}
+    max_tokens = max(args.context + args.steps + 8, args.prefill) + 16
+    for precision in args.precision:
+        makers = {}
+        if args.artifact:
+            for spec in args.artifact:
+                label, _, path = spec.rpartition("=")
+                makers[label or f"ortserve {precision}"] = (OrtserveGraph, Path(path))
+        else:
+            from ortserve.models import resolve_model
+
+            makers[f"ortserve {precision}"] = (OrtserveGraph, Path(resolve_model(args.model, precision=precision)))
+        reference = None
+        if not args.no_genai:
+            path = genai_dir(args.model, precision, args.genai, not args.no_build)
+            if path is not None:
+                reference = f"genai {precision}"
+                makers[reference] = (GenaiGraph, path)
+            else:
+                print(f"(no onnxruntime-genai {precision} model found; timing ortserve alone)", file=sys.stderr)
+
+        if len(args.threads) > 1:
+            makers = {f"{label} t{t}": (cls, path, t) for label, (cls, path) in makers.items() for t in args.threads}
+            reference = reference and f"{reference} t"  # compared at the same thread count
+        else:
+            makers = {label: (cls, path, args.threads[0]) for label, (cls, path) in makers.items()}
+
+        def make(label, prefix=None):
+            cls, path, threads = makers[label]
+            return cls(label, path, session_options(threads, not args.no_spin, prefix), max_tokens)
+
+        graphs = [make(label) for label in makers]
+        vocab = min(g.session.get_outputs()[0].shape[-1] for g in graphs)
+        context = rng.integers(0, vocab, args.context).tolist()
+        prefill = rng.integers(0, vocab, args.prefill).tolist()
+        results = measure(graphs, context, prefill, args.steps, args.rounds)
+        for g in graphs:
+            results[g.label]["path"] = str(g.path)
+        del graphs
+        print_results(f"{args.model} {precision}: batch-1 decode at context {args.context}, {args.prefill}-token "
+                      f"prefill; threads {' / '.join(map(str, args.threads))}{', no spinning' if args.no_spin else ''}; "
+                      f"{args.rounds} rounds of {args.steps} steps", results, reference)
+        entry = {"results": results, "reference": reference}
+        if args.profile:
+            profiles = {label: profile(lambda prefix, label=label: make(label, prefix), context, prefill,
+                                       min(args.steps, 16)) for label in makers}
+            print_profiles(profiles)
+            entry["profiles"] = profiles
+        report["precisions"][precision] = entry
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
