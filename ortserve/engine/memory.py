@@ -59,6 +59,11 @@ def plan_kv_cache(manifest: ArtifactManifest, block_size: int, kv_cache_space: f
     room = available - fixed
     if kv_cache_space is None:
         budget = min(int(default_space * GIB), int(max(room, 0) * DEFAULT_FRACTION))
+        if budget < bytes_per_block:
+            raise MemoryCheckError(
+                f"the model needs about {fixed / GIB:.2f} GiB (weights {manifest.weight_bytes / GIB:.2f} GiB plus "
+                f"runtime) and only {available / GIB:.2f} GiB is available, leaving nothing for the KV cache; "
+                f"free memory, or use a smaller precision (--precision int4)")
     else:
         budget = int(kv_cache_space * GIB)
         if budget > room:

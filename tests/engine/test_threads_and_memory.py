@@ -88,3 +88,8 @@ def test_engine_flags_fill_the_config_and_env_is_the_fallback(monkeypatch):
         model=None, precision="int4", block_size=32, kv_cache_space=1.0, max_num_seqs=4,
         max_num_batched_tokens=64, max_model_len=512, threads_bind="0", reserved_cpus=1,
         enable_prefix_caching=False)
+
+
+def test_no_room_even_for_the_weights_says_so():
+    with pytest.raises(MemoryCheckError, match="only 0.50 GiB is available"):
+        plan_kv_cache(MANIFEST, 16, kv_cache_space=None, default_space=4.0, available=GIB // 2)
