@@ -85,6 +85,7 @@ def run_round(args, round_: int, failures: list[str]) -> None:
                 print(f"== round {round_ + 1}/{args.repeat}: {model_name} / {system} {precision}: {' '.join(todo)}",
                       flush=True)
                 t0 = time.monotonic()
+                common.METER.mark()
                 try:
                     for rec in runner.run(model, precision, todo):
                         print(f"   {rec['workload']}: {summary(rec)}", flush=True)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from runners.neighbours import Meter
+
 BENCH_DIR = Path(__file__).resolve().parent.parent
 RESULTS = BENCH_DIR / "results"
 RECORDS = RESULTS / "compare"
@@ -87,7 +89,7 @@ def record(model: str, system: str, precision: str, workload: Workload, metrics:
     rec = dict(model=model, system=system, precision=precision, workload=workload.name,
                workload_spec=asdict(workload), metrics=metrics, command=command,
                raw=str(raw.relative_to(BENCH_DIR)) if raw else None, notes=notes,
-               loadavg_1m_at_end=round(os.getloadavg()[0], 2),
+               neighbour_cpu_share=round(METER.share(), 3),
                when=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     path = record_path(model, system, precision, workload.name)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -99,8 +101,12 @@ def record(model: str, system: str, precision: str, workload: Workload, metrics:
             rec = old
         rec["attempts"] = tries
     path.write_text(json.dumps(rec, indent=1))
+    METER.mark()
     return rec
 
+
+# Other tenants' CPU share since the last record (or since compare.py marked the start of a system).
+METER = Meter()
 
 # The number a repeat round compares attempts by; set KEEP_BEST for rounds after the first.
 PRIMARY = {"decode": "decode_tok_s", "prefill": "prompt_tok_s", "serve": "output_throughput",
