@@ -4,7 +4,7 @@ Everything is 2-D over the flattened batch [T, ·]: no padding, no batch axis. P
 
     x, h = SkipNorm(delta, h)                  # residual add fused with the next norm
     q, k, v = Split(Linear_qkv(x))             # one fused projection
-    q, k = RotaryEmbedding(QKNorm(q, k), positions)
+    q, k = RotaryEmbedding(QKNorm(q, k), positions)   # one call over [q | k] without q/k norms
     a = Linear_o(PagedAttention(q, k, v, caches, slots, tables, ...))
     x, h = SkipNorm(PostNorm(a), h)            # PostNorm: Gemma 2/3 only
     delta = PostNorm(Linear_down(act(gate) * up))
@@ -25,7 +25,8 @@ from onnx import TensorProto, helper
 
 from .architectures import Architecture
 from .config import ModelSpec
-from .quantize import ACCURACY_LEVEL, BITS, BLOCK_SIZE, offset_grid, on_offset_grid, quantize
+from .quantize import (ACCURACY_LEVEL, BITS, BLOCK_SIZE, append_residual_blocks, offset_grid, on_offset_grid,
+                       quantize, symmetric_grid)
 from .rope import rope_table
 from .weights import WeightJob, WeightSource
 
@@ -46,6 +47,7 @@ class DecoderBuilder:
         self.constants: dict[str, onnx.TensorProto] = {}
         self.jobs: list[WeightJob] = []
         self._count = 0
+        self._with_block_sums: dict[str, str] = {}
 
     # ---- small emitters ------------------------------------------------------------------
     def op(self, op_type: str, inputs: list[str], n_out: int = 1, *, domain: str = "", name: str = "",
@@ -103,30 +105,43 @@ class DecoderBuilder:
             return self.op("Gemm", [x, w] + ([bias] if bias else []), transB=1, name=label)[0]
 
         bits, n = BITS[precision], sum(rows for _, rows in parts)
-        # weights dequantised from Q4_1-style GGUF blocks keep their float block minimum exactly
-        offsets = bits == 4 and any(on_offset_grid(self.src.sample(w, transpose=transpose)) for w in weights)
+        samples = [self.src.sample(w, transpose=transpose) for w in weights]
+        # Q4_1-style GGUF blocks: integer zero points, and the block-constant residual weighs the
+        # block sums of x in extra blocks of the same MatMulNBits (see quantize.py)
+        residual = bits == 4 and k % BLOCK_SIZE == 0 and any(on_offset_grid(w) for w in samples)
+        # Q8_0 / Q4_0 grids need no zero points: the kernel's default is the code midpoint
+        symmetric = not residual and all(symmetric_grid(w, bits) is not None for w in samples)
+        zero_points = f"{label}.zero_points"
 
         def make_quantized() -> dict[str, np.ndarray]:
-            q = offset_grid(full_weight(), bits) if offsets else quantize(full_weight(), bits)
-            arrays = {f"{label}.qweight": q.packed, f"{label}.scales": q.scales, f"{label}.zero_points": q.zero_points}
-            if offsets:
-                arrays[f"{label}.offsets"] = q.offsets
+            if residual:
+                q = append_residual_blocks(offset_grid(full_weight(), bits))
+            else:
+                q = quantize(full_weight(), bits, symmetric=symmetric)
+            arrays = {f"{label}.qweight": q.packed, f"{label}.scales": q.scales}
+            if not symmetric:
+                arrays[zero_points] = q.zero_points
             if gather_too:
                 arrays[f"{label}.scales_3d"] = q.scales[..., None]
                 arrays[f"{label}.zero_points_3d"] = q.unpacked_zero_points()[..., None]
             return arrays
 
         self.plan(f"{label} ({precision})", make_quantized)
-        inputs = [x, f"{label}.qweight", f"{label}.scales", f"{label}.zero_points"] + (["", bias] if bias else [])
-        y = self.op("MatMulNBits", inputs, domain=MS, name=label, K=k, N=n, bits=bits,
-                    block_size=BLOCK_SIZE, accuracy_level=ACCURACY_LEVEL)[0]
-        if not offsets:
-            return y
-        # + sum over blocks b of offset[n, b] * (sum of x over block b): [T, K/32] @ offsets.T
-        blocks = self.op("Reshape", [x, self.ints(0, -1, BLOCK_SIZE)], name=f"{label}.blocks")[0]
-        sums = self.op("ReduceSum", [blocks, self.ints(-1)], keepdims=0, name=f"{label}.block_sums")[0]
-        shift = self.op("Gemm", [sums, f"{label}.offsets"], transB=1, name=f"{label}.offsets")[0]
-        return self.op("Add", [y, shift], name=f"{label}.plus_offsets")[0]
+        if residual:
+            x, k = self.with_block_sums(x), k + k // BLOCK_SIZE
+        inputs = [x, f"{label}.qweight", f"{label}.scales"] + ([] if symmetric else [zero_points])
+        if bias:
+            inputs += [""] * (5 - len(inputs)) + [bias]
+        return self.op("MatMulNBits", inputs, domain=MS, name=label, K=k, N=n, bits=bits,
+                       block_size=BLOCK_SIZE, accuracy_level=ACCURACY_LEVEL)[0]
+
+    def with_block_sums(self, x: str) -> str:
+        """[x | the sum of x over each block of 32 columns]: [T, K + K/32], once per tensor."""
+        if x not in self._with_block_sums:
+            blocks = self.op("Reshape", [x, self.ints(0, -1, BLOCK_SIZE)], name="blocks")[0]
+            sums = self.op("ReduceSum", [blocks, self.ints(-1)], keepdims=0, name="block_sums")[0]
+            self._with_block_sums[x] = self.op("Concat", [x, sums], axis=1, name="with_block_sums")[0]
+        return self._with_block_sums[x]
 
     def bias(self, label: str, parts: list[tuple[str, int]]) -> str | None:
         """One bias for the fused parts (zeros for parts without one), or None if none has one."""
@@ -188,9 +203,16 @@ class DecoderBuilder:
         parts = ([(n.qkv.format(i=i), q_size + 2 * kv_size)] if n.qkv else
                  [(n.q.format(i=i), q_size), (n.k.format(i=i), kv_size), (n.v.format(i=i), kv_size)])
         qkv = self.linear(x, f"layers.{i}.qkv", parts, s.hidden_size, self.precision)
-        q, k, v = self.op("Split", [qkv, self.ints(q_size, kv_size, kv_size)], 3, axis=1, name="split_qkv")
-        q, k = (self.head_norm_and_rotary(t, heads, norm, i, positions)
-                for t, heads, norm in ((q, s.num_heads, n.q_norm), (k, s.num_kv_heads, n.k_norm)))
+        if s.ropes and not (n.q_norm or n.k_norm):  # one rotary call for q and k: fewer nodes
+            qk, v = self.op("Split", [qkv, self.ints(q_size + kv_size, kv_size)], 2, axis=1, name="split_qk_v")
+            qk = self.op("Reshape", [qk, self.ints(1, -1, q_size + kv_size)])[0]
+            qk = self.rotary(qk, s.num_heads + s.num_kv_heads, i, positions)
+            qk = self.op("Reshape", [qk, self.ints(-1, q_size + kv_size)])[0]
+            q, k = self.op("Split", [qk, self.ints(q_size, kv_size)], 2, axis=1, name="split_q_k")
+        else:
+            q, k, v = self.op("Split", [qkv, self.ints(q_size, kv_size, kv_size)], 3, axis=1, name="split_qkv")
+            q, k = (self.head_norm_and_rotary(t, heads, norm, i, positions)
+                    for t, heads, norm in ((q, s.num_heads, n.q_norm), (k, s.num_kv_heads, n.k_norm)))
         attn, _, _ = self.op(
             "PagedAttention",
             [q, k, v, f"key_cache.{i}", f"value_cache.{i}", "slot_mapping", "block_tables",

@@ -38,7 +38,7 @@ def test_graph_inputs_and_outputs_follow_the_contract(tiny_artifact):
 def test_hot_path_uses_ort_contrib_ops(tiny_artifact):
     ops = [(n.domain, n.op_type) for n in graph_of(tiny_artifact("llama2")).node]
     assert ops.count(("ortserve", "PagedAttention")) == 2
-    assert ops.count(("com.microsoft", "RotaryEmbedding")) == 4  # q and k per layer
+    assert ops.count(("com.microsoft", "RotaryEmbedding")) == 2  # q and k together, once per layer
     assert ops.count(("com.microsoft", "SkipSimplifiedLayerNormalization")) == 4  # 2 in-layer, 1 between, final
     assert ("", "SimplifiedLayerNormalization") in ops
     assert ops.count(("", "Gemm")) == 2 * 4 + 1

@@ -119,23 +119,30 @@ def test_symmetric_grids_are_kept_exactly(grid, bits):
     assert symmetric_grid(np.random.default_rng(1).standard_normal((48, 96)).astype(np.float32), bits) is None
 
 
-def test_q4_1_grid_is_kept_exactly_with_float_offsets():
-    from ortserve.export.quantize import offset_grid, on_offset_grid
+def test_q4_1_grid_is_codes_with_integer_zero_points_and_a_small_block_residual():
+    from ortserve.export.quantize import append_residual_blocks, offset_grid, on_offset_grid
 
     rng = np.random.default_rng(0)
     w = q4_1_grid(rng.standard_normal((48, 96)).astype(np.float32))
     assert on_offset_grid(w[:8]) and not on_offset_grid(rng.standard_normal((8, 96)).astype(np.float32))
     assert not on_offset_grid(q4_0_grid(rng.standard_normal((8, 96)).astype(np.float32)))
-    np.testing.assert_allclose(dequantize(offset_grid(w, 4), 96), w, rtol=0, atol=1e-6)
+    q = offset_grid(w, 4)
+    np.testing.assert_allclose(dequantize(q, 96), w, rtol=0, atol=1e-6)
+    assert (np.abs(q.residual) <= q.scales / 2 + 1e-7).all()  # the integer zero point takes the rest
+    # what the graph computes: the residual as int4 blocks over the block sums, within 1/30 of a step
+    step = q.scales.max(axis=1, keepdims=True)
+    assert (np.abs(dequantize(append_residual_blocks(q), 96) - w) <= step / 30 + 1e-6).all()
 
 
-def test_int4_export_of_a_q4_1_checkpoint_computes_with_its_exact_weights(tiny_checkpoint, tmp_path, monkeypatch):
+def test_int4_export_of_a_q4_1_checkpoint_computes_with_its_grid_weights(tiny_checkpoint, tmp_path, monkeypatch):
     """A checkpoint dequantised from a Q4_1 GGUF (Q8_0 embedding, as SmolLM2's) exports to int4
-    without re-rounding: with fp32 activations (accuracy level 0) it equals its own fp32 export;
-    with the default int8 activations it stays within their rounding."""
+    without re-rounding its codes: with fp32 activations (accuracy level 0) it equals an fp32
+    export of exactly the weights the quantiser describes (the grid, up to the int4 residual),
+    and it stays close to the checkpoint's own fp32 export with the default int8 activations."""
     import shutil
 
     from ortserve.export import graph
+    from ortserve.export.quantize import append_residual_blocks, offset_grid
 
     folder = shutil.copytree(tiny_checkpoint("llama3_rope_scaling"), tmp_path / "gguf_like")
     tensors = load_file(folder / "model.safetensors")
@@ -145,14 +152,17 @@ def test_int4_export_of_a_q4_1_checkpoint_computes_with_its_exact_weights(tiny_c
         elif name == "model.embed_tokens.weight":
             tensors[name] = q8_0_grid(weight)
     save_file(tensors, folder / "model.safetensors")
+    described = shutil.copytree(folder, tmp_path / "described")
+    save_file({name: dequantize(append_residual_blocks(offset_grid(w, 4)), w.shape[1]) if name.endswith(LINEAR)
+               else w for name, w in tensors.items()}, described / "model.safetensors")
     export_model(folder, tmp_path / "fp32", progress=False)
+    export_model(described, tmp_path / "described_fp32", progress=False)
     export_model(folder, tmp_path / "int4", precision="int4", progress=False)
     monkeypatch.setattr(graph, "ACCURACY_LEVEL", 0)
     export_model(folder, tmp_path / "int4_fp32_compute", precision="int4", progress=False)
-    ops = [n.name for n in onnx.load(tmp_path / "int4" / "model.onnx", load_external_data=False).graph.node]
-    assert sum(".plus_offsets." in name for name in ops) == 2 * 4
-    reference = run(tmp_path / "fp32")
-    for ours, ref in zip(run(tmp_path / "int4_fp32_compute"), reference):
+    nodes = onnx.load(tmp_path / "int4" / "model.onnx", load_external_data=False).graph.node
+    assert sum(n.op_type == "Concat" and n.name.startswith("with_block_sums") for n in nodes) == 2 * 4
+    for ours, ref in zip(run(tmp_path / "int4_fp32_compute"), run(tmp_path / "described_fp32")):
         assert np.abs(ours - ref).max() <= 1e-4
-    for ours, ref in zip(run(tmp_path / "int4"), reference):
+    for ours, ref in zip(run(tmp_path / "int4"), run(tmp_path / "fp32")):
         assert np.abs(ours - ref).max() <= 0.05 * np.abs(ref).max()

@@ -121,9 +121,10 @@ def test_greedy_continuations_equal_transformers_generate(smollm2_artifact: Path
         assert continuation == reference
 
 
-# The GGUF holds SmolLM2 as Q4_1 (Q8_0 embedding): the exporter keeps such grid weights exact at
-# int4 (a float per-block offset corrects what an integer zero point cannot hold). Plain
-# re-rounding onto a second int4 grid gave only ~68% here, so this test guards that path.
+# The GGUF holds SmolLM2 as Q4_1 (Q8_0 embedding): the exporter keeps such grid codes at int4 with
+# integer zero points and weighs each block's small residual offset through the block sums of x
+# (see export/quantize.py). Plain re-rounding onto a second int4 grid gave only ~70% here, so
+# this test guards that path.
 ACCEPTANCE = 0.90
 
 
