@@ -129,23 +129,27 @@ def measure(graphs: list, context: list[int], prefill: list[int], steps: int, ro
         g.step(context)
         for token in context[:4]:
             g.step([token])
-    decode, prompt = defaultdict(list), defaultdict(list)
+    decode, decode_cpu, prompt = defaultdict(list), defaultdict(list), defaultdict(list)
     for r in range(rounds):
         for g in graphs:
             g.reset()
             g.step(context)
         for i in range(steps):
             for g in graphs[r % len(graphs):] + graphs[:r % len(graphs)]:
-                start = time.perf_counter()
+                start, cpu = time.perf_counter(), time.thread_time()
                 g.step([context[i % len(context)]])
                 decode[g.label].append(time.perf_counter() - start)
+                decode_cpu[g.label].append(time.thread_time() - cpu)
         for g in graphs:
             prompt[g.label].append(prefill_time(g, prefill))
     out = {}
-    for g in graphs:
+    for g in {g.label: g for g in graphs}.values():
         steps_s, prompts_s = np.array(decode[g.label]), np.array(prompt[g.label])
         out[g.label] = {"decode_step_ms": float(np.median(steps_s)) * 1e3,
                         "decode_step_ms_p10": float(np.percentile(steps_s, 10)) * 1e3,
+                        # this thread's CPU time: with 1 intra-op thread, the step's compute without
+                        # the time other processes held the core
+                        "decode_cpu_ms": float(np.median(decode_cpu[g.label])) * 1e3,
                         "prefill_s": float(np.median(prompts_s)), "prefill_s_min": float(prompts_s.min()),
                         "weight_bytes": g.weight_bytes}
         out[g.label]["decode_tok_s"] = 1e3 / out[g.label]["decode_step_ms"]
@@ -207,14 +211,15 @@ def _role(name: str, op: str) -> str:
 
 def print_results(title: str, results: dict[str, dict], reference: str | None) -> None:
     """Medians, and in brackets the fast end (decode: 10th-percentile step; prefill: best round),
-    which a busy neighbour disturbs less."""
+    which a busy neighbour disturbs less; "cpu" is decode by this thread's CPU time (meaningful
+    with 1 intra-op thread, where ORT computes on the calling thread)."""
     print(f"\n## {title}")
-    print(f"{'graph':<20}{'decode tok/s':>22}{'prefill tok/s':>22}{'weights MB':>12}"
+    print(f"{'graph':<20}{'decode tok/s':>22}{'cpu':>7}{'prefill tok/s':>22}{'weights MB':>12}"
           + (f"{'decode ×ref':>16}{'prefill ×ref':>16}" if reference else ""))
     for label, r in results.items():
         suffix = label.rsplit(" ", 1)[-1] if reference and reference.endswith(" t") else ""
         ref = results.get(reference + suffix[1:]) if reference else None
-        line = (f"{label:<20}{r['decode_tok_s']:>12.1f} ({r['decode_tok_s_p10']:>6.1f})"
+        line = (f"{label:<20}{r['decode_tok_s']:>12.1f} ({r['decode_tok_s_p10']:>6.1f}){1e3 / r['decode_cpu_ms']:>7.1f}"
                 f"{r['prefill_tok_s']:>12.1f} ({r['prefill_tok_s_best']:>6.1f}){r['weight_bytes'] / 1e6:>12.1f}")
         if ref:
             line += (f"{r['decode_tok_s'] / ref['decode_tok_s']:>9.2f} ({r['decode_tok_s_p10'] / ref['decode_tok_s_p10']:.2f})"
@@ -241,6 +246,27 @@ def print_profiles(profiles: dict[str, dict]) -> None:
         gap = [profiles[l][phase]["wall_ms"] - profiles[l][phase]["kernels_ms"] for l in labels]
         print(f"{'between kernels':<42}" + "".join(f"{g:>21.3f} ms" for g in gap))
         print(f"{'nodes run':<42}" + "".join(f"{sum(profiles[l][phase]['nodes'].values()):>24d}" for l in labels))
+
+
+def print_roofline(report: dict, threads: list[int]) -> dict:
+    """Decode as a share of its roofline: read bandwidth (benchmarks/membw.py, measured now, the
+    best of its read kernels at each thread count) / weight bytes a decode step reads."""
+    sys.path.insert(0, str(BENCH_DIR))
+    import membw
+
+    bandwidth = {t: max(membw.measure(0.5, [t], 3)["threads"][str(t)].values()) for t in threads}
+    print(f"\n## roofline: read bandwidth now " + ", ".join(f"{bandwidth[t]:.1f} GB/s ({t} thread{'s' * (t > 1)})"
+                                                          for t in threads))
+    print(f"{'graph':<28}{'weights MB':>12}{'roofline tok/s':>16}{'decode tok/s':>14}{'of roofline':>13}")
+    out = {"bandwidth_GBps": bandwidth, "graphs": {}}
+    for precision, entry in report["precisions"].items():
+        for label, r in entry["results"].items():
+            t = int(label.rsplit(" t", 1)[1]) if " t" in label and label.rsplit(" t", 1)[1].isdigit() else threads[-1]
+            roof = bandwidth.get(t, bandwidth[threads[-1]]) * 1e9 / r["weight_bytes"]
+            out["graphs"][label] = {"roofline_tok_s": roof, "fraction": r["decode_tok_s"] / roof}
+            print(f"{label:<28}{r['weight_bytes'] / 1e6:>12.1f}{roof:>16.1f}{r['decode_tok_s']:>14.1f}"
+                  f"{r['decode_tok_s'] / roof:>12.0%}")
+    return out
 
 
 # ---- which graphs ----------------------------------------------------------------------------
@@ -281,8 +307,10 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, nargs="+", default=[2],
                    help="intra-op threads; several values time each graph at each, interleaved")
+    p.add_argument("--sessions", type=int, default=2, help="sessions per graph, interleaved (placement noise)")
     p.add_argument("--no-spin", action="store_true", help="session.intra_op.allow_spinning = 0")
     p.add_argument("--profile", action="store_true", help="also per-op profiles (ORT profiler)")
+    p.add_argument("--no-roofline", action="store_true", help="skip the memory bandwidth measurement")
     p.add_argument("--out", type=Path, default=None, help="write the numbers as JSON")
     args = p.parse_args()
 
@@ -318,7 +346,8 @@ def main() -> int:
             cls, path, threads = makers[label]
             return cls(label, path, session_options(threads, not args.no_spin, prefix), max_tokens)
 
-        graphs = [make(label) for label in makers]
+        # several sessions per graph: a session's own memory placement shifts its speed by a few %
+        graphs = [make(label) for _ in range(args.sessions) for label in makers]
         vocab = min(g.session.get_outputs()[0].shape[-1] for g in graphs)
         context = rng.integers(0, vocab, args.context).tolist()
         prefill = rng.integers(0, vocab, args.prefill).tolist()
@@ -336,6 +365,8 @@ def main() -> int:
             print_profiles(profiles)
             entry["profiles"] = profiles
         report["precisions"][precision] = entry
+    if not args.no_roofline:
+        report["roofline"] = print_roofline(report, sorted(set(args.threads)))
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))
     return 0
