@@ -20,6 +20,7 @@ processes hits all of them alike; the 1-vs-2-thread columns show scaling.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -173,6 +174,7 @@ def main():
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     L = args.layers
+    load_before = os.getloadavg()[0]
     models = {"paged": paged_model(L), "gqa": gqa_model(L)}
     sessions = {(kind, t): session(models[kind], t) for kind in models for t in (1, 2)}
 
@@ -199,7 +201,8 @@ def main():
         del variants
 
     print(f"\nPagedAttention vs GroupQueryAttention, {NUM_HEADS} q heads / {NUM_KV_HEADS} kv heads / head {HEAD_SIZE}, "
-          f"fp32, per layer, median of {args.rounds} interleaved rounds")
+          f"fp32, per layer, median of {args.rounds} interleaved rounds; {os.cpu_count()} CPUs, load average "
+          f"{load_before:.1f} before / {os.getloadavg()[0]:.1f} after (other processes skew 2-thread runs most)")
     head = (f"{'case':<19}{'tokens':>7}{'paged 2t ms':>13}{'gqa 2t ms':>11}{'paged us/tok':>14}{'gqa us/tok':>12}"
             f"{'gqa/paged':>11}{'paged 1t ms':>13}{'gqa 1t ms':>11}{'paged 1t/2t':>13}")
     print(head)
