@@ -64,9 +64,10 @@ def machine(force: bool) -> dict:
 
 
 def summary(rec: dict) -> str:
-    m = rec["metrics"]
+    m = rec.get("this_attempt", rec["metrics"])
     keys = ("decode_tok_s", "prompt_tok_s", "output_throughput", "ttft_p50_ms")
-    return ", ".join(f"{k} {m[k]:.1f}" for k in keys if isinstance(m.get(k), (int, float)))
+    text = ", ".join(f"{k} {m[k]:.1f}" for k in keys if isinstance(m.get(k), (int, float)))
+    return text + (f"  (kept: best of {len(rec['attempts'])})" if rec.get("attempts") else "")
 
 
 def run_round(args, round_: int, failures: list[str]) -> None:

@@ -102,7 +102,7 @@ def record(model: str, system: str, precision: str, workload: Workload, metrics:
         rec["attempts"] = tries
     path.write_text(json.dumps(rec, indent=1))
     METER.mark()
-    return rec
+    return {**rec, "this_attempt": metrics}
 
 
 # Other tenants' CPU share since the last record (or since compare.py marked the start of a system).
