@@ -15,10 +15,16 @@ None of them skips. A missing prerequisite fails the test with the command that 
 from __future__ import annotations
 
 import importlib
+import os
 import shutil
 from pathlib import Path
 
 import pytest
+
+# The suite keeps its own model cache in the checkout (gitignored), so a run neither depends on
+# nor races with ~/.cache/ortserve, which another installation of ortserve may be rewriting (a
+# cache entry is stamped with the files of the installation that built it).
+os.environ.setdefault("ORTSERVE_CACHE_DIR", str(Path(__file__).resolve().parent.parent / ".cache" / "ortserve"))
 
 TINY_LLAMA = dict(
     vocab_size=49152,
