@@ -197,6 +197,9 @@ def coverage(records: list[dict]) -> str:
         by_part.setdefault((m, name, q), []).append(w)
     text = f"Coverage: {len(want & have)} of {len(want)} parts measured."
     if missing:
+        text = ("**Partial run.** Rows below were measured at different times under different neighbour load, so the"
+                " ratios are indicative only; `python benchmarks/compare.py --repeat 3` on a quiet machine gives the"
+                " real comparison. " + text)
         text += " Missing: " + "; ".join(f"{m} {name} {q} ({', '.join(ws)})" for (m, name, q), ws in sorted(by_part.items())) + "."
     return text
 
