@@ -7,20 +7,27 @@ Workloads (batch 1, random token ids):
            by one; tok/s = 1000 / median step ms
   prefill  one --prefill-token prompt into an empty cache; tok/s = tokens / seconds
 Decode steps interleave the graphs step by step and prefills round by round, so a noisy neighbour
-hits all alike; figures are medians (and the fast end: 10th-percentile step, best prefill), and
-ratios compare numbers from this one run.
+hits all alike; figures are medians, with the fast end in brackets (10th-percentile step, best
+prefill), and ratios compare numbers of this one run. The "cpu" column is decode by the calling
+thread's CPU time: with one intra-op thread ORT computes on that thread, so it leaves out the
+time other processes held the core (the steadiest figure on a shared machine). --threads takes
+several values (e.g. 1 2 2ns, ns = no spinning) and times every graph at each; --sessions N
+builds N sessions per graph, since a session's memory placement alone moves it by a few %.
+A roofline table follows: read bandwidth measured now (benchmarks/membw.py) / weight bytes read
+per decode step (benchmarks/roofline.py).
 
 ortserve: artifact inputs as the engine feeds them (export/validate.py PagedRunner: flattened
 batch, paged KV bound once through IOBinding). genai: its model.onnx (GroupQueryAttention) with
 past and present KV sharing one buffer per layer through IOBinding, as its runtime does; its
 graph computes logits for every prompt position, ours only for the last.
 
---profile adds ORT's profiler (one extra session per graph): per-op time of a decode step and of
-the prefill, node counts, and the time between kernels.
+--profile adds ORT's profiler (one more session per graph, not interleaved): per-op time of a
+decode step and of the prefill, node counts, and the time between kernels (the profiler itself
+adds about 3 us per node there).
 
     python benchmarks/bench_graph.py                                  # smollm2 int4 and fp32
-    python benchmarks/bench_graph.py --precision int4 --profile
-    python benchmarks/bench_graph.py --artifact A=/path/to/artifact --artifact B=/other --precision int4
+    python benchmarks/bench_graph.py --precision int4 --threads 1 2 2ns --profile
+    python benchmarks/bench_graph.py --precision int4 --sessions 2 --artifact A=/path/a --artifact B=/path/b
 """
 from __future__ import annotations
 
@@ -254,14 +261,18 @@ def print_roofline(report: dict, threads: list[int]) -> dict:
     sys.path.insert(0, str(BENCH_DIR))
     import membw
 
-    bandwidth = {t: max(membw.measure(0.5, [t], 3)["threads"][str(t)].values()) for t in threads}
-    print(f"\n## roofline: read bandwidth now " + ", ".join(f"{bandwidth[t]:.1f} GB/s ({t} thread{'s' * (t > 1)})"
+    bandwidth = {}
+    for t in threads:
+        kernels = membw.measure(0.5, [t], 3)["threads"][str(t)]
+        bandwidth[t] = max(v for k, v in kernels.items() if k.startswith("read"))
+    print("\n## roofline: read bandwidth now " + ", ".join(f"{bandwidth[t]:.1f} GB/s ({t} thread{'s' * (t > 1)})"
                                                           for t in threads))
     print(f"{'graph':<28}{'weights MB':>12}{'roofline tok/s':>16}{'decode tok/s':>14}{'of roofline':>13}")
     out = {"bandwidth_GBps": bandwidth, "graphs": {}}
-    for precision, entry in report["precisions"].items():
+    for entry in report["precisions"].values():
         for label, r in entry["results"].items():
-            t = int(label.rsplit(" t", 1)[1]) if " t" in label and label.rsplit(" t", 1)[1].isdigit() else threads[-1]
+            suffix = label.rsplit(" t", 1)[-1].removesuffix("ns") if " t" in label else ""
+            t = int(suffix) if suffix.isdigit() else threads[-1]
             roof = bandwidth.get(t, bandwidth[threads[-1]]) * 1e9 / r["weight_bytes"]
             out["graphs"][label] = {"roofline_tok_s": roof, "fraction": r["decode_tok_s"] / roof}
             print(f"{label:<28}{r['weight_bytes'] / 1e6:>12.1f}{roof:>16.1f}{r['decode_tok_s']:>14.1f}"
@@ -286,7 +297,9 @@ def genai_dir(model: str, precision: str, pattern: str | None, build: bool) -> P
 
     if not build or not PEERS_PY.is_file():
         return None
-    from runners.genai import model_dir  # builds with onnxruntime-genai's model builder in the peers venv
+    from runners.genai import (
+        model_dir,  # builds with onnxruntime-genai's model builder in the peers venv
+    )
 
     return model_dir(load_model(peer), precision)
 
@@ -305,9 +318,10 @@ def main() -> int:
     p.add_argument("--prefill", type=int, default=512)
     p.add_argument("--steps", type=int, default=32, help="timed decode steps per round")
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--threads", type=int, nargs="+", default=[2],
-                   help="intra-op threads; several values time each graph at each, interleaved")
-    p.add_argument("--sessions", type=int, default=2, help="sessions per graph, interleaved (placement noise)")
+    p.add_argument("--threads", nargs="+", default=["1", "2"],
+                   help="intra-op threads, e.g. 1 2 2ns (ns: no spinning); several values time each graph at "
+                        "each, interleaved")
+    p.add_argument("--sessions", type=int, default=1, help="sessions per graph, interleaved (placement noise)")
     p.add_argument("--no-spin", action="store_true", help="session.intra_op.allow_spinning = 0")
     p.add_argument("--profile", action="store_true", help="also per-op profiles (ORT profiler)")
     p.add_argument("--no-roofline", action="store_true", help="skip the memory bandwidth measurement")
@@ -342,9 +356,10 @@ def main() -> int:
         else:
             makers = {label: (cls, path, args.threads[0]) for label, (cls, path) in makers.items()}
 
-        def make(label, prefix=None):
+        def make(label, prefix=None, makers=makers):
             cls, path, threads = makers[label]
-            return cls(label, path, session_options(threads, not args.no_spin, prefix), max_tokens)
+            count, spin = int(threads.removesuffix("ns")), not (args.no_spin or threads.endswith("ns"))
+            return cls(label, path, session_options(count, spin, prefix), max_tokens)
 
         # several sessions per graph: a session's own memory placement shifts its speed by a few %
         graphs = [make(label) for _ in range(args.sessions) for label in makers]
@@ -366,7 +381,7 @@ def main() -> int:
             entry["profiles"] = profiles
         report["precisions"][precision] = entry
     if not args.no_roofline:
-        report["roofline"] = print_roofline(report, sorted(set(args.threads)))
+        report["roofline"] = print_roofline(report, sorted({int(t.removesuffix("ns")) for t in args.threads}))
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))
     return 0

@@ -25,8 +25,16 @@ from onnx import TensorProto, helper
 
 from .architectures import Architecture
 from .config import ModelSpec
-from .quantize import (ACCURACY_LEVEL, BITS, BLOCK_SIZE, append_residual_blocks, offset_grid, on_offset_grid,
-                       quantize, symmetric_grid)
+from .quantize import (
+    ACCURACY_LEVEL,
+    BITS,
+    BLOCK_SIZE,
+    append_residual_blocks,
+    offset_grid,
+    on_offset_grid,
+    quantize,
+    symmetric_grid,
+)
 from .rope import rope_table
 from .weights import WeightJob, WeightSource
 

@@ -72,7 +72,10 @@ def round_to_nearest(weight: np.ndarray, bits: int, block_size: int = BLOCK_SIZE
                      symmetric: bool = False) -> QuantizedWeight:
     """ORT's quantiser: asymmetric, or ``symmetric`` (zero point = the code midpoint, left out
     of the graph)."""
-    from onnxruntime.capi._pybind_state import quantize_matmul_4bits, quantize_matmul_8bits
+    from onnxruntime.capi._pybind_state import (
+        quantize_matmul_4bits,
+        quantize_matmul_8bits,
+    )
 
     n, k = weight.shape
     k_blocks = -(-k // block_size)
@@ -164,7 +167,6 @@ def _offset_grid(weight: np.ndarray, bits: int, block_size: int) -> QuantizedWei
 def append_residual_blocks(q: QuantizedWeight) -> QuantizedWeight:
     """The weight MatMulNBits needs over [x | block sums of x] (K + k_blocks columns): q's blocks,
     then its residuals, one per block sum, quantised to int4 like any weight."""
-    n, k_blocks = q.scales.shape
     if q.bits != 4:
         raise ValueError("residual blocks are 4-bit")
     r = round_to_nearest(q.residual, 4, q.block_size)
