@@ -27,7 +27,7 @@ adds about 3 us per node there).
 
     python benchmarks/bench_graph.py                                  # smollm2 int4 and fp32
     python benchmarks/bench_graph.py --precision int4 --threads 1 2 2ns --profile
-    python benchmarks/bench_graph.py --precision int4 --sessions 2 --artifact A=/path/a --artifact B=/path/b
+    python benchmarks/bench_graph.py --sessions 2 --artifact old=/tmp/old-{precision} --artifact new=/tmp/new-{precision}
 """
 from __future__ import annotations
 
@@ -309,7 +309,8 @@ def main() -> int:
     p.add_argument("--model", default="smollm2-135m-instruct", help="built-in model name (ortserve.models)")
     p.add_argument("--precision", nargs="+", default=["int4", "fp32"], choices=("fp32", "int8", "int4"))
     p.add_argument("--artifact", action="append", default=[], metavar="LABEL=DIR",
-                   help="ortserve artifact(s) to time instead of the built-in model's cached one (one precision)")
+                   help="ortserve artifact(s) to time instead of the built-in model's cached one; {precision} in DIR "
+                        "is replaced")
     p.add_argument("--genai", default=None, help="genai model dir; {precision} is replaced (default: "
                    "benchmarks/results/peer-models/<model>/genai-<precision>, built if the peers venv exists)")
     p.add_argument("--no-genai", action="store_true")
@@ -336,7 +337,7 @@ def main() -> int:
         if args.artifact:
             for spec in args.artifact:
                 label, _, path = spec.rpartition("=")
-                makers[label or f"ortserve {precision}"] = (OrtserveGraph, Path(path))
+                makers[label or f"ortserve {precision}"] = (OrtserveGraph, Path(path.format(precision=precision)))
         else:
             from ortserve.models import resolve_model
 
