@@ -19,6 +19,7 @@ from ortserve.engine.sequence import Sequence
 
 NEG_INF = np.float32(-np.inf)
 CHUNK = 128  # inverse-CDF search granularity (see draw)
+TINY_TOTAL, HUGE_TOTAL = 1e-30, 1e30  # unshifted weights outside these sums are redone with the max subtracted
 TOP_P_CANDIDATES = 1024  # top-p looks for the nucleus among this many largest weights first
 
 
@@ -28,6 +29,9 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 
 
 class Sampler:
+    def __init__(self) -> None:
+        self._buffer: np.ndarray | None = None  # scratch for the weights, reused across steps
+
     def sample(self, logits: np.ndarray, seqs: list[Sequence]) -> tuple[list[int], list[TokenLogprob] | None]:
         """One token per row of ``logits`` (float32 [len(seqs), vocab], modified in place)."""
         params = [s.request.params for s in seqs]
@@ -91,9 +95,9 @@ class Sampler:
     # -- random sampling ---------------------------------------------------------------------
     def _sample_random(self, x: np.ndarray, seqs: list[Sequence]) -> np.ndarray:
         """``x``: processed logits of the non-greedy rows (modified in place)."""
-        weights = self._weights(x, seqs)
+        weights, chunk_sums = self._weights(x, seqs)
         u = np.fromiter((s.rng.random() for s in seqs), dtype=np.float64, count=len(seqs))
-        return draw(weights, u)
+        return draw(weights, u, chunk_sums=chunk_sums)
 
     def probabilities(self, logits: np.ndarray, seqs: list[Sequence]) -> np.ndarray:
         """The distribution each row samples from (for tests and inspection; ``logits`` is
@@ -104,33 +108,54 @@ class Sampler:
             if seq.request.params.greedy:
                 probs[i, logits[i].argmax()] = 1.0
             else:
-                w = self._weights(logits[i:i + 1].copy(), [seq])[0]
+                w = self._weights(logits[i:i + 1].copy(), [seq])[0][0]
                 probs[i] = w / w.sum()
         return probs
 
-    @staticmethod
-    def _weights(x: np.ndarray, seqs: list[Sequence]) -> np.ndarray:
-        """Unnormalised probabilities after temperature, min-p, top-k and top-p (in place)."""
+    def _weights(self, x: np.ndarray, seqs: list[Sequence]) -> tuple[np.ndarray, np.ndarray]:
+        """Unnormalised probabilities after temperature, min-p, top-k and top-p, and their sums
+        over chunks of CHUNK tokens (what ``draw`` searches).
+
+        Rows without truncation take exp of the scaled logits directly, skipping the max pass
+        and the subtraction (two passes over the vocabulary); a row whose weights then overflow
+        or all but vanish is redone with the max subtracted. Rows with truncation always
+        subtract their max. Either way the choice depends on the row alone, never on the batch."""
         params = [s.request.params for s in seqs]
-        temperature = np.array([p.temperature for p in params], dtype=np.float32)
-        if (temperature != 1.0).any():
-            x /= temperature[:, None]
-        x -= x.max(axis=1, keepdims=True)
-        weights = np.exp(x, out=x)  # the largest is exactly 1
-        for i, p in enumerate(params):
+        vocab = x.shape[1]
+        inv_t = np.array([1.0 / p.temperature for p in params], dtype=np.float32)
+        if (inv_t != 1.0).any():
+            x *= inv_t[:, None]
+        truncated = [i for i, p in enumerate(params) if p.min_p > 0.0 or 0 < p.top_k < vocab or p.top_p < 1.0]
+        if truncated:
+            x[truncated] -= x[truncated].max(axis=1, keepdims=True)
+        with np.errstate(over="ignore"):  # overflowing rows are redone below
+            weights = np.exp(x, out=self._scratch(x.shape))  # x stays intact for that
+        for i in truncated:
+            p, row = params[i], weights[i]  # the row's largest weight is exactly 1
             if p.min_p > 0.0:
-                row = weights[i]
-                row[row < p.min_p] = 0.0  # p_i < min_p * p_max, with p_max = 1 here
-            if 0 < p.top_k < weights.shape[1]:
-                row = weights[i]
-                kth = np.partition(row, row.size - p.top_k)[row.size - p.top_k]
+                row[row < p.min_p] = 0.0
+            if 0 < p.top_k < vocab:
+                kth = np.partition(row, vocab - p.top_k)[vocab - p.top_k]
                 row[row < kth] = 0.0
-        top_p_rows = [i for i, p in enumerate(params) if p.top_p < 1.0]
+        top_p_rows = [i for i in truncated if params[i].top_p < 1.0]
         if top_p_rows:
             top_p = np.array([params[i].top_p for i in top_p_rows], dtype=np.float64)
-            w = weights[top_p_rows]
-            weights[top_p_rows] = _keep_nucleus(w, top_p)
-        return weights
+            weights[top_p_rows] = _keep_nucleus(weights[top_p_rows], top_p)
+        starts = np.arange(0, vocab, CHUNK)
+        chunk_sums = np.add.reduceat(weights, starts, axis=1)
+        totals = chunk_sums.sum(axis=1, dtype=np.float64)
+        redo = np.flatnonzero(~((totals > TINY_TOTAL) & (totals < HUGE_TOTAL)))
+        if redo.size:
+            shifted = x[redo] - x[redo].max(axis=1, keepdims=True)
+            weights[redo] = np.exp(shifted)
+            chunk_sums[redo] = np.add.reduceat(weights[redo], starts, axis=1)
+        return weights, chunk_sums
+
+    def _scratch(self, shape: tuple[int, int]) -> np.ndarray:
+        """A reused buffer for the weights (a fresh 6 MB array per step costs page faults)."""
+        if self._buffer is None or self._buffer.shape[0] < shape[0] or self._buffer.shape[1] != shape[1]:
+            self._buffer = np.empty((max(shape[0], 1), shape[1]), np.float32)
+        return self._buffer[:shape[0]]
 
 
 def _keep_nucleus(w: np.ndarray, top_p: np.ndarray) -> np.ndarray:
@@ -159,7 +184,7 @@ def _nucleus_threshold(desc: np.ndarray, top_p: np.ndarray, total: np.ndarray) -
     return desc[np.arange(len(desc)), keep - 1]
 
 
-def draw(weights: np.ndarray, u: np.ndarray, chunk: int = CHUNK) -> np.ndarray:
+def draw(weights: np.ndarray, u: np.ndarray, chunk: int = CHUNK, chunk_sums: np.ndarray | None = None) -> np.ndarray:
     """Per row, the token where the cumulative weight first exceeds ``u * total`` (u in [0, 1)).
 
     A full cumsum over the vocabulary is sequential and slow in numpy (about 4.5 ms for 32 x 49152),
@@ -168,7 +193,9 @@ def draw(weights: np.ndarray, u: np.ndarray, chunk: int = CHUNK) -> np.ndarray:
     rows = np.arange(len(u))
     vocab = weights.shape[1]
     starts = np.arange(0, vocab, chunk)
-    chunk_cdf = np.cumsum(np.add.reduceat(weights, starts, axis=1), axis=1, dtype=np.float64)
+    if chunk_sums is None:
+        chunk_sums = np.add.reduceat(weights, starts, axis=1)
+    chunk_cdf = np.cumsum(chunk_sums, axis=1, dtype=np.float64)
     targets = u * chunk_cdf[:, -1]
     k = np.minimum((chunk_cdf <= targets[:, None]).sum(axis=1), len(starts) - 1)
     rest = targets - np.where(k > 0, chunk_cdf[rows, k - 1], 0.0)

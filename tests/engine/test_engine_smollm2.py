@@ -127,6 +127,11 @@ def test_n_greedy_samples_share_the_prompt_and_agree(smollm2_artifact, prompts, 
     tokens = drive(engine, {0: [greedy_request("n", prompts[3], n=3)]})
     assert [tokens[("n", i)] for i in range(3)] == [expected[3]] * 3
     engine.block_manager.check_idle()
+    stats = engine.stats()
+    assert (stats.prompt_tokens, stats.generation_tokens) == (len(prompts[3]), 3 * MAX_NEW)
+    assert len(stats.ttft) == len(stats.tpot) == len(stats.e2e) == 1 and 0 < stats.ttft[0] < stats.e2e[0]
+    assert stats.num_steps > 0 and 0 < stats.model_seconds < stats.step_seconds
+    assert engine.stats().ttft == []  # latencies are drained by each call
 
 
 def test_no_blocks_leak_after_aborts_at_every_stage(smollm2_artifact, prompts):

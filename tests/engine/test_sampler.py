@@ -192,7 +192,7 @@ def test_top_p_candidate_shortcut_and_its_full_sort_fallback_agree_with_the_refe
     monkeypatch.setattr(sampler_module, "TOP_P_CANDIDATES", 8)
     seqs = [seq_with(top_p=p, temperature=t) for p, t in ((0.2, 0.5), (0.99, 1.0), (0.5, 2.0), (0.9, 0.7))]
     logits = fixed_logits(len(seqs), seed=21)
-    weights = Sampler._weights(logits.copy(), seqs)  # all rows in one batch: both paths at once
+    weights, _ = Sampler()._weights(logits.copy(), seqs)  # all rows in one batch: both paths at once
     together = weights / weights.sum(axis=1, keepdims=True)
     widths = [(together[i] > 0).sum() for i in range(len(seqs))]
     assert min(widths) <= 8 < max(widths)  # both paths taken
@@ -208,3 +208,16 @@ def test_draw_handles_a_short_last_chunk():
     weights[1, 3] = 1.0
     assert draw(weights, np.array([0.0, 0.9, 0.999]), chunk=32).tolist() == [69, 69, 69]
     assert draw(weights, np.array([0.0, 0.1, 0.5]), chunk=32).tolist()[1] == 3
+
+
+def test_large_or_very_negative_logits_are_shifted_and_rows_stay_independent():
+    logits = fixed_logits(3, seed=9)
+    logits[0] += 500.0  # exp would overflow without the shift
+    logits[1] -= 500.0  # and underflow to all zeros
+    for params in (dict(top_p=0.9, min_p=0.01), dict()):  # truncated rows, and plain ones redone
+        seqs = [seq_with(**params) for _ in range(3)]
+        together = Sampler()._weights(logits.copy(), seqs)[0].copy()
+        for i, seq in enumerate(seqs):
+            np.testing.assert_allclose(together[i] / together[i].sum(), reference_probs(logits[i], seq), atol=1e-6)
+        alone = Sampler()._weights(logits[2:3].copy(), seqs[2:3])[0][0]
+        assert np.array_equal(alone, together[2])  # bit for bit, whatever the other rows needed
