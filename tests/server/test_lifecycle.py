@@ -104,8 +104,11 @@ def test_stream_disconnect_aborts_the_request_within_a_step(fake_server):
     for _, _chunk in zip(range(3), stream):
         pass
     stream.close()
+    # The abort is counted by the HTTP process at once; the running gauge follows with the engine's
+    # next stats message, so wait for both.
     after = wait_for(lambda: (m := fake_server.metrics())["ortserve:request_success_total{abort}"]
-                     > before["ortserve:request_success_total{abort}"] and m)
+                     > before["ortserve:request_success_total{abort}"]
+                     and m["ortserve:num_requests_running"] == 0 and m)
     assert after["ortserve:num_requests_running"] == 0
     generated = after["ortserve:generation_tokens_total"] - before["ortserve:generation_tokens_total"]
     assert generated < 100  # aborted long before its 240 tokens (one per 20 ms step)
@@ -117,8 +120,11 @@ def test_non_streaming_disconnect_aborts_the_request(fake_server):
         httpx.post(f"{fake_server.base_url}/v1/completions", timeout=0.5,
                    headers={"Authorization": f"Bearer {API_KEY}"},
                    json={"prompt": "a b c d", "max_tokens": 240})
+    # The abort is counted by the HTTP process at once; the running gauge follows with the engine's
+    # next stats message, so wait for both.
     after = wait_for(lambda: (m := fake_server.metrics())["ortserve:request_success_total{abort}"]
-                     > before["ortserve:request_success_total{abort}"] and m)
+                     > before["ortserve:request_success_total{abort}"]
+                     and m["ortserve:num_requests_running"] == 0 and m)
     assert after["ortserve:num_requests_running"] == 0
 
 
