@@ -20,7 +20,7 @@ from ortserve.engine.sequence import Sequence
 
 
 class Block:
-    __slots__ = ("block_id", "ref_count", "block_hash")
+    __slots__ = ("block_hash", "block_id", "ref_count")
 
     def __init__(self, block_id: int):
         self.block_id = block_id

@@ -22,8 +22,14 @@ from ortserve.artifact import ArtifactManifest, is_artifact, load_manifest
 from ortserve.engine.block_manager import BlockManager
 from ortserve.engine.config import DEFAULT_KV_CACHE_SPACE_GIB, EngineConfig
 from ortserve.engine.memory import GIB, KVCachePlan, MemoryCheckError, plan_kv_cache
-from ortserve.engine.messages import (EngineCoreOutput, EngineRequest, EngineStats, FinishReason,
-                                      RequestRejected, TokenLogprob)
+from ortserve.engine.messages import (
+    EngineCoreOutput,
+    EngineRequest,
+    EngineStats,
+    FinishReason,
+    RequestRejected,
+    TokenLogprob,
+)
 from ortserve.engine.sampler import Sampler
 from ortserve.engine.scheduler import ScheduledBatch, Scheduler
 from ortserve.engine.sequence import Request
@@ -204,16 +210,16 @@ def startup_report(core: EngineCore, load_seconds: float) -> str:
     per_token = m.kv_bytes_per_token()
     return "\n".join([
         "ortserve engine ready",
-        f"  model     {core.artifact_dir} ({m.architecture}, {m.num_parameters / 1e6:.0f}M parameters, "
-        f"{m.weight_precision} weights {m.weight_bytes / GIB:.2f} GiB), loaded in {load_seconds:.1f} s",
-        f"  platform  {platform.system()} {platform.machine()}, {cpu_description()}, "
-        f"{os.cpu_count()} CPUs online; onnxruntime {onnxruntime.__version__}, numpy {np.__version__}",
+        (f"  model     {core.artifact_dir} ({m.architecture}, {m.num_parameters / 1e6:.0f}M parameters, "
+         f"{m.weight_precision} weights {m.weight_bytes / GIB:.2f} GiB), loaded in {load_seconds:.1f} s"),
+        (f"  platform  {platform.system()} {platform.machine()}, {cpu_description()}, "
+         f"{os.cpu_count()} CPUs online; onnxruntime {onnxruntime.__version__}, numpy {np.__version__}"),
         f"  threads   {threads.describe()}",
-        f"  KV cache  {kv.num_blocks} blocks x {kv.block_size} tokens = {kv.num_tokens} tokens, "
-        f"{kv.total_bytes / GIB:.2f} GiB ({per_token / 1024:.1f} KiB per token; {m.num_layers} layers x "
-        f"{m.num_kv_heads} KV heads x {m.head_size}, {m.kv_cache_dtype})",
-        f"  limits    max_model_len {core.max_model_len}; maximum concurrency for {core.max_model_len} tokens "
-        f"per request: {kv.num_tokens / core.max_model_len:.2f}x",
-        f"  scheduler max_num_seqs {config.max_num_seqs}, max_num_batched_tokens {config.max_num_batched_tokens}, "
-        f"prefix caching {'on' if config.enable_prefix_caching else 'off'}",
+        (f"  KV cache  {kv.num_blocks} blocks x {kv.block_size} tokens = {kv.num_tokens} tokens, "
+         f"{kv.total_bytes / GIB:.2f} GiB ({per_token / 1024:.1f} KiB per token; {m.num_layers} layers x "
+         f"{m.num_kv_heads} KV heads x {m.head_size}, {m.kv_cache_dtype})"),
+        (f"  limits    max_model_len {core.max_model_len}; maximum concurrency for {core.max_model_len} tokens "
+         f"per request: {kv.num_tokens / core.max_model_len:.2f}x"),
+        (f"  scheduler max_num_seqs {config.max_num_seqs}, max_num_batched_tokens {config.max_num_batched_tokens}, "
+         f"prefix caching {'on' if config.enable_prefix_caching else 'off'}"),
     ])

@@ -76,9 +76,9 @@ def _rng(seed: int | None, index: int) -> np.random.Generator:
 
 
 class Sequence:
-    __slots__ = ("request", "index", "token_ids", "num_prompt_tokens", "num_computed_tokens",
-                 "block_table", "block_hashes", "status", "rng", "output_counts", "num_cached_tokens",
-                 "finish_reason", "stop_reason", "last_token_time", "is_prefilled")
+    __slots__ = ("block_hashes", "block_table", "finish_reason", "index", "is_prefilled", "last_token_time",
+                 "num_cached_tokens", "num_computed_tokens", "num_prompt_tokens", "output_counts", "request", "rng",
+                 "status", "stop_reason", "token_ids")
 
     def __init__(self, request: Request, index: int, rng: np.random.Generator):
         self.request = request

@@ -43,7 +43,7 @@ def expected(prompts, hf_greedy):
 
 
 def make_engine(artifact, **overrides) -> EngineCore:
-    config = dict(model=str(artifact), max_num_batched_tokens=64, max_num_seqs=8, kv_cache_space=0.25)
+    config = {"model": str(artifact), "max_num_batched_tokens": 64, "max_num_seqs": 8, "kv_cache_space": 0.25}
     config.update(overrides)
     return EngineCore(EngineConfig(**config))
 

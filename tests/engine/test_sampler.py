@@ -59,17 +59,17 @@ def reference_probs(logits, seq) -> np.ndarray:
 
 
 CASES = {
-    "plain": dict(),
-    "temperature": dict(temperature=0.5),
-    "top_k": dict(top_k=5),
-    "top_p": dict(top_p=0.6),
-    "min_p": dict(min_p=0.2),
-    "top_k+top_p+min_p": dict(top_k=10, top_p=0.8, min_p=0.05, temperature=1.3),
-    "repetition": dict(repetition_penalty=1.5, output=(4, 9, 9)),
-    "frequency+presence": dict(frequency_penalty=0.7, presence_penalty=0.4, output=(7, 7, 7, 1)),
-    "logit_bias": dict(logit_bias={11: 5.0, 12: -100.0}),
-    "min_tokens": dict(min_tokens=3, stop_token_ids=[13], output=(1,)),
-    "greedy+penalties": dict(temperature=0.0, repetition_penalty=1.9, frequency_penalty=1.0, output=(5, 5)),
+    "plain": {},
+    "temperature": {"temperature": 0.5},
+    "top_k": {"top_k": 5},
+    "top_p": {"top_p": 0.6},
+    "min_p": {"min_p": 0.2},
+    "top_k+top_p+min_p": {"top_k": 10, "top_p": 0.8, "min_p": 0.05, "temperature": 1.3},
+    "repetition": {"repetition_penalty": 1.5, "output": (4, 9, 9)},
+    "frequency+presence": {"frequency_penalty": 0.7, "presence_penalty": 0.4, "output": (7, 7, 7, 1)},
+    "logit_bias": {"logit_bias": {11: 5.0, 12: -100.0}},
+    "min_tokens": {"min_tokens": 3, "stop_token_ids": [13], "output": (1,)},
+    "greedy+penalties": {"temperature": 0.0, "repetition_penalty": 1.9, "frequency_penalty": 1.0, "output": (5, 5)},
 }
 
 
@@ -111,7 +111,7 @@ def test_min_tokens_blocks_eos_and_stop_ids():
 
 def test_samples_follow_the_processed_distribution():
     logits = fixed_logits(1, seed=3)[:, :]
-    params = dict(top_k=6, top_p=0.9, temperature=0.8)
+    params = {"top_k": 6, "top_p": 0.9, "temperature": 0.8}
     probs = reference_probs(logits[0], seq_with(**params))
     sampler = Sampler()
     draws = 4000
@@ -214,7 +214,7 @@ def test_large_or_very_negative_logits_are_shifted_and_rows_stay_independent():
     logits = fixed_logits(3, seed=9)
     logits[0] += 500.0  # exp would overflow without the shift
     logits[1] -= 500.0  # and underflow to all zeros
-    for params in (dict(top_p=0.9, min_p=0.01), dict()):  # truncated rows, and plain ones redone
+    for params in ({"top_p": 0.9, "min_p": 0.01}, {}):  # truncated rows, and plain ones redone
         seqs = [seq_with(**params) for _ in range(3)]
         together = Sampler()._weights(logits.copy(), seqs)[0].copy()
         for i, seq in enumerate(seqs):

@@ -2,7 +2,16 @@
 abort, n samples, and no leaked blocks; checked with a deterministic fake model."""
 from __future__ import annotations
 
-from engine_fakes import fake_next_token, make_request, make_scheduler, run_to_completion, solo_outputs
+from engine_fakes import (
+    check_block_tables,
+    fake_next_token,
+    make_request,
+    make_scheduler,
+    run_to_completion,
+    solo_outputs,
+)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ortserve.engine.sequence import SequenceStatus
 
@@ -207,11 +216,6 @@ def test_stats_count_tokens_and_latencies():
     assert len(c.ttft) == len(c.e2e) == len(c.tpot) == 3
     assert all(t >= 0 for t in c.ttft + c.tpot + c.e2e)
 
-
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from engine_fakes import check_block_tables  # noqa: E402
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
