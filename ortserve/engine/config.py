@@ -18,18 +18,18 @@ from ortserve.artifact import Precision
 KVCACHE_SPACE_ENV = "ORTSERVE_KVCACHE_SPACE"
 THREADS_BIND_ENV = "ORTSERVE_THREADS_BIND"
 
-# Measured on the 2-core AVX-512 machine with SmolLM2-135M fp32 (best of 12 steps, 200-token
-# contexts; the machine was shared, so medians ran 15-40% higher):
-# Block size 16: a 32-sequence decode step took 98 ms with 16- or 32-token blocks and 104 ms with
-# 8; 16 wastes less memory at each sequence's tail and gives finer prefix-cache hits.
+# Measured on the 2-core AVX-512 machine with SmolLM2-135M fp32 by
+# `python benchmarks/bench_offline.py --defaults` (best of 12 steps, 200-token contexts):
+# Block size 16: a 32-sequence decode step took 45.4 ms with 16-token blocks, 46.4 ms with 8 and
+# 47.2 ms with 32; 16 also wastes less memory at each sequence's tail than 32.
 DEFAULT_BLOCK_SIZE = 16
-# Sequence cap 32: decode steps of 1 / 8 / 16 / 32 / 64 sequences took 15 / 35 / 72 / 100 / 168 ms
-# (65 / 230 / 224 / 319 / 380 tokens/s). Past 32, throughput gains 19% while every stream slows
-# by 70%; 32 keeps about 10 tokens/s per stream.
+# Sequence cap 32: decode steps of 1 / 8 / 16 / 32 / 64 sequences took 13.7 / 23.6 / 30.3 / 45.4 /
+# 74.4 ms (73 / 339 / 528 / 705 / 861 tokens/s). Past 32, throughput gains 22% while every stream
+# slows by 64%; at 32 each stream still gets about 20 tokens/s.
 DEFAULT_MAX_NUM_SEQS = 32
 # Token budget 256: one prefill chunk of 32 / 64 / 128 / 256 / 512 / 1024 tokens ran at
-# 920 / 975 / 1180 / 1390 / 1380 / 1325 tokens/s. 256 reaches the peak; larger chunks only make
-# the running decodes wait longer (a 256-token chunk is about 180 ms).
+# 1040 / 1370 / 1590 / 1670 / 1650 / 1560 tokens/s. 256 reaches the peak; larger chunks only make
+# the running decodes wait longer (a 256-token chunk takes about 150 ms).
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 256
 # KV space when neither the flag nor the env var is set: 4 GiB like vLLM's CPU backend, lowered
 # at start-up to what fits next to the weights (the memory check in engine/memory.py).
