@@ -153,13 +153,17 @@ def gqa_bindings(sess, rng, layers, seqs):
 
 
 def time_block(sess, bindings, seconds):
-    """Mean seconds per step (all of a step's runs) over back-to-back steps lasting ~`seconds`."""
+    """Mean seconds per step (all of a step's runs) over back-to-back steps lasting ~`seconds`,
+    after an untimed warm-up of about a quarter of that (wakes this session's pool thread)."""
     def step():
         for binding in bindings:
             sess.run_with_iobinding(binding)
     start = time.perf_counter()
     step()
-    n = max(2, int(seconds / max(time.perf_counter() - start, 1e-6)))
+    once = max(time.perf_counter() - start, 1e-6)
+    for _ in range(int(seconds / 4 / once)):
+        step()
+    n = max(2, int(seconds / once))
     start = time.perf_counter()
     for _ in range(n):
         step()
@@ -194,7 +198,7 @@ def main():
         times = {key: [] for key in variants}
         for _ in range(args.rounds):
             for key, (sess, bindings, _keep) in variants.items():
-                time.sleep(0.02)  # let the previous session's spinning pool threads go idle
+                time.sleep(0.25)  # let the previous session's spinning pool threads go idle
                 times[key].append(time_block(sess, bindings, args.block_seconds) / L)
         med = {key: statistics.median(v) for key, v in times.items()}
         rows.append((label, sum(q for _, q in seqs), med))
