@@ -371,7 +371,8 @@ def main() -> int:
         for g in graphs:
             results[g.label]["path"] = str(g.path)
         del graphs
-        print_results(f"{args.model} {precision}: batch-1 decode at context {args.context}, {args.prefill}-token "
+        title = args.model if not args.artifact else " vs ".join(dict.fromkeys(p.name for _, p, _ in makers.values()))
+        print_results(f"{title} {precision}: batch-1 decode at context {args.context}, {args.prefill}-token "
                       f"prefill; threads {' / '.join(map(str, args.threads))}{', no spinning' if args.no_spin else ''}; "
                       f"{args.rounds} rounds of {args.steps} steps", results, reference)
         entry = {"results": results, "reference": reference}
