@@ -63,6 +63,13 @@ def machine(force: bool) -> dict:
     return info
 
 
+def write_run(started: str, failures: list[str]) -> None:
+    """Remember the command of the latest run, for RESULTS.md's *Reproduce* section."""
+    argv = " ".join(["python benchmarks/compare.py", *sys.argv[1:]])
+    run = {"command": argv, "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "failures": failures}
+    (RECORDS / "run.json").write_text(json.dumps(run, indent=1))
+
+
 def summary(rec: dict) -> str:
     m = rec.get("this_attempt", rec["metrics"])
     keys = ("decode_tok_s", "prompt_tok_s", "output_throughput", "ttft_p50_ms")
@@ -118,14 +125,17 @@ def main() -> int:
     info = machine(args.remeasure_machine)
     failures = []
     if not args.report_only:
+        started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         if PEER_SYSTEMS & set(args.systems) and not PEERS_PY.exists():
             print(f"peers venv missing ({PEERS_PY}): run `bash benchmarks/peers/setup.sh`; skipping peers")
             args.systems = [s for s in args.systems if s not in PEER_SYSTEMS]
         for round_ in range(args.repeat):
             common.KEEP_BEST = round_ > 0
             run_round(args, round_, failures)
+        write_run(started, failures)
     records = load_records()
-    report.write(records, info, args.results_md)
+    run_path = RECORDS / "run.json"
+    report.write(records, info, args.results_md, json.loads(run_path.read_text()) if run_path.is_file() else None)
     print(f"wrote {args.results_md} ({len(records)} records)")
     for f in failures:
         print(f"failed: {f}")

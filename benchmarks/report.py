@@ -204,7 +204,7 @@ def coverage(records: list[dict]) -> str:
     return text
 
 
-def write(records: list[dict], machine: dict, path: Path) -> None:
+def write(records: list[dict], machine: dict, path: Path, run: dict | None = None) -> None:
     threads = machine.get("membw", {}).get("threads", {})
     bw = max([v for t in threads.values() for k, v in t.items() if k.startswith("read")], default=None)
     lines = ["# ortserve vs peers on this machine", "",
@@ -237,7 +237,11 @@ def write(records: list[dict], machine: dict, path: Path) -> None:
         lines += ["### Serving (128 in, 128 out, random)", ""] + serving_table(recs) + [""]
         lines += plots(recs, model) + [""]
         lines += ["### Shared prefix (512 in, 448 shared, 32 out, 4 in flight)", ""] + shared_prefix_table(recs) + [""]
-    lines += ["## Reproduce", "", "```sh",
+    lines += ["## Reproduce", ""]
+    if run:
+        lines += [f"This file comes from `{run['command']}`, run {run['started']} to {run['finished']}"
+                  + (f"; failed parts: {'; '.join(run['failures'])}." if run.get("failures") else ", no part failed."), ""]
+    lines += ["```sh",
               "bash benchmarks/peers/setup.sh          # peers venv: torch, onnxruntime-genai, llama.cpp (~15 min)",
               "python benchmarks/compare.py --repeat 3 # everything, best of 3 rounds; resumable: finished parts are skipped",
               "python benchmarks/compare.py --systems ortserve llama.cpp --models qwen2.5-0.5b-shape --workloads decode serve-c16",
