@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "append_block_sums.h"
 #include "paged_attention_kernel.h"
 
 namespace {
@@ -319,6 +320,7 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
     std::lock_guard<std::mutex> lock(mutex);
     Ort::CustomOpDomain domain{"ortserve"};
     domain.Add(op.get());
+    domain.Add(ortserve::AppendBlockSumsOp());
     Ort::UnownedSessionOptions(options).Add(domain);
     domains.push_back(std::move(domain));
   } catch (const std::exception& e) {

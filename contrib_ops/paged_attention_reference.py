@@ -1,4 +1,5 @@
-"""Numpy reference of ortserve's PagedAttention op (domain ``ortserve``, version 1).
+"""Numpy references of ortserve's custom ops (domain ``ortserve``, version 1): PagedAttention, and
+AppendBlockSums at the end of the file.
 
 This file is the specification: the C++ kernel in ``paged_attention.cc`` must match it.
 Shapes (T new tokens, B sequences, D = head_size):
@@ -52,3 +53,11 @@ def paged_attention(query, key, value, key_cache, value_cache, slot_mapping, blo
             w /= w.sum(axis=1, keepdims=True)
             out[i] = np.einsum("hj,jhd->hd", w, v[visible])
     return out.reshape(num_tokens, num_heads * head_size).astype(np.float32)
+
+
+def append_block_sums(x, block_size):
+    """ortserve's AppendBlockSums op (append_block_sums.h): [x | x summed over each block of
+    block_size columns], [T, K] -> [T, K + K / block_size]."""
+    x = np.asarray(x, dtype=np.float32)
+    sums = x.reshape(x.shape[0], x.shape[1] // block_size, block_size).sum(axis=-1, dtype=np.float32)
+    return np.concatenate([x, sums], axis=1)

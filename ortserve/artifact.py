@@ -15,6 +15,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 FORMAT_VERSION = 1
+# The custom-op set the installed libortserve_ops.so provides: 1 = PagedAttention,
+# 2 = + AppendBlockSums. An artifact records the set its graph needs.
+OP_VERSION = 2
 MANIFEST = "ortserve.json"
 MODEL_FILE = "model.onnx"
 
@@ -27,7 +30,7 @@ class ArtifactManifest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     format_version: int = FORMAT_VERSION
-    op_version: int = 1
+    op_version: int = OP_VERSION
     architecture: str = Field(description="Hugging Face model_type, e.g. 'llama'")
     num_layers: int
     hidden_size: int
@@ -86,6 +89,11 @@ def load_manifest(path: str | Path) -> ArtifactManifest:
         raise ArtifactError(
             f"{folder} has artifact format {manifest.format_version}; this ortserve reads "
             f"{FORMAT_VERSION}. Re-export it with: ortserve export SRC -o {folder}"
+        )
+    if manifest.op_version > OP_VERSION:
+        raise ArtifactError(
+            f"{folder} needs ortserve custom ops version {manifest.op_version}; this installation has "
+            f"{OP_VERSION}. Upgrade ortserve, or re-export it with this one: ortserve export SRC -o {folder}"
         )
     return manifest
 

@@ -9,7 +9,7 @@ import sys
 import onnx
 import pytest
 
-from ortserve.artifact import load_manifest
+from ortserve.artifact import OP_VERSION, ArtifactError, load_manifest
 
 
 def graph_of(artifact):
@@ -89,12 +89,23 @@ def test_manifest_describes_the_model(tiny_artifact, tiny_checkpoint):
     m = load_manifest(tiny_artifact("qwen3_qk_norm"))
     assert (m.architecture, m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.head_size, m.vocab_size) == \
            ("qwen3", 2, 64, 4, 2, 32, 320)
-    assert (m.weight_precision, m.lm_head_precision, m.max_model_len, m.op_version) == ("fp32", "fp32", 128, 1)
+    assert (m.weight_precision, m.lm_head_precision, m.max_model_len, m.op_version) == ("fp32", "fp32", 128, OP_VERSION)
     assert m.eos_token_ids == [2] and len(m.source_fingerprint) == 64
     from safetensors.numpy import load_file
 
     tensors = load_file(tiny_checkpoint("qwen3_qk_norm") / "model.safetensors")
     assert m.num_parameters == sum(t.size for t in tensors.values())
+
+
+def test_artifact_needing_newer_custom_ops_is_refused_with_the_fix(tiny_artifact, tmp_path):
+    import shutil
+
+    copy = tmp_path / "newer"
+    shutil.copytree(tiny_artifact("llama2"), copy)
+    manifest = json.loads((copy / "ortserve.json").read_text())
+    (copy / "ortserve.json").write_text(json.dumps({**manifest, "op_version": OP_VERSION + 1}))
+    with pytest.raises(ArtifactError, match=f"custom ops version {OP_VERSION + 1}.*Upgrade ortserve, or re-export"):
+        load_manifest(copy)
 
 
 def test_generation_config_is_always_present(tiny_artifact):

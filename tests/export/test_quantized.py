@@ -161,7 +161,7 @@ def test_int4_export_of_a_q4_1_checkpoint_computes_with_its_grid_weights(tiny_ch
     monkeypatch.setattr(graph, "ACCURACY_LEVEL", 0)
     export_model(folder, tmp_path / "int4_fp32_compute", precision="int4", progress=False)
     nodes = onnx.load(tmp_path / "int4" / "model.onnx", load_external_data=False).graph.node
-    assert sum(n.op_type == "Concat" and n.name.startswith("with_block_sums") for n in nodes) == 2 * 4
+    assert sum(n.op_type == "AppendBlockSums" and n.domain == "ortserve" for n in nodes) == 2 * 4  # 4 per layer
     for ours, ref in zip(run(tmp_path / "int4_fp32_compute"), run(tmp_path / "described_fp32")):
         assert np.abs(ours - ref).max() <= 1e-4
     for ours, ref in zip(run(tmp_path / "int4"), run(tmp_path / "fp32")):
