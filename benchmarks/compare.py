@@ -63,11 +63,14 @@ def machine(force: bool) -> dict:
     return info
 
 
-def write_run(started: str, failures: list[str]) -> None:
-    """Remember the command of the latest run, for RESULTS.md's *Reproduce* section."""
-    argv = " ".join(["python benchmarks/compare.py", *sys.argv[1:]])
-    run = {"command": argv, "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "failures": failures}
-    (RECORDS / "run.json").write_text(json.dumps(run, indent=1))
+def write_run(started: str, failures: list[str], forced_all: bool) -> None:
+    """Remember the commands that made the records, for RESULTS.md's *Reproduce* section: a run
+    that re-measured everything (--force over every part) starts the list afresh."""
+    path = RECORDS / "run.json"
+    runs = [] if forced_all or not path.is_file() else json.loads(path.read_text())
+    runs.append({"command": " ".join(["python benchmarks/compare.py", *sys.argv[1:]]), "started": started,
+                 "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "failures": failures})
+    path.write_text(json.dumps(runs, indent=1))
 
 
 def summary(rec: dict) -> str:
@@ -132,7 +135,9 @@ def main() -> int:
         for round_ in range(args.repeat):
             common.KEEP_BEST = round_ > 0
             run_round(args, round_, failures)
-        write_run(started, failures)
+        everything = all(set(getattr(args, f)) == set(p.get_default(f)) for f in ("systems", "models", "workloads",
+                                                                                  "precisions"))
+        write_run(started, failures, forced_all=args.force and everything)
     records = load_records()
     run_path = RECORDS / "run.json"
     report.write(records, info, args.results_md, json.loads(run_path.read_text()) if run_path.is_file() else None)

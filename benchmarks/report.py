@@ -204,7 +204,7 @@ def coverage(records: list[dict]) -> str:
     return text
 
 
-def write(records: list[dict], machine: dict, path: Path, run: dict | None = None) -> None:
+def write(records: list[dict], machine: dict, path: Path, runs: list[dict] | None = None) -> None:
     threads = machine.get("membw", {}).get("threads", {})
     bw = max([v for t in threads.values() for k, v in t.items() if k.startswith("read")], default=None)
     lines = ["# ortserve vs peers on this machine", "",
@@ -238,9 +238,12 @@ def write(records: list[dict], machine: dict, path: Path, run: dict | None = Non
         lines += plots(recs, model) + [""]
         lines += ["### Shared prefix (512 in, 448 shared, 32 out, 4 in flight)", ""] + shared_prefix_table(recs) + [""]
     lines += ["## Reproduce", ""]
-    if run:
-        lines += [f"This file comes from `{run['command']}`, run {run['started']} to {run['finished']}"
-                  + (f"; failed parts: {'; '.join(run['failures'])}." if run.get("failures") else ", no part failed."), ""]
+    if runs:
+        lines += ["The records behind this file come from these runs, in order (a later run replaces the parts it"
+                  " measured):", ""]
+        lines += [f"{i}. `{run['command']}`, {run['started']} to {run['finished']}"
+                  + (f"; failed parts: {'; '.join(run['failures'])}." if run.get("failures") else ", no part failed.")
+                  for i, run in enumerate(runs, 1)] + [""]
     lines += ["```sh",
               "bash benchmarks/peers/setup.sh          # peers venv: torch, onnxruntime-genai, llama.cpp (~15 min)",
               "python benchmarks/compare.py --repeat 3 # everything, best of 3 rounds; resumable: finished parts are skipped",
