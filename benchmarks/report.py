@@ -147,20 +147,27 @@ def plots(records: list[dict], model: str) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    series: dict[str, list[tuple[int, dict]]] = {}
+    series: dict[tuple[str, str], list[tuple[int, dict]]] = {}
     for r in records:
         if r["workload"].startswith("serve-c"):
-            series.setdefault(f"{r['system']} {r['precision']}", []).append((WORKLOADS[r["workload"]].concurrency, r["metrics"]))
+            series.setdefault((r["system"], r["precision"]), []).append((WORKLOADS[r["workload"]].concurrency, r["metrics"]))
+    # colour = system, line style and marker = precision: 12+ series never share a look
+    systems = sorted({s for s, _ in series})
+    colours = {s: plt.get_cmap("tab10")(i % 10) for i, s in enumerate(systems)}
+    styles = {"fp32": ("-", "o"), "int8": ("--", "s"), "int4": (":", "^")}
     if not series:
         return []
     PLOTS.mkdir(parents=True, exist_ok=True)
     made = []
     for key, label, fname in (("output_throughput", "output tokens/s", "throughput"), ("ttft_p50_ms", "TTFT p50 (ms)", "ttft")):
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for name, points in sorted(series.items()):
+        for (system, precision), points in sorted(series.items()):
             points = sorted(p for p in points if p[1].get(key) is not None)
             if points:
-                ax.plot([c for c, _ in points], [m[key] for _, m in points], marker="o", label=name)
+                line, marker = styles.get(precision, ("-", "o"))
+                ax.plot([c for c, _ in points], [m[key] for _, m in points], linestyle=line, marker=marker,
+                        color=colours[system], linewidth=2.2 if system == "ortserve" else 1.4,
+                        label=f"{system} {precision}")
         ax.set_xscale("log", base=2)
         ax.set_xticks([1, 4, 16, 32], labels=["1", "4", "16", "32"])
         if key == "ttft_p50_ms":
