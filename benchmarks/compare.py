@@ -66,11 +66,15 @@ def machine(force: bool) -> dict:
 def write_run(started: str, failures: list[str], forced_all: bool) -> None:
     """Remember the commands that made the records, for RESULTS.md's *Reproduce* section: a run
     that re-measured everything (--force over every part) starts the list afresh."""
-    path = RECORDS / "run.json"
-    runs = [] if forced_all or not path.is_file() else json.loads(path.read_text())
+    runs = [] if forced_all else recorded_runs()
     runs.append({"command": " ".join(["python benchmarks/compare.py", *sys.argv[1:]]), "started": started,
                  "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "failures": failures})
-    path.write_text(json.dumps(runs, indent=1))
+    (RECORDS / "run.json").write_text(json.dumps(runs, indent=1))
+
+
+def recorded_runs() -> list[dict]:
+    path = RECORDS / "run.json"
+    return json.loads(path.read_text()) if path.is_file() else []
 
 
 def summary(rec: dict) -> str:
@@ -139,8 +143,7 @@ def main() -> int:
                                                                                   "precisions"))
         write_run(started, failures, forced_all=args.force and everything)
     records = load_records()
-    run_path = RECORDS / "run.json"
-    report.write(records, info, args.results_md, json.loads(run_path.read_text()) if run_path.is_file() else None)
+    report.write(records, info, args.results_md, recorded_runs())
     print(f"wrote {args.results_md} ({len(records)} records)")
     for f in failures:
         print(f"failed: {f}")

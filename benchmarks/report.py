@@ -151,12 +151,11 @@ def plots(records: list[dict], model: str) -> list[str]:
     for r in records:
         if r["workload"].startswith("serve-c"):
             series.setdefault((r["system"], r["precision"]), []).append((WORKLOADS[r["workload"]].concurrency, r["metrics"]))
-    # colour = system, line style and marker = precision: 12+ series never share a look
-    systems = sorted({s for s, _ in series})
-    colours = {s: plt.get_cmap("tab10")(i % 10) for i, s in enumerate(systems)}
-    styles = {"fp32": ("-", "o"), "int8": ("--", "s"), "int4": (":", "^")}
     if not series:
         return []
+    # colour = system, line style and marker = precision: 12+ series never share a look
+    colours = {s: plt.get_cmap("tab10")(i % 10) for i, s in enumerate(sorted({s for s, _ in series}))}
+    styles = {"fp32": ("-", "o"), "int8": ("--", "s"), "int4": (":", "^")}
     PLOTS.mkdir(parents=True, exist_ok=True)
     made = []
     for key, label, fname in (("output_throughput", "output tokens/s", "throughput"), ("ttft_p50_ms", "TTFT p50 (ms)", "ttft")):
@@ -247,8 +246,7 @@ def write(records: list[dict], machine: dict, path: Path, runs: list[dict] | Non
         lines += ["### Shared prefix (512 in, 448 shared, 32 out, 4 in flight)", ""] + shared_prefix_table(recs) + [""]
     lines += ["## Reproduce", ""]
     if runs:
-        lines += ["The records behind this file come from these runs, in order (a later run replaces the parts it"
-                  " measured):", ""]
+        lines += ["The records behind this file come from these runs, in order:", ""]
         lines += [f"{i}. `{run['command']}`, {run['started']} to {run['finished']}"
                   + (f"; failed parts: {'; '.join(run['failures'])}." if run.get("failures") else ", no part failed.")
                   for i, run in enumerate(runs, 1)] + [""]
