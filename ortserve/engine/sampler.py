@@ -6,6 +6,11 @@ remaining distribution by inverse CDF with one uniform number from the sample's 
 A sample's token depends only on its own logits row and its own generator, never on the batch.
 Logprobs are taken from the raw logits, before any of the above (vLLM v1's default).
 
+Numerics cannot fail: a temperature below ``GREEDY_TEMPERATURE`` is greedy (as vLLM), and a row
+whose processed distribution is not a finite positive mass (overflow from extreme parameters, NaN
+logits, or masks that removed every token) falls back to the argmax of its processed logits,
+NaN read as -inf; so every row yields a valid token id.
+
 Penalties, as in vLLM: repetition divides positive logits and multiplies negative ones of every
 token seen in the prompt or output; frequency subtracts ``f * count`` and presence ``p`` for every
 token in the output.
@@ -34,6 +39,10 @@ class Sampler:
 
     def sample(self, logits: np.ndarray, seqs: list[Sequence]) -> tuple[list[int], list[TokenLogprob] | None]:
         """One token per row of ``logits`` (float32 [len(seqs), vocab], modified in place)."""
+        with np.errstate(all="ignore"):  # non-finite rows are caught and fall back (module doc)
+            return self._sample(logits, seqs)
+
+    def _sample(self, logits: np.ndarray, seqs: list[Sequence]) -> tuple[list[int], list[TokenLogprob] | None]:
         params = [s.request.params for s in seqs]
         lp_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
         raw_logprobs = log_softmax(logits[lp_rows]) if lp_rows else None
@@ -99,19 +108,6 @@ class Sampler:
         u = np.fromiter((s.rng.random() for s in seqs), dtype=np.float64, count=len(seqs))
         return draw(weights, u, chunk_sums=chunk_sums)
 
-    def probabilities(self, logits: np.ndarray, seqs: list[Sequence]) -> np.ndarray:
-        """The distribution each row samples from (for tests and inspection; ``logits`` is
-        modified in place). Greedy rows are one-hot."""
-        self._apply_processors(logits, seqs)
-        probs = np.zeros_like(logits)
-        for i, seq in enumerate(seqs):
-            if seq.request.params.greedy:
-                probs[i, logits[i].argmax()] = 1.0
-            else:
-                w = self._weights(logits[i:i + 1].copy(), [seq])[0][0]
-                probs[i] = w / w.sum()
-        return probs
-
     def _weights(self, x: np.ndarray, seqs: list[Sequence]) -> tuple[np.ndarray, np.ndarray]:
         """Unnormalised probabilities after temperature, min-p, top-k and top-p, and their sums
         over chunks of CHUNK tokens (what ``draw`` searches).
@@ -126,10 +122,13 @@ class Sampler:
         if (inv_t != 1.0).any():
             x *= inv_t[:, None]
         truncated = [i for i, p in enumerate(params) if p.min_p > 0.0 or 0 < p.top_k < vocab or p.top_p < 1.0]
+        fallback: dict[int, int] = {}  # rows whose shift below would lose their argmax
         if truncated:
-            x[truncated] -= x[truncated].max(axis=1, keepdims=True)
-        with np.errstate(over="ignore"):  # overflowing rows are redone below
-            weights = np.exp(x, out=self._scratch(x.shape))  # x stays intact for that
+            peaks = x[truncated].max(axis=1, keepdims=True)
+            for j in np.flatnonzero(~np.isfinite(peaks[:, 0])):
+                fallback[truncated[j]] = _nan_argmax(x[truncated[j]])
+            x[truncated] -= peaks
+        weights = np.exp(x, out=self._scratch(x.shape))  # x stays intact: overflowing rows are redone
         for i in truncated:
             p, row = params[i], weights[i]  # the row's largest weight is exactly 1
             if p.min_p > 0.0:
@@ -149,6 +148,11 @@ class Sampler:
             shifted = x[redo] - x[redo].max(axis=1, keepdims=True)
             weights[redo] = np.exp(shifted)
             chunk_sums[redo] = np.add.reduceat(weights[redo], starts, axis=1)
+            totals = chunk_sums[redo].sum(axis=1, dtype=np.float64)
+            for i in redo[~(np.isfinite(totals) & (totals > 0))]:
+                weights[i] = 0.0  # no finite distribution: the processed argmax, NaN as -inf
+                weights[i, fallback[i] if i in fallback else _nan_argmax(x[i])] = 1.0
+                chunk_sums[i] = np.add.reduceat(weights[i], starts)
         return weights, chunk_sums
 
     def _scratch(self, shape: tuple[int, int]) -> np.ndarray:
@@ -156,6 +160,10 @@ class Sampler:
         if self._buffer is None or self._buffer.shape[0] < shape[0] or self._buffer.shape[1] != shape[1]:
             self._buffer = np.empty((max(shape[0], 1), shape[1]), np.float32)
         return self._buffer[:shape[0]]
+
+
+def _nan_argmax(row: np.ndarray) -> int:
+    return int(np.argmax(np.where(np.isnan(row), -np.inf, row)))
 
 
 def _keep_nucleus(w: np.ndarray, top_p: np.ndarray) -> np.ndarray:

@@ -72,7 +72,7 @@ class Request:
 
 def _rng(seed: int | None, index: int) -> np.random.Generator:
     # One generator per sample: its draws depend only on its own seed, never on the batch.
-    return np.random.default_rng(None if seed is None else [seed, index])
+    return np.random.default_rng(None if seed is None else [seed & 0xFFFF_FFFF_FFFF_FFFF, index])  # any int64 seed
 
 
 class Sequence:

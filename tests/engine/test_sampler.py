@@ -58,6 +58,20 @@ def reference_probs(logits, seq) -> np.ndarray:
     return probs / probs.sum()
 
 
+def sampled_distribution(logits: np.ndarray, seqs) -> np.ndarray:
+    """What each row samples from: the sampler's processors, then its weights (greedy: one-hot)."""
+    sampler = Sampler()
+    sampler._apply_processors(logits, seqs)
+    probs = np.zeros_like(logits)
+    for i, seq in enumerate(seqs):
+        if seq.params.greedy:
+            probs[i, logits[i].argmax()] = 1.0
+        else:
+            w = sampler._weights(logits[i:i + 1].copy(), [seq])[0][0]
+            probs[i] = w / w.sum()
+    return probs
+
+
 CASES = {
     "plain": {},
     "temperature": {"temperature": 0.5},
@@ -80,7 +94,7 @@ def test_probabilities_match_numpy_reference(case):
     logits = fixed_logits(1, seed=list(CASES).index(case))
     seq = seq_with(output=output, **params)
     expected = reference_probs(logits[0], seq)
-    got = Sampler().probabilities(logits.copy(), [seq])[0]
+    got = sampled_distribution(logits.copy(), [seq])[0]
     np.testing.assert_allclose(got, expected, atol=1e-6)
 
 
@@ -88,7 +102,7 @@ def test_batched_rows_with_mixed_params_equal_each_row_alone():
     cases = [dict(CASES[c]) for c in CASES]
     seqs = [seq_with(output=c.pop("output", ()), **c) for c in cases]
     logits = fixed_logits(len(seqs), seed=7)
-    together = Sampler().probabilities(logits.copy(), seqs)
+    together = sampled_distribution(logits.copy(), seqs)
     for i, seq in enumerate(seqs):
         np.testing.assert_allclose(together[i], reference_probs(logits[i], seq), atol=1e-6)
 
