@@ -57,7 +57,7 @@ def run_one(artifact: Path, precision: str, max_num_seqs: int, block_size: int, 
 
     from ortserve.engine.config import EngineConfig
     from ortserve.engine.core import EngineCore
-    from ortserve.engine.messages import EngineRequest
+    from ortserve.engine.ipc import EngineRequest
     from ortserve.engine.output_processor import OutputProcessor
     from ortserve.sampling_params import SamplingParams
 
@@ -116,7 +116,7 @@ def measure_defaults(artifact: Path, args: argparse.Namespace) -> None:
     - decode: a step of n sequences with 200-token contexts, for each block size and n."""
     from ortserve.engine.config import EngineConfig
     from ortserve.engine.core import EngineCore
-    from ortserve.engine.messages import EngineRequest
+    from ortserve.engine.ipc import EngineRequest
     from ortserve.sampling_params import SamplingParams
 
     affinity = os.sched_getaffinity(0)

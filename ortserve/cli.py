@@ -5,6 +5,8 @@ import argparse
 import importlib
 import sys
 
+from ortserve import __version__
+
 # subcommand -> module exposing HELP, add_arguments(parser) and run(args) -> int.
 # Each module keeps heavy imports inside run(), so `ortserve --help` stays fast.
 COMMANDS = {
@@ -17,6 +19,7 @@ COMMANDS = {
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ortserve", description="LLM serving on CPU with ONNX Runtime")
+    parser.add_argument("--version", action="version", version=f"ortserve {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module_name in COMMANDS.items():
         module = importlib.import_module(module_name)

@@ -32,51 +32,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     from ortserve.engine.config import EngineConfig
-    from ortserve.engine.core import EngineCore
-    from ortserve.engine.messages import EngineRequest
-    from ortserve.engine.output_processor import OutputProcessor
+    from ortserve.engine.llm_engine import LLMEngine
     from ortserve.sampling_params import SamplingParams
+    from ortserve.tokenizer import ChatPrompts
 
+    prompt = " ".join(args.prompt)
     try:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                                 top_k=args.top_k, seed=args.seed, stop=args.stop)
-        engine = EngineCore(EngineConfig.from_args(args))
+        engine = LLMEngine.from_config(EngineConfig.from_args(args))
+        prompts = ChatPrompts(engine.tokenizer)
+        if args.chat and prompts.has_chat_template:
+            messages = ([{"role": "system", "content": args.system}] if args.system else [])
+            messages.append({"role": "user", "content": prompt})
+            token_ids = prompts.chat_token_ids(messages)
+        else:
+            token_ids = prompts.encode(prompt)
+        engine.add_request("cli", token_ids, params)
     except (ValueError, RuntimeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(engine.tokenizer_dir)
-    prompt = " ".join(args.prompt)
-    if args.chat and tokenizer.chat_template:
-        messages = ([{"role": "system", "content": args.system}] if args.system else [])
-        messages.append({"role": "user", "content": prompt})
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        token_ids = tokenizer.encode(text, add_special_tokens=False)
-    else:
-        token_ids = tokenizer.encode(prompt)
-    processor = OutputProcessor(tokenizer)
-    try:
-        engine.add_request(EngineRequest("cli", token_ids, params))
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    processor.add_request("cli", token_ids, params)
-    started, first, completion = time.perf_counter(), None, None
-    while processor.has_unfinished_requests():
-        outputs, to_abort = processor.process_outputs(engine.step())
-        if to_abort:
-            engine.abort_requests(to_abort)
-        for output in outputs:
-            completion = output.outputs[0]
-            if completion.token_ids and first is None:
+    started, first, generated, finish = time.perf_counter(), None, 0, None
+    for delta in engine.run():
+        for sample in delta.samples:
+            if sample.token_ids and first is None:
                 first = time.perf_counter()
-            sys.stdout.write(completion.text_delta)
+            generated += len(sample.token_ids)
+            finish = sample.finish_reason or finish
+            sys.stdout.write(sample.text)
             sys.stdout.flush()
     elapsed = time.perf_counter() - started
     sys.stdout.write("\n")
-    num = len(completion.token_ids) if completion else 0
-    decode = (num - 1) / (elapsed - (first - started)) if first and num > 1 and elapsed > first - started else 0.0
-    print(f"[{len(token_ids)} prompt tokens, {num} generated, finish {completion.finish_reason if completion else None}; "
+    after = elapsed - ((first or started) - started)
+    decode = (generated - 1) / after if first and generated > 1 and after > 0 else 0.0
+    print(f"[{len(token_ids)} prompt tokens, {generated} generated, finish {finish}; "
           f"first token {((first or started) - started) * 1000:.0f} ms, {decode:.1f} tokens/s after]", file=sys.stderr)
-    return 0
+    return 0 if finish != "error" else 1

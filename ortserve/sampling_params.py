@@ -1,22 +1,112 @@
-"""How to sample one request: a plain dataclass shared by the offline API, the server and the engine.
+"""How to sample one request, and the one table of bounds that every entry point checks.
 
-Every field is checked in ``__post_init__``; a bad value raises ``ValueError`` whose message names
-the field and the allowed range, so the server can answer 400 naming the parameter.
-Fields that need the vocabulary (token ids in ``logit_bias`` and ``stop_token_ids``) are checked
-by the engine core when the request is added.
+``BOUNDS`` is the only place a limit on a request parameter is written. ``SamplingParams`` checks
+it in ``__post_init__`` (offline API, CLI, and the engine process, which decodes it from the wire);
+the HTTP request models derive their pydantic/OpenAPI constraints from the same table
+(``Bound.field_kwargs``), so a 400 over HTTP and a ``ValueError`` offline are the same rule.
+``PromptLimits`` is the one check of a prompt against the model (length, token ids, room left).
+
+Every failure is an ``InvalidParameter`` (a ValueError) whose ``param`` names the field and whose
+message says the allowed range, so the server answers 400 naming the parameter.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 MAX_LOGPROBS = 20  # as OpenAI's top_logprobs and vLLM's default max_logprobs
 GREEDY_TEMPERATURE = 1e-5  # a temperature below this samples greedily (vLLM's _SAMPLING_EPS)
+INT32_MAX = 2**31 - 1
+
+
+class InvalidParameter(ValueError):
+    """A request parameter outside its bounds; ``param`` names it."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class Bound:
+    """Inclusive (ge/le) or exclusive (gt/lt) limits of a number, or of a list's or string's size."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    max_items: int | None = None  # lists and dicts
+    max_length: int | None = None  # each string
+    note: str = ""
+
+    def holds(self, value: float) -> bool:
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        return ((self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
+                and (self.le is None or value <= self.le) and (self.lt is None or value < self.lt))
+
+    def describe(self) -> str:
+        low = f"[{_num(self.ge)}" if self.ge is not None else f"({_num(self.gt)}" if self.gt is not None else "(-inf"
+        high = f"{_num(self.le)}]" if self.le is not None else f"{_num(self.lt)})" if self.lt is not None else "inf)"
+        return f"must be in {low}, {high}" + (f" ({self.note})" if self.note else "")
+
+    def field_kwargs(self) -> dict[str, Any]:
+        """The pydantic ``Field`` constraints of this bound (and so the OpenAPI schema's)."""
+        names = ("ge", "gt", "le", "lt", "max_length")
+        kwargs = {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+        if self.max_items is not None:
+            kwargs["max_length"] = self.max_items  # pydantic's max_length bounds a list's size
+        return kwargs
+
+
+def _num(x: float | None) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+BOUNDS: dict[str, Bound] = {
+    "n": Bound(ge=1, le=128),
+    "temperature": Bound(ge=0.0, le=1e6, note="0 = greedy"),
+    "top_p": Bound(gt=0.0, le=1.0),
+    "top_k": Bound(ge=-1, le=INT32_MAX, note="0 or -1 = off"),
+    "min_p": Bound(ge=0.0, le=1.0),
+    "seed": Bound(ge=-(2**63), le=2**64 - 1),
+    "presence_penalty": Bound(ge=-2.0, le=2.0),
+    "frequency_penalty": Bound(ge=-2.0, le=2.0),
+    "repetition_penalty": Bound(gt=0.0, le=2.0, note="1 = off"),
+    "logit_bias": Bound(max_items=1024),
+    "logit_bias_value": Bound(ge=-100.0, le=100.0),
+    "stop": Bound(max_items=16, max_length=256),
+    "stop_token_ids": Bound(max_items=64),
+    "token_id": Bound(ge=0, le=INT32_MAX),
+    "max_tokens": Bound(ge=1, le=INT32_MAX),
+    "min_tokens": Bound(ge=0, le=INT32_MAX),
+    "logprobs": Bound(ge=0, le=MAX_LOGPROBS, note="0 = only the sampled token"),
+}
+
+
+def check(param: str, value: float | None, bound: str | None = None) -> None:
+    """Raise InvalidParameter unless ``value`` (None = unset) is within BOUNDS[bound or param]."""
+    rule = BOUNDS[bound or param]
+    if value is not None and not rule.holds(value):
+        raise InvalidParameter(param, f"{param} {rule.describe()}, got {value!r}")
+
+
+def check_size(param: str, items: Any) -> None:
+    rule = BOUNDS[param]
+    if items is not None and rule.max_items is not None and len(items) > rule.max_items:
+        raise InvalidParameter(param, f"{param} has {len(items)} entries; at most {rule.max_items} are allowed")
+    if rule.max_length is not None:
+        for item in items or ():
+            if len(item) > rule.max_length:
+                raise InvalidParameter(param, f"{param} entries must be at most {rule.max_length} "
+                                              f"characters, got one of {len(item)}")
 
 
 @dataclass
 class SamplingParams:
     n: int = 1
-    temperature: float = 1.0  # 0 = greedy
+    temperature: float = 1.0  # 0 (or below GREEDY_TEMPERATURE) = greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 or -1 = off
     min_p: float = 0.0
@@ -39,33 +129,24 @@ class SamplingParams:
             self.stop = [self.stop]
         if self.stop is not None:
             self.stop = [s for s in self.stop if s]  # an empty stop string would match everywhere
-        if self.logit_bias is not None:  # JSON gives string keys
-            self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+        if self.logit_bias is not None:
+            self.logit_bias = {_token_id_key(k): float(v) for k, v in self.logit_bias.items()}
         if self.top_k == -1:
             self.top_k = 0
-        _check(self.n >= 1, "n", "must be >= 1", self.n)
-        _check(self.temperature >= 0.0, "temperature", "must be >= 0 (0 = greedy)", self.temperature)
-        _check(0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]", self.top_p)
-        _check(self.top_k >= 0, "top_k", "must be >= 1, or 0 or -1 to disable", self.top_k)
-        _check(0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]", self.min_p)
-        _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]",
-               self.presence_penalty)
-        _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]",
-               self.frequency_penalty)
-        _check(0.0 < self.repetition_penalty <= 2.0, "repetition_penalty", "must be in (0, 2]",
-               self.repetition_penalty)
+        for name in ("n", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
+                     "frequency_penalty", "repetition_penalty", "max_tokens", "min_tokens", "logprobs"):
+            check(name, getattr(self, name))
+        check_size("logit_bias", self.logit_bias)
         for token_id, bias in (self.logit_bias or {}).items():
-            _check(token_id >= 0, "logit_bias", "keys must be token ids >= 0", token_id)
-            _check(-100.0 <= bias <= 100.0, "logit_bias", "values must be in [-100, 100]", bias)
+            check("logit_bias", token_id, "token_id")
+            check("logit_bias", bias, "logit_bias_value")
+        check_size("stop", self.stop)
+        check_size("stop_token_ids", self.stop_token_ids)
         for token_id in self.stop_token_ids or ():
-            _check(token_id >= 0, "stop_token_ids", "must be token ids >= 0", token_id)
-        _check(self.max_tokens is None or self.max_tokens >= 1, "max_tokens", "must be >= 1",
-               self.max_tokens)
-        _check(self.min_tokens >= 0, "min_tokens", "must be >= 0", self.min_tokens)
-        _check(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
-               f"must be <= max_tokens ({self.max_tokens})", self.min_tokens)
-        _check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs",
-               f"must be in [0, {MAX_LOGPROBS}]", self.logprobs)
+            check("stop_token_ids", token_id, "token_id")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise InvalidParameter("min_tokens", f"min_tokens must be <= max_tokens ({self.max_tokens}), "
+                                                 f"got {self.min_tokens}")
 
     @property
     def greedy(self) -> bool:
@@ -77,6 +158,51 @@ class SamplingParams:
                 or self.repetition_penalty != 1.0)
 
 
-def _check(ok: bool, field: str, rule: str, value) -> None:
-    if not ok:
-        raise ValueError(f"{field} {rule}, got {value!r}")
+def _token_id_key(key: int | str) -> int:
+    """logit_bias keys: ints, or decimal strings as JSON sends them ("²" and "--5" are not)."""
+    if isinstance(key, int):
+        return key
+    text = str(key).strip()
+    digits = text[1:] if text[:1] in "+-" else text
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 10:
+        raise InvalidParameter("logit_bias", f"logit_bias keys must be token ids (decimal integers), got {key!r}")
+    return int(text)
+
+
+@dataclass(frozen=True)
+class PromptLimits:
+    """A prompt against the model: token ids in the vocabulary, at least one token, and room for
+    at least one generated token within max_model_len (prompt + completion)."""
+
+    max_model_len: int
+    vocab_size: int
+
+    def check_token_ids(self, token_ids: list[int], param: str) -> None:
+        bad = next((t for t in token_ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise InvalidParameter(param, f"{param} holds token id {bad}, outside the vocabulary "
+                                          f"[0, {self.vocab_size})")
+
+    def completion_budget(self, prompt_len: int, max_tokens: int | None, param: str = "prompt") -> int:
+        """The tokens this prompt may generate: ``max_tokens``, or all the room left if None."""
+        limit = self.max_model_len
+        if prompt_len == 0:
+            raise InvalidParameter(param, f"{param} is empty: at least one token is needed")
+        if prompt_len >= limit:
+            raise InvalidParameter(
+                param, f"{param} is too long: {prompt_len} tokens, and this model's maximum context "
+                       f"length is {limit} tokens (prompt + completion; --max-model-len)")
+        room = limit - prompt_len
+        if max_tokens is not None and max_tokens > room:
+            raise InvalidParameter(
+                "max_tokens", f"max_tokens is too large: {max_tokens} completion tokens + {prompt_len} "
+                              f"prompt tokens exceed this model's maximum context length of {limit} "
+                              f"tokens; at most {room} fit")
+        return room if max_tokens is None else max_tokens
+
+    def check(self, prompt_token_ids: list[int], params: SamplingParams, param: str = "prompt") -> int:
+        """Everything about a request that needs the model; returns its completion budget."""
+        self.check_token_ids(prompt_token_ids, param)
+        for name, ids in (("logit_bias", params.logit_bias or {}), ("stop_token_ids", params.stop_token_ids or ())):
+            self.check_token_ids(list(ids), name)
+        return self.completion_budget(len(prompt_token_ids), params.max_tokens, param)

@@ -1,7 +1,8 @@
-"""Engine configuration: one pydantic model, and the command-line flags that fill it.
+"""Engine configuration: one pydantic model, and the command-line flags generated from it.
 
 `ortserve serve` and `ortserve generate` both call ``add_engine_arguments(parser)`` and
-``EngineConfig.from_args(args)``, so the engine flags are spelled once.
+``EngineConfig.from_args(args)``; the flags come from the fields (as vLLM's ``EngineArgs``), so
+an option is written once.
 
 Defaults were picked from measurements on the 2-core AVX-512 machine with SmolLM2-135M
 (see benchmarks/bench_offline.py and the numbers quoted next to each default).
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -42,21 +44,31 @@ def _env_float(name: str) -> float | None:
 
 
 class EngineConfig(BaseModel):
+    """The engine's options. The command-line flags are generated from these fields
+    (``add_engine_arguments``), so an option is added once, here."""
+
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
-    model: str | None = Field(None, description="artifact directory or built-in model name")
-    precision: Precision = Field("fp32", description="weight precision of a built-in model: fp32, int8, int4")
-    block_size: int = Field(DEFAULT_BLOCK_SIZE, ge=1, le=256)
+    model: str | None = Field(None, description="artifact directory or built-in model name "
+                                                "(default: the embedded SmolLM2)")
+    precision: Precision = Field("fp32", description="weight precision when MODEL is a built-in name")
+    chat_template: str | None = Field(None, description="a chat template (file or Jinja text) replacing the model's")
+    block_size: int = Field(DEFAULT_BLOCK_SIZE, ge=1, le=256, description="tokens per KV block")
     kv_cache_space: float | None = Field(
         default_factory=lambda: _env_float(KVCACHE_SPACE_ENV), gt=0,
-        description=f"KV cache size in GiB (env {KVCACHE_SPACE_ENV}); None = "
-                    f"{DEFAULT_KV_CACHE_SPACE_GIB:g} GiB or what fits")
-    max_num_seqs: int = Field(DEFAULT_MAX_NUM_SEQS, ge=1)
-    max_num_batched_tokens: int = Field(DEFAULT_MAX_NUM_BATCHED_TOKENS, ge=1)
-    max_model_len: int | None = Field(None, ge=1, description="None = the model's, capped by the KV cache")
-    threads_bind: str = Field(default_factory=lambda: os.environ.get(THREADS_BIND_ENV) or "auto")
-    reserved_cpus: int = Field(0, ge=0)
-    enable_prefix_caching: bool = True
+        description=f"KV cache size in GiB (env {KVCACHE_SPACE_ENV}; default "
+                    f"{DEFAULT_KV_CACHE_SPACE_GIB:g} or what fits in memory)",
+        json_schema_extra={"metavar": "GiB"})
+    max_num_seqs: int = Field(DEFAULT_MAX_NUM_SEQS, ge=1, description="most sequences in one step")
+    max_num_batched_tokens: int = Field(DEFAULT_MAX_NUM_BATCHED_TOKENS, ge=1, description="most tokens in one step")
+    max_model_len: int | None = Field(None, ge=1, description="longest prompt + output in tokens "
+                                                               "(default: the model's, capped by the KV cache)")
+    threads_bind: str = Field(default_factory=lambda: os.environ.get(THREADS_BIND_ENV) or "auto",
+                              description=f"cores for the engine: a CPU list like 0-3, 'auto' or 'nobind' "
+                                          f"(env {THREADS_BIND_ENV}; default auto)")
+    reserved_cpus: int = Field(0, ge=0, description="with --threads-bind auto, leave this many cores to other work")
+    enable_prefix_caching: bool = Field(True, description="disable prefix caching",
+                                        json_schema_extra={"flag": "--no-prefix-caching"})
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineConfig:
@@ -65,29 +77,29 @@ class EngineConfig(BaseModel):
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The engine flags. Every default is None so that ``from_args`` leaves the model's default
-    (and its environment variable) in charge when a flag is not given."""
+    """One flag per EngineConfig field. Every default is None so that ``from_args`` leaves the
+    field's default (and its environment variable) in charge when a flag is not given."""
     group = parser.add_argument_group("engine")
-    group.add_argument("--model", default=None,
-                       help="artifact directory or built-in model name (default: the embedded SmolLM2)")
-    group.add_argument("--precision", choices=["fp32", "int8", "int4"], default=None,
-                       help="weight precision when MODEL is a built-in name (default fp32)")
-    group.add_argument("--block-size", type=int, default=None,
-                       help=f"tokens per KV block (default {DEFAULT_BLOCK_SIZE})")
-    group.add_argument("--kv-cache-space", type=float, default=None, metavar="GiB",
-                       help=f"KV cache size in GiB (env {KVCACHE_SPACE_ENV}; default "
-                            f"{DEFAULT_KV_CACHE_SPACE_GIB:g} or what fits in memory)")
-    group.add_argument("--max-num-seqs", type=int, default=None,
-                       help=f"most sequences in one step (default {DEFAULT_MAX_NUM_SEQS})")
-    group.add_argument("--max-num-batched-tokens", type=int, default=None,
-                       help=f"most tokens in one step (default {DEFAULT_MAX_NUM_BATCHED_TOKENS})")
-    group.add_argument("--max-model-len", type=int, default=None,
-                       help="longest prompt + output in tokens (default: the model's, capped by the KV cache)")
-    group.add_argument("--threads-bind", default=None,
-                       help=f"cores for the engine: a CPU list like 0-3, 'auto' or 'nobind' "
-                            f"(env {THREADS_BIND_ENV}; default auto)")
-    group.add_argument("--reserved-cpus", type=int, default=None,
-                       help="with --threads-bind auto, leave this many cores to other work (default 0)")
-    group.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
-                       default=None, help="disable prefix caching")
+    for name, info in EngineConfig.model_fields.items():
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        flag = str(extra.get("flag") or "--" + name.replace("_", "-"))
+        default = info.get_default(call_default_factory=False)
+        help_text = info.description or ""
+        if info.annotation is bool:  # a flag that turns a default-on option off
+            group.add_argument(flag, dest=name, action="store_false", default=None, help=help_text)
+            continue
+        kind, choices = _scalar_type(info.annotation)
+        if default is not None and info.default_factory is None:
+            help_text += f" (default {default})"
+        group.add_argument(flag, dest=name, type=kind, choices=choices, default=None,
+                           metavar=extra.get("metavar"), help=help_text)
     return parser
+
+
+def _scalar_type(annotation: object) -> tuple[type, list[str] | None]:
+    args = [a for a in get_args(annotation) if a is not type(None)]
+    if get_origin(annotation) is Literal:
+        return str, [str(a) for a in get_args(annotation)]
+    if args:
+        return _scalar_type(args[0])
+    return annotation if isinstance(annotation, type) else str, None  # type: ignore[return-value]

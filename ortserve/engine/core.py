@@ -5,8 +5,12 @@ check it fits in memory (before anything big is loaded), settle max_model_len, l
 pin the calling thread, warm up, and log one summary block. Each step then runs
 schedule -> model runner -> sampler -> scheduler update.
 
-The server runs this in its own process (``ortserve.server.engine_process``), the offline ``LLM``
-in the caller's. Messages in and out are the small dataclasses of ``engine.messages``.
+``LLMEngine`` (engine/llm_engine.py) drives it: in the server's engine process and in the offline
+``LLM``'s. Messages in and out are the msgspec structs of ``engine.ipc``.
+
+Faults are contained: a step whose model run raises ends the requests of that batch with
+finish reason "error" and the core goes on; a sampler failure is retried row by row, so only
+the rows that fail alone end.
 """
 from __future__ import annotations
 
@@ -22,22 +26,14 @@ from ortserve.artifact import ArtifactManifest, is_artifact, load_manifest
 from ortserve.engine.block_manager import BlockManager
 from ortserve.engine.config import DEFAULT_KV_CACHE_SPACE_GIB, EngineConfig
 from ortserve.engine.memory import GIB, KVCachePlan, MemoryCheckError, plan_kv_cache
-from ortserve.engine.messages import (
-    EngineCoreOutput,
-    EngineRequest,
-    EngineStats,
-    FinishReason,
-    RequestRejected,
-    TokenLogprob,
-)
+from ortserve.engine.ipc import EngineCoreOutput, EngineInfo, EngineRequest, StatsUpdate, TokenLogprob
 from ortserve.engine.sampler import Sampler
 from ortserve.engine.scheduler import ScheduledBatch, Scheduler
 from ortserve.engine.sequence import Request
 from ortserve.engine.threads import pin_calling_thread, plan_threads
-from ortserve.sampling_params import SamplingParams
+from ortserve.sampling_params import InvalidParameter, PromptLimits, SamplingParams
 
-__all__ = ["EngineCore", "EngineCoreOutput", "EngineRequest", "EngineStats", "FinishReason",
-           "MemoryCheckError", "RequestRejected", "TokenLogprob"]
+__all__ = ["EngineCore", "MemoryCheckError"]
 
 logger = logging.getLogger("ortserve.engine")
 
@@ -50,6 +46,7 @@ class EngineCore:
         self.threads = plan_threads(config.threads_bind, config.reserved_cpus)
         self.kv_plan = plan_kv_cache(manifest, config.block_size, config.kv_cache_space, DEFAULT_KV_CACHE_SPACE_GIB)
         self.max_model_len = settle_max_model_len(config, manifest, self.kv_plan)
+        self.limits = PromptLimits(self.max_model_len, manifest.vocab_size)
         self.eos_token_ids = frozenset(manifest.eos_token_ids)
         from ortserve.engine.model_runner import ModelRunner  # onnxruntime: only where it runs
 
@@ -62,6 +59,7 @@ class EngineCore:
         self._pending: list[EngineCoreOutput] = []  # abort outputs, delivered by the next step()
         self._num_steps = 0
         self._step_seconds = 0.0
+        self._reported = StatsUpdate()  # cumulative values at the last stats() call
         self._warm_up()
         logger.info("%s", startup_report(self, time.perf_counter() - started))
 
@@ -70,35 +68,18 @@ class EngineCore:
     def tokenizer_dir(self) -> Path:
         return self.artifact_dir  # the exporter copies the tokenizer files into the artifact
 
-    @property
-    def vocab_size(self) -> int:
-        return self.manifest.vocab_size
-
-    @property
-    def num_blocks(self) -> int:
-        return self.kv_plan.num_blocks
+    def info(self) -> EngineInfo:
+        return EngineInfo(artifact_dir=str(self.artifact_dir), max_model_len=self.max_model_len,
+                          vocab_size=self.manifest.vocab_size, max_num_seqs=self.config.max_num_seqs,
+                          engine_cores=list(self.threads.cores) if self.threads.bind else [])
 
     # -- requests ------------------------------------------------------------------------------
     def add_request(self, request: EngineRequest) -> None:
-        """Queue a request, or raise RequestRejected naming the limit and what changes it."""
-        prompt = request.prompt_token_ids
-        params = request.sampling_params
+        """Queue a request, or raise InvalidParameter naming the limit and what changes it
+        (the same ``PromptLimits`` check the server makes before sending it)."""
         if request.request_id in self.scheduler.requests:
-            raise RequestRejected(f"request id {request.request_id!r} is already running")
-        if not prompt:
-            raise RequestRejected("the prompt is empty: at least one token is needed")
-        if len(prompt) > self.max_model_len:
-            raise RequestRejected(
-                f"the prompt has {len(prompt)} tokens, more than max_model_len {self.max_model_len} "
-                f"(--max-model-len; the KV cache, --kv-cache-space, and the model bound it)")
-        vocab = self.vocab_size
-        if min(prompt) < 0 or max(prompt) >= vocab:
-            bad = next(t for t in prompt if not 0 <= t < vocab)
-            raise RequestRejected(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
-        for field, ids in (("logit_bias", params.logit_bias or {}), ("stop_token_ids", params.stop_token_ids or ())):
-            bad = [t for t in ids if t >= vocab]
-            if bad:
-                raise RequestRejected(f"{field} token id {bad[0]} is outside the vocabulary [0, {vocab})")
+            raise InvalidParameter("request_id", f"request id {request.request_id!r} is already running")
+        self.limits.check(request.prompt_token_ids, request.sampling_params)
         self.scheduler.add(Request(request, self.eos_token_ids, self.max_model_len))
 
     def abort_requests(self, request_ids) -> None:
@@ -119,36 +100,65 @@ class EngineCore:
         if batch:
             try:
                 logits = self.runner.execute(batch)
-                tokens, logprobs = self.sampler.sample(logits, batch.sampling)
-            except Exception:
-                self._fail_batch(batch)
-                raise
-            outputs += self.scheduler.update(batch, tokens, logprobs)
+            except Exception:  # noqa: BLE001 - contained: this batch's requests fail, the core goes on
+                logger.exception("the model run failed; ending the %d requests of this step", len(batch.seqs))
+                return outputs + self._fail(dict.fromkeys(s.request.request_id for s in batch.seqs))
+            tokens, logprobs, failed = self._sample(logits, batch)
+            updated = self.scheduler.update(batch, tokens, logprobs)
+            outputs += [o for o in updated if o.request_id not in failed] if failed else updated
+            outputs += self._fail(failed)
             self._num_steps += 1
         self._step_seconds += time.perf_counter() - started
         return outputs
 
-    def _fail_batch(self, batch: ScheduledBatch) -> None:
-        """The step raised: end its requests (their blocks come back) and report them aborted."""
-        for request_id in dict.fromkeys(s.request.request_id for s in batch.seqs):
-            self._pending += self.scheduler.abort(request_id)
+    def _sample(self, logits: np.ndarray, batch: ScheduledBatch
+                ) -> tuple[list[int], list[TokenLogprob] | None, list[str]]:
+        """The batch's tokens; if the sampler raises, each row alone, and the requests whose rows
+        still raise are returned to be failed (their rows get a placeholder token first)."""
+        seqs = batch.sampling
+        try:
+            tokens, logprobs = self.sampler.sample(logits, seqs)
+            return tokens, logprobs, []
+        except Exception:  # noqa: BLE001 - find the rows that fail alone
+            logger.exception("sampling a batch of %d rows failed; retrying row by row", len(seqs))
+        tokens, rows, failed = [], [], []
+        for i, seq in enumerate(seqs):
+            try:
+                token, row = self.sampler.sample(logits[i:i + 1].copy(), [seq])
+            except Exception:  # noqa: BLE001
+                logger.exception("sampling request %s failed", seq.request.request_id)
+                token, row = [0], None
+                failed.append(seq.request.request_id)
+            tokens += token
+            rows.append(row[0] if row else None)
+        wanted = any(s.params.logprobs is not None for s in seqs)
+        return tokens, (rows if wanted else None), failed  # type: ignore[return-value]
 
-    def stats(self) -> EngineStats:
-        counters = self.scheduler.counters
-        stats = EngineStats(
+    def _fail(self, request_ids) -> list[EngineCoreOutput]:
+        outputs: list[EngineCoreOutput] = []
+        for request_id in request_ids:
+            outputs += self.scheduler.abort(request_id, reason="error")
+        return outputs
+
+    def stats(self) -> StatsUpdate:
+        """Gauges now, and what the counters gained since the previous call."""
+        counters, last = self.scheduler.counters, self._reported
+        now = StatsUpdate(
+            prefix_queries=counters.prefix_queries, prefix_hits=counters.prefix_hits,
+            num_preemptions=counters.num_preemptions, prompt_tokens=counters.prompt_tokens,
+            generation_tokens=counters.generation_tokens, num_steps=self._num_steps,
+            step_seconds=self._step_seconds, model_seconds=self.runner.model_seconds)
+        update = StatsUpdate(
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
-            kv_usage=self.block_manager.usage, prefix_queries=counters.prefix_queries,
-            prefix_hits=counters.prefix_hits, num_preemptions=counters.num_preemptions,
-            prompt_tokens=counters.prompt_tokens, generation_tokens=counters.generation_tokens,
-            num_steps=self._num_steps, step_seconds=self._step_seconds,
-            model_seconds=self.runner.model_seconds,
-            ttft=counters.ttft, tpot=counters.tpot, e2e=counters.e2e)
+            kv_usage=self.block_manager.usage, ttft=counters.ttft, tpot=counters.tpot, e2e=counters.e2e,
+            **{name: getattr(now, name) - getattr(last, name) for name in CUMULATIVE})
         counters.ttft, counters.tpot, counters.e2e = [], [], []
-        return stats
+        self._reported = now
+        return update
 
     def _warm_up(self) -> None:
         """One throwaway step (ORT's first run allocates and prepacks), then reset the clocks."""
-        length = min(self.config.block_size + 1, self.max_model_len)
+        length = min(self.config.block_size + 1, self.max_model_len - 1)
         self.add_request(EngineRequest("__warmup__", [0] * length, SamplingParams(max_tokens=1, temperature=0.0)))
         while self.scheduler.has_unfinished_requests():
             self.step()
@@ -156,6 +166,11 @@ class EngineCore:
         self.scheduler.counters = type(self.scheduler.counters)()
         self.runner.model_seconds = self._step_seconds = 0.0
         self._num_steps = 0
+        self._reported = StatsUpdate()
+
+
+CUMULATIVE = ("prefix_queries", "prefix_hits", "num_preemptions", "prompt_tokens", "generation_tokens",
+              "num_steps", "step_seconds", "model_seconds")
 
 
 def resolve_artifact(config: EngineConfig) -> Path:

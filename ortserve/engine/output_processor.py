@@ -1,98 +1,61 @@
-"""Token ids -> text, on the API side of the process boundary (as vLLM v1's OutputProcessor).
+"""Token ids -> text deltas: incremental detokenisation and stop strings (vLLM's OutputProcessor).
 
-The engine core has no tokenizer in the server case, so detokenisation and stop strings live
-here. Each call to ``process_outputs`` turns the core's ``EngineCoreOutput``s into one
-``RequestOutput`` per request that changed, and returns the samples that a stop string finished
-so the caller aborts them in the core.
+``process_outputs`` turns one core step's ``EngineCoreOutput``s into one ``RequestDelta`` per
+request that changed, and returns the samples a stop string finished, so the caller aborts them
+in the core. Deltas carry only what is new: the work per step does not grow with the length of
+the generation, and a consumer that wants the whole text adds the deltas up.
 
-Incremental detokenisation (vLLM's ``detokenize_incrementally``): decode a sliding window of ids
-twice, with and without the newest ones, and emit the difference. The window starts a few tokens
-back so leading-space rules of the tokenizer apply as in a full decode, and a text ending in
-U+FFFD (a multi-byte character split across tokens) is held until the next token completes it.
+Detokenisation is ``tokenizers``' ``DecodeStream``, seeded with the prompt's last tokens so the
+tokenizer's leading-space rules apply as in a full decode; it holds back a multi-byte character
+split across tokens until it is complete.
 
 Stop strings: the text is cut at the first stop string (kept if ``include_stop_str_in_output``).
-While streaming, the longest tail of the text that could still grow into a stop string is held
-back, so a client never sees text that is later cut.
+The longest tail that could still grow into a stop string is held back, so a client never sees
+text that is later cut. Only a window of the last characters is searched, never the whole text.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import logging
 from typing import Any
 
-from ortserve.engine.messages import EngineCoreOutput, FinishReason, TokenLogprob
+from tokenizers.decoders import DecodeStream
+
+from ortserve.engine.ipc import EngineCoreOutput, RequestDelta, SampleDelta
 from ortserve.sampling_params import SamplingParams
 
-INITIAL_WINDOW = 5  # prompt tokens that seed the window, as vLLM
+INITIAL_WINDOW = 5  # prompt tokens that seed the decoder, as vLLM
 
-
-@dataclass
-class CompletionOutput:
-    index: int
-    text: str = ""  # cumulative, stop string cut
-    text_delta: str = ""  # new since the previous RequestOutput of this sample
-    token_ids: list[int] = field(default_factory=list)  # cumulative
-    token_ids_delta: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprob] | None = None  # cumulative, one per token id
-    finish_reason: FinishReason | None = None
-    stop_reason: int | str | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-
-@dataclass
-class RequestOutput:
-    request_id: str
-    prompt_token_ids: list[int]
-    outputs: list[CompletionOutput]  # the samples that changed in this step, by index
-    finished: bool  # every sample of the request is finished
-    prompt: str | None = None
-    num_cached_tokens: int = 0
+logger = logging.getLogger("ortserve.engine")
 
 
 class IncrementalDetokenizer:
     def __init__(self, tokenizer: Any, prompt_token_ids: list[int], skip_special_tokens: bool):
-        self.tokenizer = tokenizer
-        self.skip_special_tokens = skip_special_tokens
-        self.ids = list(prompt_token_ids[-INITIAL_WINDOW:])
-        self.prefix_offset = 0
-        self.read_offset = len(self.ids)
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+        self._backend = getattr(tokenizer, "backend_tokenizer", tokenizer)  # a tokenizers.Tokenizer
+        self._stream = DecodeStream(ids=list(prompt_token_ids[-INITIAL_WINDOW:]),
+                                    skip_special_tokens=skip_special_tokens)
 
     def add(self, token_ids: list[int]) -> str:
         """The text the new ids complete (possibly "")."""
-        self.ids.extend(token_ids)
-        prefix_text = self._decode(self.ids[self.prefix_offset:self.read_offset])
-        new_text = self._decode(self.ids[self.prefix_offset:])
-        if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
-            return ""  # nothing printable yet, or a character still incomplete
-        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-        return new_text[len(prefix_text):]
+        pieces = [self._stream.step(self._backend, t) for t in token_ids]
+        return "".join(p for p in pieces if p)
 
 
 class _Sample:
     def __init__(self, index: int, tokenizer: Any, prompt_token_ids: list[int], params: SamplingParams):
-        self.out = CompletionOutput(index, logprobs=[] if params.logprobs is not None else None)
+        self.index = index
         self.detokenizer = IncrementalDetokenizer(tokenizer, prompt_token_ids, params.skip_special_tokens)
-        self.text = ""  # all decoded text, stop string cut
-        self.sent = 0  # characters of text already handed out
-        self.delta_ids: list[int] = []
+        self.window = ""  # sent text's last characters (for stops that span deltas) + held text
+        self.held = 0  # characters at the end of window not sent yet
+        self.finished = False
 
 
 class _RequestState:
-    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 prompt: str | None, tokenizer: Any):
-        self.request_id = request_id
-        self.prompt_token_ids = prompt_token_ids
-        self.prompt = prompt
+    def __init__(self, prompt_token_ids: list[int], params: SamplingParams, tokenizer: Any):
         self.params = params
         self.samples = [_Sample(i, tokenizer, prompt_token_ids, params) for i in range(params.n)]
         self.num_finished = 0
         self.num_cached_tokens = 0
-        self.stop_holdback = max((len(s) for s in params.stop or ()), default=0)
+        self.longest_stop = max((len(s) for s in params.stop or ()), default=0)
 
 
 class OutputProcessor:
@@ -100,12 +63,10 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.requests: dict[str, _RequestState] = {}
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    prompt: str | None = None) -> None:
-        self.requests[request_id] = _RequestState(request_id, list(prompt_token_ids), params, prompt,
-                                                  self.tokenizer)
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        self.requests[request_id] = _RequestState(list(prompt_token_ids), params, self.tokenizer)
 
-    def abort_requests(self, request_ids) -> None:
+    def abort_requests(self, request_ids: list[str]) -> None:
         """Forget requests the caller gave up on (the core is told separately)."""
         for request_id in request_ids:
             self.requests.pop(request_id, None)
@@ -114,75 +75,76 @@ class OutputProcessor:
         return bool(self.requests)
 
     def process_outputs(self, outputs: list[EngineCoreOutput]
-                        ) -> tuple[list[RequestOutput], list[str | tuple[str, int]]]:
-        """One RequestOutput per request that changed, and what to abort in the core: a request
-        id, or (request id, sample index) when only one of n samples hit a stop string."""
-        touched: dict[str, set[int]] = {}
+                        ) -> tuple[list[RequestDelta], list[str | tuple[str, int]]]:
+        """One RequestDelta per request that changed, and what to abort in the core: a request
+        id, or (request id, sample index) when only one of n samples hit a stop string. A request
+        whose processing raises ends alone, with ``error`` set; the others go on."""
+        deltas: dict[str, RequestDelta] = {}
         to_abort: list[str | tuple[str, int]] = []
         for output in outputs:
-            state = self.requests.get(output.request_id)
+            request_id = output.request_id
+            state = self.requests.get(request_id)
             if state is None or not 0 <= output.index < len(state.samples):
                 continue  # aborted here already, or finished by a stop string
             sample = state.samples[output.index]
-            if sample.out.finished:
+            if sample.finished:
                 continue
-            state.num_cached_tokens = max(state.num_cached_tokens, output.num_cached_tokens)
-            if self._update(state, sample, output):
-                to_abort.append(state.request_id if len(state.samples) == 1 else (state.request_id, sample.out.index))
-            touched.setdefault(state.request_id, set()).add(output.index)
-            if sample.out.finished:
-                state.num_finished += 1
-        results = []
-        for request_id, indices in touched.items():
-            state = self.requests[request_id]
-            finished = state.num_finished == len(state.samples)
-            results.append(RequestOutput(
-                request_id, state.prompt_token_ids, [self._snapshot(state, state.samples[i]) for i in sorted(indices)],
-                finished, state.prompt, state.num_cached_tokens))
-            if finished:
+            delta = deltas.get(request_id)
+            if delta is None:
+                delta = deltas[request_id] = RequestDelta(request_id, [], num_prompt_tokens=output.num_prompt_tokens)
+            try:
+                sample_delta, stopped = self._update(state, sample, output)
+            except Exception:  # noqa: BLE001 - contained: this request fails, the engine goes on
+                logger.exception("processing the output of request %s failed", request_id)
                 del self.requests[request_id]
-        return results, to_abort
+                delta.finished, delta.error = True, "internal error while processing this request's output"
+                to_abort.append(request_id)
+                continue
+            delta.samples.append(sample_delta)
+            state.num_cached_tokens = max(state.num_cached_tokens, output.num_cached_tokens)
+            if stopped:
+                to_abort.append(request_id if len(state.samples) == 1 else (request_id, sample.index))
+            if sample.finished:
+                state.num_finished += 1
+            if state.num_finished == len(state.samples):
+                delta.finished = True
+                del self.requests[request_id]
+            delta.num_cached_tokens = state.num_cached_tokens
+        return list(deltas.values()), to_abort
 
-    def _update(self, state: _RequestState, sample: _Sample, output: EngineCoreOutput) -> bool:
-        """Apply one core output; True when a stop string finished the sample."""
+    def _update(self, state: _RequestState, sample: _Sample, output: EngineCoreOutput) -> tuple[SampleDelta, bool]:
+        """Apply one core output; the sample's delta, and True when a stop string finished it."""
         params = state.params
-        out = sample.out
         ids = output.new_token_ids
-        out.token_ids.extend(ids)
-        sample.delta_ids.extend(ids)
-        if out.logprobs is not None and output.new_logprobs:
-            out.logprobs.extend(output.new_logprobs)
+        delta = SampleDelta(sample.index, token_ids=list(ids),
+                            logprobs=list(output.new_logprobs or ()) if params.logprobs is not None else None)
         text_ids = ids
         if (output.finish_reason == "stop" and not isinstance(output.stop_reason, str)
                 and not params.include_stop_str_in_output and ids):
             text_ids = ids[:-1]  # the EOS or stop token: no text, as vLLM
-        if text_ids:
-            delta = sample.detokenizer.add(text_ids)
-            sample.text += delta
-            if params.stop and delta:
-                hit = _find_stop(sample.text, len(delta), params.stop, params.include_stop_str_in_output)
-                if hit is not None:
-                    stop, end = hit
-                    sample.text = sample.text[:end]
-                    out.finish_reason, out.stop_reason = "stop", stop
-                    return True
-        if output.finish_reason is not None:
-            out.finish_reason, out.stop_reason = output.finish_reason, output.stop_reason
-        return False
-
-    def _snapshot(self, state: _RequestState, sample: _Sample) -> CompletionOutput:
-        """A fresh CompletionOutput: consumers may hold it while the next step runs."""
-        out = sample.out
-        visible = len(sample.text)
-        if not out.finished and state.stop_holdback and not state.params.include_stop_str_in_output:
-            visible -= _partial_stop_len(sample.text, state.params.stop)
-        visible = max(visible, sample.sent)
-        delta = sample.text[sample.sent:visible]
-        sample.sent = visible
-        delta_ids, sample.delta_ids = sample.delta_ids, []
-        return CompletionOutput(
-            out.index, sample.text[:visible], delta, list(out.token_ids), delta_ids,
-            None if out.logprobs is None else list(out.logprobs), out.finish_reason, out.stop_reason)
+        new_text = sample.detokenizer.add(text_ids) if text_ids else ""
+        finishing = output.finish_reason is not None
+        if not params.stop:
+            delta.text = new_text
+        else:
+            sent = len(sample.window) - sample.held
+            sample.window += new_text
+            hit = _find_stop(sample.window, len(new_text) + sample.held, params.stop, params.include_stop_str_in_output)
+            if hit is not None:
+                stop, cut = hit
+                delta.text = sample.window[sent:max(cut, sent)]
+                delta.finish_reason, delta.stop_reason = "stop", stop
+                sample.finished = True
+                return delta, True
+            keep = 0 if finishing or params.include_stop_str_in_output else _partial_stop_len(sample.window, params.stop)
+            end = max(len(sample.window) - keep, sent)
+            delta.text = sample.window[sent:end]
+            sample.held = len(sample.window) - end
+            sample.window = sample.window[max(0, end - state.longest_stop):]  # bounded: stops + held
+        if finishing:
+            delta.finish_reason, delta.stop_reason = output.finish_reason, output.stop_reason
+            sample.finished = True
+        return delta, False
 
 
 def _find_stop(text: str, num_new: int, stops: list[str], include: bool) -> tuple[str, int] | None:
@@ -202,8 +164,9 @@ def _partial_stop_len(text: str, stops: list[str]) -> int:
     """Length of the longest tail of ``text`` that is a proper prefix of some stop string."""
     longest = 0
     for stop in stops:
-        for k in range(min(len(stop) - 1, len(text)), longest, -1):
-            if text.endswith(stop[:k]):
-                longest = k
+        start = max(0, len(text) - len(stop) + 1)
+        for i in range(start, len(text) - longest):  # the tail text[i:] is a prefix of stop
+            if stop.startswith(text[i:]):
+                longest = len(text) - i
                 break
     return longest

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ortserve.engine.messages import TokenLogprob
+from ortserve.engine.ipc import TokenLogprob
 from ortserve.engine.sequence import Sequence
 
 NEG_INF = np.float32(-np.inf)

@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ortserve.engine.block_manager import BlockManager
-from ortserve.engine.messages import EngineCoreOutput, FinishReason, TokenLogprob
+from ortserve.engine.ipc import EngineCoreOutput, FinishReason, TokenLogprob
 from ortserve.engine.sequence import Request, Sequence, SequenceStatus
 
 
@@ -140,8 +140,9 @@ class Scheduler:
             self.running = [s for s in self.running if s.status is SequenceStatus.RUNNING]
         return outputs
 
-    def abort(self, request_id: str, index: int | None = None) -> list[EngineCoreOutput]:
-        """End a request (or one of its samples) now; its blocks go back at once."""
+    def abort(self, request_id: str, index: int | None = None, reason: FinishReason = "abort") -> list[EngineCoreOutput]:
+        """End a request (or one of its samples) now; its blocks go back at once. ``reason`` is
+        "abort", or "error" when processing the request failed."""
         request = self.requests.get(request_id)
         if request is None or (index is not None and not 0 <= index < request.n):
             return []
@@ -153,8 +154,8 @@ class Scheduler:
                 self.running.remove(seq)
             else:
                 self.waiting.remove(seq)
-            self._finish(seq, "abort", None)
-            outputs.append(EngineCoreOutput(request_id, seq.index, [], None, "abort", None,
+            self._finish(seq, reason, None)
+            outputs.append(EngineCoreOutput(request_id, seq.index, [], None, reason, None,
                                             seq.num_prompt_tokens, seq.num_cached_tokens))
         if not request.forked:
             if index is None or index > 0:  # samples not forked yet end before they start
@@ -162,7 +163,7 @@ class Scheduler:
                     if i not in request.aborted_indices:
                         request.aborted_indices.add(i)
                         request.num_finished += 1
-                        outputs.append(EngineCoreOutput(request_id, i, [], None, "abort", None,
+                        outputs.append(EngineCoreOutput(request_id, i, [], None, reason, None,
                                                         len(request.prompt_token_ids), 0))
                 self._maybe_retire(request)
             if index == 0:  # sample 0 will not compute the prompt for the others: they do it

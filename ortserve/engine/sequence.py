@@ -14,7 +14,7 @@ from array import array
 
 import numpy as np
 
-from ortserve.engine.messages import EngineRequest, FinishReason
+from ortserve.engine.ipc import EngineRequest, FinishReason
 from ortserve.sampling_params import SamplingParams
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from litestar import Litestar
+from litestar import Litestar, Router
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
@@ -15,22 +15,25 @@ from ortserve import __version__
 from .chat import ChatService
 from .completions import CompletionsService
 from .controllers import OpenAIController, OpsController, TokenizerController
+from .auth import require_api_key
 from .engine_client import EngineClient
 from .errors import EXCEPTION_HANDLERS
 from .metrics import ServerMetrics
 from .settings import ServerSettings
+from .template_sandbox import TemplateSandbox
 
 
 def create_app(client: EngineClient, settings: ServerSettings) -> Litestar:
     """The app around an engine client; the client is started with the app and stopped after it."""
     metrics = ServerMetrics(settings.served_model_name)
     client.observers.append(metrics)
+    sandbox = TemplateSandbox()
     singletons = {
         "client": client,
         "settings": settings,
         "metrics": metrics,
         "completions": CompletionsService(client, settings.served_model_name),
-        "chat": ChatService(client, settings.served_model_name),
+        "chat": ChatService(client, settings, sandbox),
     }
 
     @asynccontextmanager
@@ -39,6 +42,7 @@ def create_app(client: EngineClient, settings: ServerSettings) -> Litestar:
         try:
             yield
         finally:
+            sandbox.close()
             await client.shutdown()
 
     return Litestar(
@@ -50,7 +54,8 @@ def create_app(client: EngineClient, settings: ServerSettings) -> Litestar:
         lifespan=[engine_lifespan],
         state=State({"settings": settings}),  # read by the API-key guard
         openapi_config=OpenAPIConfig(title="ortserve", version=__version__,
-                                     description="OpenAI-compatible LLM serving on CPU"),
+                                     description="OpenAI-compatible LLM serving on CPU",
+                                     openapi_router=Router("/schema", route_handlers=[], guards=[require_api_key])),
         logging_config=None,
     )
 

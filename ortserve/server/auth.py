@@ -1,5 +1,5 @@
-"""The API key (``--api-key``): a Litestar guard on the /v1 routes, as vLLM and OpenAI do it
-(``Authorization: Bearer KEY``)."""
+"""The API key (``--api-key``): a Litestar guard on every route but /health, as vLLM and OpenAI
+do it (``Authorization: Bearer KEY``); /metrics is open only with --public-metrics."""
 from __future__ import annotations
 
 import hmac
@@ -20,3 +20,8 @@ async def require_api_key(connection: ASGIConnection, _: BaseRouteHandler) -> No
         raise Unauthorized("Missing API key: send 'Authorization: Bearer <key>'", "authorization")
     if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected.encode()):
         raise Unauthorized("Incorrect API key provided", "authorization")
+
+
+async def require_api_key_unless_public_metrics(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
+    if not connection.app.state.settings.public_metrics:
+        await require_api_key(connection, handler)

@@ -1,8 +1,10 @@
 """``ortserve serve [MODEL]``: the OpenAI-compatible server.
 
 Binds first, so /health answers 503 while the engine process loads (and, on first run, exports
-the embedded model); a start-up failure is printed and exits non-zero. SIGTERM drains: stop
-accepting, let in-flight requests finish within --drain-timeout (then abort them), exit 0.
+the embedded model); a start-up failure is printed and exits non-zero. Accepted sockets have
+TCP_NODELAY (inherited from the listening socket). SIGTERM drains: stop accepting, let in-flight
+requests finish within --drain-timeout, then end the streams still open with an error event and
+[DONE], and exit 0.
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import argparse
 import asyncio
 import logging
 import signal
+import socket
 import sys
 
 HELP = "serve a model over an OpenAI-compatible HTTP API"
@@ -18,7 +21,7 @@ HELP = "serve a model over an OpenAI-compatible HTTP API"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ortserve.engine.config import add_engine_arguments
 
-    from .settings import DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_MAX_WAITING_REQUESTS
+    from .settings import DEFAULT_MAX_QUEUED_TOKENS, DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_MAX_WAITING_REQUESTS
 
     parser.add_argument("model_arg", nargs="?", metavar="MODEL", default=None,
                         help="artifact directory or built-in model name (default: the embedded "
@@ -32,8 +35,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     http.add_argument("--served-model-name", default=None,
                       help="the name clients put in 'model' (default: MODEL as given)")
     http.add_argument("--max-waiting-requests", type=int, default=DEFAULT_MAX_WAITING_REQUESTS,
-                      help="answer 503 when more requests than this would wait for the engine "
+                      help="answer 429 when more sequences than this would wait for the engine "
                            f"(default {DEFAULT_MAX_WAITING_REQUESTS})")
+    http.add_argument("--max-queued-tokens", type=int, default=DEFAULT_MAX_QUEUED_TOKENS,
+                      help="answer 429 when the prompt tokens of requests not yet started would pass this "
+                           f"(default {DEFAULT_MAX_QUEUED_TOKENS})")
+    http.add_argument("--engine-timeout", type=float, default=60.0,
+                      help="seconds without engine progress, with requests pending, before /health is 503 "
+                           "(default 60)")
+    http.add_argument("--trust-request-chat-template", action="store_true",
+                      help="accept a chat template in the request (rendered in a sandboxed worker)")
+    http.add_argument("--allow-special-tokens-in-content", action="store_true",
+                      help="let chat message content contain special-token strings (can forge turns)")
+    http.add_argument("--public-metrics", action="store_true", help="serve /metrics without the API key")
     http.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_REQUEST_BODY_BYTES,
                       help=f"answer 413 above this body size (default {DEFAULT_MAX_REQUEST_BODY_BYTES})")
     http.add_argument("--drain-timeout", type=float, default=30.0,
@@ -45,13 +59,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import os
 
-    from .prompts import block_torch_import
+    from ortserve.tokenizer import block_torch_import
 
     block_torch_import()  # before transformers: this process only needs the tokenizer
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     from ortserve.engine.config import EngineConfig
     from ortserve.models import DEFAULT_MODEL
 
+    from .engine_client import Supervision
     from .settings import ServerSettings
 
     if args.model_arg is not None:
@@ -71,24 +86,30 @@ def run(args: argparse.Namespace) -> int:
         max_waiting_requests=args.max_waiting_requests,
         max_request_body_bytes=args.max_request_body_bytes,
         drain_timeout=args.drain_timeout,
+        trust_request_chat_template=args.trust_request_chat_template,
+        public_metrics=args.public_metrics,
     )
-    return asyncio.run(serve(config, settings, args.host, args.port, args.log_level))
+    supervision = Supervision(max_waiting_requests=args.max_waiting_requests, max_queued_tokens=args.max_queued_tokens,
+                              engine_timeout=args.engine_timeout,
+                              allow_special_tokens_in_content=args.allow_special_tokens_in_content)
+    return asyncio.run(serve(config, settings, supervision, args.host, args.port, args.log_level))
 
 
-async def serve(config, settings, host: str, port: int, log_level: str = "info",  # noqa: ANN001
+async def serve(config, settings, supervision, host: str, port: int, log_level: str = "info",  # noqa: ANN001
                 factory=None) -> int:  # noqa: ANN001
     """Run the server until SIGTERM/SIGINT or an engine failure; the process exit code."""
     import uvicorn
 
     from .app import create_app
     from .engine_client import EngineClient
-    from .engine_process import build_engine_core
+    from .engine_process import build_llm_engine
+    from .errors import EngineUnavailable
 
-    client = EngineClient(config, max_waiting_requests=settings.max_waiting_requests,
-                          factory=factory or build_engine_core)
+    client = EngineClient(config, supervision, factory=factory or build_llm_engine)
     app = create_app(client, settings)
+    # uvicorn cuts what is left at timeout_graceful_shutdown; we end the streams a moment before.
     server = uvicorn.Server(uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=settings.drain_timeout,
+        app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=settings.drain_timeout + 2,
         lifespan="on", access_log=log_level == "debug"))
     failures: list[str] = []
 
@@ -98,7 +119,19 @@ async def serve(config, settings, host: str, port: int, log_level: str = "info",
 
     client.on_failure.append(on_failure)
     client_ready = asyncio.ensure_future(_announce_ready(client, settings))
+
+    async def drain() -> None:
+        while not server.should_exit:
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(settings.drain_timeout)
+        if client.num_in_flight:
+            logging.getLogger("ortserve.server").warning(
+                "--drain-timeout %g s passed: ending %d requests", settings.drain_timeout, client.num_in_flight)
+            client.fail_all(EngineUnavailable("the server is shutting down (--drain-timeout passed)"))
+
+    drainer = asyncio.ensure_future(drain())
     sock = server.config.bind_socket()
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # accepted sockets inherit it
     sock.listen(server.config.backlog)  # connections queue from now on, before uvicorn accepts
     bound_host, bound_port = sock.getsockname()[:2]
     print(f"ortserve: listening on http://{bound_host}:{bound_port} "
@@ -110,6 +143,7 @@ async def serve(config, settings, host: str, port: int, log_level: str = "info",
         await server.serve(sockets=[sock])
     finally:
         client_ready.cancel()
+        drainer.cancel()
     if failures:
         print(f"ortserve: error: {failures[0]}", file=sys.stderr, flush=True)
         return 1

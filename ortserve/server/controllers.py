@@ -1,10 +1,14 @@
 """The HTTP routes, as Litestar controllers: declarations only; the work is in the services."""
 from __future__ import annotations
 
+import asyncio
+
 from litestar import Controller, Request, Response, get, post
 from litestar.openapi import ResponseSpec
 
-from .auth import require_api_key
+from ortserve import __version__
+
+from .auth import require_api_key, require_api_key_unless_public_metrics
 from .chat import ChatService
 from .completions import CompletionsService
 from .engine_client import EngineClient
@@ -26,6 +30,7 @@ from .responses import (
     ModelList,
     TokenizeResponse,
 )
+from .sampling import as_bad_request
 from .settings import ServerSettings
 from .streams import EventStream
 
@@ -36,7 +41,9 @@ ERROR_STATUSES = {
     401: "Missing or wrong API key (when the server has --api-key)",
     404: "Unknown model",
     413: "Body larger than --max-request-body-bytes",
-    503: "Model loading, engine down, or waiting queue above --max-waiting-requests",
+    429: "Over --max-waiting-requests or --max-queued-tokens; retry after Retry-After seconds",
+    500: "Internal error; the message gives an id that the server log has the details for",
+    503: "Model loading, or the engine restarting after a failure; retry after Retry-After seconds",
 }
 ERRORS = {status: ResponseSpec(ErrorResponse, description=text, generate_examples=False)
           for status, text in ERROR_STATUSES.items()}
@@ -101,34 +108,46 @@ class TokenizerController(Controller):
                        settings: ServerSettings) -> TokenizeResponse:
         check_model(settings, data.model)
         data.check()
-        prompts = client.check_ready()
-        if data.messages is not None:
-            tokens = prompts.render_chat(data.messages, data.add_generation_prompt,
-                                         data.continue_final_message)
-        else:
-            tokens = prompts.encode(data.prompt or "", data.add_special_tokens)
-        return TokenizeResponse(count=len(tokens), max_model_len=prompts.max_model_len, tokens=tokens)
+        prompts, limits = client.check_ready()
+        with as_bad_request(TokenizeRequest.model_fields):
+            if data.messages is not None:
+                tokens = await asyncio.to_thread(prompts.chat_token_ids, [m.conversation_entry() for m in data.messages],
+                                                 data.add_generation_prompt, data.continue_final_message)
+            else:
+                tokens = await asyncio.to_thread(prompts.encode, data.prompt or "", data.add_special_tokens)
+        return TokenizeResponse(count=len(tokens), max_model_len=limits.max_model_len, tokens=tokens)
 
     @post("/detokenize", status_code=200, summary="Text of token ids", responses=ERRORS)
     async def detokenize(self, data: DetokenizeRequest, client: EngineClient,
                          settings: ServerSettings) -> DetokenizeResponse:
         check_model(settings, data.model)
-        prompts = client.check_ready()
-        return DetokenizeResponse(prompt=prompts.decode(prompts.check_ids(data.tokens, "tokens")))
+        prompts, limits = client.check_ready()
+        with as_bad_request(DetokenizeRequest.model_fields):
+            limits.check_token_ids(data.tokens, "tokens")
+        return DetokenizeResponse(prompt=await asyncio.to_thread(prompts.decode, data.tokens))
+
+
+HEALTH = {"loading": "the model is still loading", "stalled": "the engine made no progress for --engine-timeout "
+          "seconds with requests pending", "restarting": "the engine is restarting after a failure",
+          "failed": "the engine is not running", "stopped": "the server is shutting down"}
 
 
 class OpsController(Controller):
-    """Health and Prometheus metrics (no API key, as for vLLM)."""
+    """Health (always open), version, and Prometheus metrics (behind --api-key unless --public-metrics)."""
 
     tags = ["Operations"]
 
-    @get("/health", summary="200 once the model is loaded, 503 before or if the engine died")
+    @get("/health", summary="200 while the engine serves; 503 while loading, stalled, restarting or down")
     async def health(self, client: EngineClient) -> Response[bytes]:
         if client.state != "ready":
-            raise EngineUnavailable("the model is still loading" if client.state == "loading"
-                                    else f"the engine is not running: {client.failure or client.state}")
+            raise EngineUnavailable(HEALTH[client.state], headers={"Retry-After": "1"})
         return Response(b"", status_code=200)
 
-    @get("/metrics", summary="Prometheus metrics", media_type=CONTENT_TYPE_LATEST)
+    @get("/version", summary="The ortserve version", guards=[require_api_key])
+    async def version(self) -> dict[str, str]:
+        return {"version": __version__}
+
+    @get("/metrics", summary="Prometheus metrics", media_type=CONTENT_TYPE_LATEST,
+         guards=[require_api_key_unless_public_metrics])
     async def metrics(self, metrics: ServerMetrics) -> Response[bytes]:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)

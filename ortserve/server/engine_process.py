@@ -1,9 +1,12 @@
-"""The engine core in its own process: load the model, report readiness, then loop.
+"""The engine in its own process: load the model, report readiness, then loop.
 
-The loop drains incoming messages, steps while there is work, and blocks on the pipe when
-idle (no busy wait). After every step it sends the new tokens and the stats. The process
-ignores SIGINT/SIGTERM: the HTTP process owns shutdown and says so with ``Shutdown``, and a
-closed pipe (the HTTP process died) ends the loop too.
+The loop drains incoming messages, steps the ``LLMEngine`` while there is work, and blocks on the
+pipe when idle (no busy wait). After every step it sends the request deltas and the stats that
+changed. Messages are ``engine.ipc`` structs, msgpack-encoded. The process ignores SIGINT and
+SIGTERM: the HTTP process owns shutdown and says so with ``Shutdown``; a closed pipe (the HTTP
+process died) ends the loop too. A request that cannot be served gets a ``RequestError``; an
+exception in the loop itself is reported as ``EngineFailed`` and the process exits (the HTTP
+process restarts it).
 """
 from __future__ import annotations
 
@@ -11,127 +14,120 @@ import logging
 import multiprocessing as mp
 import signal
 import sys
-import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from .ipc import (
+from ortserve.engine.ipc import (
     AbortRequests,
     AddRequest,
     EngineFailed,
-    EngineInfo,
     EngineReady,
+    ErrorCode,
+    Message,
+    RequestError,
     Shutdown,
     StepResult,
+    api_side,
+    engine_side,
 )
 
 logger = logging.getLogger("ortserve.engine_process")
 
-# Builds the core in the engine process: config -> (core, info). Must be picklable (spawn).
-CoreFactory = Callable[[Any], "tuple[Any, EngineInfo]"]
+# Builds the engine in the engine process from the config. Must be picklable (spawn).
+EngineFactory = Callable[[Any], Any]
 
 
-def build_engine_core(config: Any) -> tuple[Any, EngineInfo]:
+def build_llm_engine(config: Any) -> Any:
     """The real engine; it resolves MODEL itself (exporting a built-in on first run)."""
-    from ortserve.engine.core import EngineCore
+    from ortserve.engine.llm_engine import LLMEngine
 
-    core = EngineCore(config)
-    return core, EngineInfo(
-        artifact_dir=str(core.tokenizer_dir),
-        max_model_len=core.max_model_len,
-        vocab_size=core.vocab_size,
-        max_num_seqs=core.config.max_num_seqs,
-        num_blocks=core.num_blocks,
-        block_size=core.config.block_size,
-        eos_token_ids=sorted(core.eos_token_ids),
-        engine_cores=list(core.threads.cores) if core.threads.bind else [],
-    )
+    return LLMEngine.from_config(config)
 
 
-def run_engine_process(config: Any, inbox: Connection, outbox: Connection,
-                       factory: CoreFactory) -> None:
+def run_engine_process(config: Any, inbox: Connection, outbox: Connection, factory: EngineFactory) -> None:
     """The engine process's main function."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s engine: %(message)s")
+    channel = engine_side()
     try:
-        core, info = factory(config)
+        engine = factory(config)
     except BaseException as exc:  # noqa: BLE001 - every start-up failure must reach the user
-        _send_quietly(outbox, EngineFailed(_describe_failure(exc), during_startup=True))
+        logger.exception("engine start-up failed")
+        message = str(exc) if isinstance(exc, (ValueError, RuntimeError, OSError, ImportError)) else "see the log"
+        _send_quietly(outbox, channel.encode(EngineFailed(ErrorCode.STARTUP, message or type(exc).__name__)))
         sys.exit(1)
-    outbox.send(EngineReady(info))
+    outbox.send_bytes(channel.encode(EngineReady(engine.info())))
     try:
-        EngineLoop(core, inbox, outbox).run()
-    except BaseException as exc:  # noqa: BLE001
-        logger.error("engine step failed:\n%s", traceback.format_exc())
-        _send_quietly(outbox, EngineFailed(_describe_failure(exc), during_startup=False))
+        EngineLoop(engine, inbox, outbox).run()
+    except BaseException:  # noqa: BLE001
+        logger.exception("the engine loop failed")
+        _send_quietly(outbox, channel.encode(EngineFailed(ErrorCode.CRASHED, "the engine loop failed")))
         sys.exit(1)
 
 
-def _describe_failure(exc: BaseException) -> str:
-    if isinstance(exc, (ValueError, RuntimeError, OSError, ImportError)):
-        return str(exc) or type(exc).__name__  # our own errors say what to change
-    return f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
-
-
-def _send_quietly(outbox: Connection, message: Any) -> None:
+def _send_quietly(outbox: Connection, data: bytes) -> None:
     try:
-        outbox.send(message)
+        outbox.send_bytes(data)
     except OSError:
         pass  # the server is gone; nobody to tell
 
 
 class EngineLoop:
-    def __init__(self, core: Any, inbox: Connection, outbox: Connection) -> None:
-        self.core = core
+    def __init__(self, engine: Any, inbox: Connection, outbox: Connection) -> None:
+        self.engine = engine
         self.inbox = inbox
         self.outbox = outbox
+        self.channel = engine_side()
 
     def run(self) -> None:
         while True:
-            busy = self.core.has_unfinished_requests()
-            messages = self._receive(block=not busy)
-            rejected: dict[str, str] = {}
+            errors: list[RequestError] = []
             changed = False
-            for message in messages:
+            for message in self._receive(block=not self.engine.has_unfinished_requests()):
                 if isinstance(message, Shutdown):
                     return
                 if isinstance(message, AddRequest):
+                    request = message.request
                     try:
-                        self.core.add_request(message.request)
-                    except ValueError as exc:  # RequestRejected names the limit
-                        rejected[message.request.request_id] = str(exc)
+                        self.engine.add_request(request.request_id, request.prompt_token_ids, request.sampling_params)
+                    except ValueError as exc:  # InvalidParameter names the limit
+                        errors.append(RequestError(request.request_id, ErrorCode.INVALID_REQUEST, str(exc)))
                 elif isinstance(message, AbortRequests):
-                    self.core.abort_requests(message.request_ids)
+                    self.engine.abort_requests(message.request_ids)
                     changed = True
-            if self.core.has_unfinished_requests():
-                outputs = self.core.step()
-                self.outbox.send(StepResult(outputs, self.core.stats(), rejected))
-            elif rejected or changed:  # no step, but the server must hear about it
-                self.outbox.send(StepResult([], self.core.stats(), rejected))
+            if self.engine.has_unfinished_requests():
+                deltas = self.engine.step()
+                self._send(StepResult(deltas, self.engine.stats(), errors))
+            elif errors or changed:  # no step, but the server must hear about it
+                self._send(StepResult([], self.engine.stats(), errors))
 
-    def _receive(self, block: bool) -> list[Any]:
+    def _send(self, message: Message) -> None:
+        self.outbox.send_bytes(self.channel.encode(message))
+
+    def _receive(self, block: bool) -> list[Message]:
         """Every message waiting in the pipe; wait for the first one when idle.
         A closed pipe reads as Shutdown."""
-        messages: list[Any] = []
+        messages: list[Message] = []
         try:
             if block:
-                messages.append(self.inbox.recv())
+                messages.append(self.channel.decode(self.inbox.recv_bytes()))
             while self.inbox.poll():
-                messages.append(self.inbox.recv())
+                messages.append(self.channel.decode(self.inbox.recv_bytes()))
         except (EOFError, OSError):
             messages.append(Shutdown())
         return messages
 
 
 class EngineProcess:
-    """The HTTP side's handle on the engine process: start it, send to it, receive from it."""
+    """The HTTP side's handle on one engine process: start it, send to it, receive from it."""
 
-    def __init__(self, config: Any, factory: CoreFactory = build_engine_core) -> None:
+    def __init__(self, config: Any, factory: EngineFactory = build_llm_engine) -> None:
         ctx = mp.get_context("spawn")
         inbox_reader, self._inbox = ctx.Pipe(duplex=False)
         self._outbox, outbox_writer = ctx.Pipe(duplex=False)
+        self.channel = api_side()
         self.process = ctx.Process(target=run_engine_process, name="ortserve-engine",
                                    args=(config, inbox_reader, outbox_writer, factory),
                                    daemon=False)  # it may start processes of its own
@@ -140,23 +136,27 @@ class EngineProcess:
         inbox_reader.close()
         outbox_writer.close()
 
-    def send(self, message: Any) -> None:
-        self._inbox.send(message)
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
 
-    def recv(self) -> Any:
+    def send(self, message: Message) -> None:
+        self._inbox.send_bytes(self.channel.encode(message))
+
+    def recv(self) -> Message:
         """Blocks; raises EOFError when the engine process is gone."""
-        return self._outbox.recv()
+        return self.channel.decode(self._outbox.recv_bytes())
 
     def close(self, timeout: float = 10.0) -> int | None:
         """Ask the engine to stop, wait for it, and return its exit code. Call once nothing
         else sends (a Connection is not safe for two writers)."""
         try:
-            self._inbox.send(Shutdown())
+            self._inbox.send_bytes(self.channel.encode(Shutdown()))
         except OSError:
             pass
         self.process.join(timeout)
         if self.process.is_alive():
-            self.process.terminate()
+            self.process.kill()
             self.process.join(5)
         self._inbox.close()
         return self.process.exitcode

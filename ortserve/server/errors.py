@@ -1,11 +1,13 @@
 """Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
 
 Everything a client can get wrong maps to a 4xx whose message names the field; only our own
-bugs and a dead engine answer 5xx.
+bugs and a dead engine answer 5xx. No traceback, file path or exception class reaches a client:
+an unexpected error answers "internal error" with an id, and the details go to the log with it.
 """
 from __future__ import annotations
 
 import logging
+import uuid
 from http import HTTPStatus
 from typing import Any
 
@@ -56,9 +58,9 @@ class ModelNotFound(APIError):
 
 
 class Overloaded(APIError):
-    status_code = 503
-    type = "server_overloaded"
-    code = "engine_overloaded"
+    status_code = 429
+    type = "rate_limit_error"
+    code = "server_overloaded"
 
 
 class EngineUnavailable(APIError):
@@ -114,15 +116,25 @@ def handle_http_exception(_: Request, exc: HTTPException) -> Response[ErrorRespo
     if status == 413:
         return error_response(413, "Request body too large; the limit is set by "
                               "--max-request-body-bytes", param=None, code="request_too_large")
+    if status >= 500:
+        return error_response(status, internal_error_message(exc))
     detail = exc.detail or HTTPStatus(status).phrase
     if isinstance(exc.__cause__, SerializationException):
         detail = f"Malformed JSON body: {detail}"
     return error_response(status, detail, headers=exc.headers)
 
 
+def internal_error_message(exc: BaseException, request_id: str | None = None) -> str:
+    """Log ``exc`` with an id and return the client's message, which names only the id."""
+    error_id = request_id or f"err-{uuid.uuid4().hex[:12]}"
+    logger.error("internal error %s", error_id, exc_info=exc)
+    return f"internal error (id {error_id}); the server log has the details"
+
+
 def handle_internal_error(request: Request, exc: Exception) -> Response[ErrorResponse]:
-    logger.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return error_response(500, f"Internal server error: {type(exc).__name__}")
+    if isinstance(exc, RecursionError):  # a body nested deeper than the parser goes
+        return error_response(400, "The request body is nested too deeply", code="body_too_deep")
+    return error_response(500, internal_error_message(exc))
 
 
 EXCEPTION_HANDLERS: dict[type[Exception], Any] = {
@@ -132,13 +144,11 @@ EXCEPTION_HANDLERS: dict[type[Exception], Any] = {
 }
 
 
-def error_event(exc: Exception) -> str:
+def error_event(exc: Exception, request_id: str | None = None) -> str:
     """An error after a stream's status line went out: an ``{"error": ...}`` SSE event, which
     OpenAI's SDKs raise as APIError."""
     if isinstance(exc, APIError):
         info = ErrorInfo(message=exc.message, type=exc.type, param=exc.param, code=exc.code)
     else:
-        logger.exception("stream failed", exc_info=exc)
-        info = ErrorInfo(message=f"Internal server error: {type(exc).__name__}",
-                         type="internal_server_error", code="500")
+        info = ErrorInfo(message=internal_error_message(exc, request_id), type="internal_server_error", code="500")
     return ErrorResponse(error=info).model_dump_json()

@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .prompts import Prompts
-from .responses import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
+from ortserve.tokenizer import ChatPrompts
+
+from .responses import ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, TopLogprob
 
 
-def completion_logprobs(prompts: Prompts, token_ids: Sequence[int], logprobs: Sequence[Any],
+def completion_logprobs(prompts: ChatPrompts, token_ids: Sequence[int], logprobs: Sequence[Any],
                         text_offset: int = 0) -> CompletionLogprobs:
     """/v1/completions: parallel lists; ``top_logprobs`` maps token text -> logprob and always
     holds the sampled token. ``text_offset`` is where the first token starts in the choice text."""
@@ -26,17 +27,17 @@ def completion_logprobs(prompts: Prompts, token_ids: Sequence[int], logprobs: Se
     return out
 
 
-def chat_logprobs(prompts: Prompts, token_ids: Sequence[int], logprobs: Sequence[Any]) -> ChatLogprobs:
+def chat_logprobs(prompts: ChatPrompts, token_ids: Sequence[int], logprobs: Sequence[Any]) -> ChatLogprobs:
     """/v1/chat/completions: one entry per token with its own top_logprobs list."""
     content = []
     for token_id, entry in zip(token_ids, logprobs):
         top = [_top(prompts, t, lp) for t, lp in entry.top_logprobs]
         sampled = _top(prompts, token_id, entry.logprob)
-        content.append(TokenLogprob(token=sampled.token, logprob=sampled.logprob,
+        content.append(ChatTokenLogprob(token=sampled.token, logprob=sampled.logprob,
                                     bytes=sampled.bytes, top_logprobs=top))
     return ChatLogprobs(content=content)
 
 
-def _top(prompts: Prompts, token_id: int, logprob: float) -> TopLogprob:
+def _top(prompts: ChatPrompts, token_id: int, logprob: float) -> TopLogprob:
     text = prompts.token_text(token_id)
     return TopLogprob(token=text, logprob=max(logprob, -9999.0), bytes=list(text.encode()))

@@ -1,12 +1,13 @@
 """Prometheus metrics: vLLM's set under the ``ortserve:`` prefix, in a registry of this app's own.
 
-The engine reports cumulative counters and the latencies of requests finished since its last
-report (``EngineStats``); counters here advance by the difference.
+After each step the engine reports its gauges, what its counters gained, and the latencies of
+requests finished during the step (``StatsUpdate``). Engine deaths and stalls are counted here.
 """
 from __future__ import annotations
 
 from typing import Any
 
+from ortserve.engine.ipc import StatsUpdate
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -24,7 +25,7 @@ TPOT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                120.0, 240.0, 480.0, 960.0)
 
-# EngineStats counter field -> metric name (Prometheus adds _total).
+# StatsUpdate counter field -> metric name (Prometheus adds _total).
 COUNTERS = {
     "prefix_queries": ("prefix_cache_queries", "Prefix-cache queries, in tokens"),
     "prefix_hits": ("prefix_cache_hits", "Prefix-cache hits, in tokens"),
@@ -32,7 +33,7 @@ COUNTERS = {
     "prompt_tokens": ("prompt_tokens", "Prompt tokens processed (prefill)"),
     "generation_tokens": ("generation_tokens", "Tokens generated"),
 }
-# EngineStats latency list -> histogram.
+# StatsUpdate latency list -> histogram.
 HISTOGRAMS = {
     "ttft": ("time_to_first_token_seconds", "Time to first token", TTFT_BUCKETS),
     "tpot": ("time_per_output_token_seconds", "Time per output token after the first", TPOT_BUCKETS),
@@ -64,22 +65,29 @@ class ServerMetrics:
         success = Counter(f"{prefix}request_success", "Finished requests by finish reason",
                           ["model_name", "finished_reason"], registry=reg)
         self.finished = {reason: success.labels(model_name=model_name, finished_reason=reason)
-                         for reason in ("stop", "length", "abort")}
-        self._last_totals: dict[str, float] = {field: 0 for field in COUNTERS}
+                         for reason in ("stop", "length", "abort", "error")}
+        events = Counter(f"{prefix}engine_events", "Engine deaths (restarted) and stalls (no progress for "
+                         "--engine-timeout seconds with requests pending)", ["model_name", "event"], registry=reg)
+        self.engine_events = {event: events.labels(model_name=model_name, event=event) for event in ("death", "stall")}
 
-    def observe_stats(self, stats: Any) -> None:
+    def observe_stats(self, stats: StatsUpdate) -> None:
         self.running.set(stats.num_running)
         self.waiting.set(stats.num_waiting)
         self.kv_usage.set(stats.kv_usage)
-        for field, counter in self.counters.items():
-            total = getattr(stats, field, 0) or 0
-            delta = total - self._last_totals[field]
-            if delta > 0:
-                counter.inc(delta)
-            self._last_totals[field] = total
-        for field, histogram in self.histograms.items():
-            for value in getattr(stats, field, None) or ():
-                histogram.observe(value)
+        self.counters["prefix_queries"].inc(stats.prefix_queries)
+        self.counters["prefix_hits"].inc(stats.prefix_hits)
+        self.counters["num_preemptions"].inc(stats.num_preemptions)
+        self.counters["prompt_tokens"].inc(stats.prompt_tokens)
+        self.counters["generation_tokens"].inc(stats.generation_tokens)
+        for value in stats.ttft:
+            self.histograms["ttft"].observe(value)
+        for value in stats.tpot:
+            self.histograms["tpot"].observe(value)
+        for value in stats.e2e:
+            self.histograms["e2e"].observe(value)
+
+    def observe_engine_event(self, event: str) -> None:
+        self.engine_events[event].inc()
 
     def observe_finished(self, reason: str | None) -> None:
         metric = self.finished.get(reason or "abort")

@@ -1,8 +1,10 @@
 """Request bodies of the OpenAI API, as pydantic models (the OpenAPI schema comes from these).
 
-Range checks live in ``Field`` so a bad value is a 400 naming the field before any work is
-done; checks that span fields are in ``check()``. Unknown fields are ignored, as OpenAI's SDKs
-send ``extra_body`` entries at the top level.
+Every numeric and size bound comes from ``ortserve.sampling_params.BOUNDS`` (``bounded``), the
+one table that ``SamplingParams`` also checks, so HTTP and offline accept the same inputs and the
+OpenAPI schema declares each bound the server enforces. Checks that span fields are in
+``check()``. Unknown fields are ignored, as OpenAI's SDKs send ``extra_body`` entries at the top
+level.
 """
 from __future__ import annotations
 
@@ -10,11 +12,26 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ortserve.sampling_params import BOUNDS
+
 from .errors import BadRequest
 
-MAX_LOGPROBS = 20
+MAX_PROMPT_CHARS = 500_000  # per prompt or message: bounds tokenisation work before it starts
+MAX_PROMPT_TOKENS = 1_000_000  # per token-id prompt
+MAX_BATCH = 256  # prompts in one /v1/completions request
+MAX_MESSAGES = 1024
+MAX_TEMPLATE_CHARS = 65_536
 
-TokenIds = list[Annotated[int, Field(ge=0)]]
+
+def bounded(name: str, default: Any = None, **kwargs: Any) -> Any:
+    """A pydantic Field whose constraints are ``BOUNDS[name]``."""
+    return Field(default, **BOUNDS[name].field_kwargs(), **kwargs)
+
+
+TokenId = Annotated[int, Field(**BOUNDS["token_id"].field_kwargs())]
+TokenIds = Annotated[list[TokenId], Field(min_length=1, max_length=MAX_PROMPT_TOKENS)]
+PromptText = Annotated[str, Field(max_length=MAX_PROMPT_CHARS)]
+StopString = Annotated[str, Field(max_length=BOUNDS["stop"].max_length)]
 
 
 class StreamOptions(BaseModel):
@@ -28,39 +45,37 @@ class SamplingRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = Field(None, description="Served model name; defaults to the only model")
-    n: int = Field(1, ge=1, le=128, description="Choices to generate for each prompt")
-    max_tokens: int | None = Field(None, ge=1, description="Most tokens to generate per choice")
-    min_tokens: int = Field(0, ge=0, description="Tokens to generate before EOS or stop may end")
+    n: int = bounded("n", 1, description="Choices to generate for each prompt")
+    max_tokens: int | None = bounded("max_tokens", description="Most tokens to generate per choice")
+    min_tokens: int = bounded("min_tokens", 0, description="Tokens to generate before EOS or stop may end")
     ignore_eos: bool = Field(False, description="Keep generating past the EOS token")
-    temperature: float = Field(1.0, ge=0, description="0 = greedy")
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=-1, description="0 or -1 = off")
-    min_p: float = Field(0.0, ge=0, le=1)
-    seed: int | None = Field(None, description="Per-request seed for reproducible sampling")
-    presence_penalty: float = Field(0.0, ge=-2, le=2)
-    frequency_penalty: float = Field(0.0, ge=-2, le=2)
-    repetition_penalty: float = Field(1.0, gt=0)
-    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
-        None, description="Token id (as a string) -> bias added to its logit")
-    stop: str | list[str] | None = Field(None, description="Strings that end a choice")
-    stop_token_ids: TokenIds | None = Field(None, description="Token ids that end a choice")
+    temperature: float = bounded("temperature", 1.0, description="0 = greedy")
+    top_p: float = bounded("top_p", 1.0)
+    top_k: int = bounded("top_k", 0, description="0 or -1 = off")
+    min_p: float = bounded("min_p", 0.0)
+    seed: int | None = bounded("seed", description="Per-request seed for reproducible sampling")
+    presence_penalty: float = bounded("presence_penalty", 0.0)
+    frequency_penalty: float = bounded("frequency_penalty", 0.0)
+    repetition_penalty: float = bounded("repetition_penalty", 1.0)
+    logit_bias: dict[Annotated[str, Field(pattern=r"^[+-]?[0-9]{1,10}$")],
+                     Annotated[float, Field(**BOUNDS["logit_bias_value"].field_kwargs())]] | None = bounded(
+        "logit_bias", description="Token id (as a decimal string) -> bias added to its logit")
+    stop: StopString | Annotated[list[StopString], Field(max_length=BOUNDS["stop"].max_items)] | None = Field(
+        None, description="Strings that end a choice")
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=BOUNDS["stop_token_ids"].max_items)] | None = Field(
+        None, description="Token ids that end a choice")
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = Field(None, description="End-user id (accepted, not used)")
 
-    def check(self, vocab_size: int) -> None:
-        """Cross-field checks; raises BadRequest naming the field."""
+    def check(self) -> None:
+        """Cross-field checks; raises BadRequest naming the field. (Bounds that need the model
+        are ``PromptLimits``'s, the same offline and over HTTP.)"""
         if self.stream_options is not None and not self.stream:
             raise BadRequest("'stream_options' is only allowed when 'stream' is true",
                              "stream_options")
-        if self.stop_token_ids:
-            _check_ids(self.stop_token_ids, vocab_size, "stop_token_ids")
-        for key in self.logit_bias or {}:
-            if not key.lstrip("-").isdigit() or not 0 <= int(key) < vocab_size:
-                raise BadRequest(f"'logit_bias' key {key!r} is not a token id in "
-                                 f"[0, {vocab_size})", "logit_bias")
 
     def stop_list(self) -> list[str] | None:
         if self.stop is None:
@@ -74,7 +89,7 @@ class SamplingRequest(BaseModel):
             n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
             min_p=self.min_p, seed=self.seed, presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
-            logit_bias={int(k): v for k, v in self.logit_bias.items()} if self.logit_bias else None,
+            logit_bias=dict(self.logit_bias) if self.logit_bias else None,
             stop=self.stop_list(), stop_token_ids=list(self.stop_token_ids or []),
             include_stop_str_in_output=self.include_stop_str_in_output,
             min_tokens=self.min_tokens, ignore_eos=self.ignore_eos,
@@ -82,25 +97,18 @@ class SamplingRequest(BaseModel):
         )
 
 
-def _check_ids(ids: list[int], vocab_size: int, field: str) -> None:
-    bad = [t for t in ids if not 0 <= t < vocab_size]
-    if bad:
-        raise BadRequest(f"'{field}' holds token id {bad[0]}, outside the vocabulary "
-                         f"[0, {vocab_size})", field)
-
-
 class CompletionRequest(SamplingRequest):
     """POST /v1/completions."""
 
-    prompt: str | list[str] | TokenIds | list[TokenIds] = Field(
+    prompt: (PromptText | Annotated[list[PromptText], Field(min_length=1, max_length=MAX_BATCH)] | TokenIds
+             | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_BATCH)]) = Field(
         description="A string, a list of strings, token ids, or a list of token-id lists")
     echo: bool = Field(False, description="Put the prompt before the generated text")
-    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS,
-                                 description="Alternatives to return per token (0 = sampled only)")
-    suffix: str | None = Field(None, description="Not supported")
+    logprobs: int | None = bounded("logprobs", description="Alternatives to return per token (0 = sampled only)")
+    suffix: str | None = Field(None, max_length=MAX_PROMPT_CHARS, description="Not supported")
 
-    def check(self, vocab_size: int) -> None:
-        super().check(vocab_size)
+    def check(self) -> None:
+        super().check()
         if self.suffix:
             raise BadRequest("'suffix' is not supported", "suffix")
         if self.echo and self.logprobs is not None:
@@ -121,14 +129,14 @@ class CompletionRequest(SamplingRequest):
 
 class TextPart(BaseModel):
     type: Literal["text"]
-    text: str
+    text: PromptText
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None = None
+    content: PromptText | Annotated[list[TextPart], Field(max_length=MAX_MESSAGES)] | None = None
     name: str | None = None
 
     def text(self) -> str:
@@ -136,25 +144,31 @@ class ChatMessage(BaseModel):
             return "".join(part.text for part in self.content)
         return self.content or ""
 
+    def conversation_entry(self) -> dict[str, Any]:
+        """The message as the chat template sees it (developer = system, as OpenAI)."""
+        return {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+
 
 class ChatCompletionRequest(SamplingRequest):
     """POST /v1/chat/completions."""
 
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     add_generation_prompt: bool = Field(True, description="End the prompt with the assistant's turn")
     continue_final_message: bool = Field(False, description="Continue the last assistant message")
-    max_completion_tokens: int | None = Field(None, ge=1, description="Alias of max_tokens")
+    max_completion_tokens: int | None = bounded("max_tokens", description="Alias of max_tokens")
     logprobs: bool = Field(False, description="Return the sampled tokens' logprobs")
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS,
-                                     description="Alternatives per token; needs logprobs=true")
+    top_logprobs: int | None = bounded("logprobs", description="Alternatives per token; needs logprobs=true")
     chat_template_kwargs: dict[str, Any] | None = Field(None, description="Extra template variables")
+    chat_template: str | None = Field(None, max_length=MAX_TEMPLATE_CHARS,
+                                      description="A template replacing the model's; refused unless the "
+                                                  "server runs with --trust-request-chat-template")
     response_format: dict[str, Any] | None = Field(None, description="Only {'type': 'text'}")
     tools: list[dict[str, Any]] | None = Field(None, description="Not supported (400 unless "
                                                                  "tool_choice='none')")
     tool_choice: str | dict[str, Any] | None = None
 
-    def check(self, vocab_size: int) -> None:
-        super().check(vocab_size)
+    def check(self) -> None:
+        super().check()
         if self.top_logprobs and not self.logprobs:
             raise BadRequest("'top_logprobs' needs 'logprobs' set to true", "top_logprobs")
         if self.response_format and self.response_format.get("type", "text") != "text":
@@ -178,8 +192,8 @@ class TokenizeRequest(BaseModel):
     """POST /tokenize: either a prompt or chat messages."""
 
     model: str | None = None
-    prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    prompt: PromptText | None = None
+    messages: Annotated[list[ChatMessage], Field(max_length=MAX_MESSAGES)] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     add_special_tokens: bool = Field(True, description="Only for 'prompt'; chat templates add their own")
@@ -193,4 +207,4 @@ class TokenizeRequest(BaseModel):
 
 class DetokenizeRequest(BaseModel):
     model: str | None = None
-    tokens: TokenIds
+    tokens: Annotated[list[TokenId], Field(max_length=MAX_PROMPT_TOKENS)]

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-FinishReason = Literal["stop", "length"]
+OpenAIFinishReason = Literal["stop", "length"]
 
 
 def random_id(prefix: str) -> str:
@@ -18,7 +18,7 @@ def now() -> int:
     return int(time.time())
 
 
-def finish_reason(engine_reason: str | None) -> FinishReason | None:
+def finish_reason(engine_reason: str | None) -> OpenAIFinishReason | None:
     """The engine's stop/length/abort as OpenAI's stop/length (an aborted choice has no reader)."""
     if engine_reason is None:
         return None
@@ -66,7 +66,7 @@ class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
-    finish_reason: FinishReason | None = None
+    finish_reason: OpenAIFinishReason | None = None
     stop_reason: int | str | None = Field(None, description="The stop string or token id that ended it")
 
 
@@ -87,12 +87,12 @@ class TopLogprob(BaseModel):
     bytes: list[int] | None = None
 
 
-class TokenLogprob(TopLogprob):
+class ChatTokenLogprob(TopLogprob):
     top_logprobs: list[TopLogprob] = Field(default_factory=list)
 
 
 class ChatLogprobs(BaseModel):
-    content: list[TokenLogprob] | None = None
+    content: list[ChatTokenLogprob] | None = None
 
 
 class AssistantMessage(BaseModel):
@@ -104,7 +104,7 @@ class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
     logprobs: ChatLogprobs | None = None
-    finish_reason: FinishReason | None = None
+    finish_reason: OpenAIFinishReason | None = None
     stop_reason: int | str | None = None
 
 
@@ -132,7 +132,7 @@ class ChatChunkChoice(BaseModel):
     index: int
     delta: DeltaMessage
     logprobs: ChatLogprobs | None = None
-    finish_reason: FinishReason | None = None
+    finish_reason: OpenAIFinishReason | None = None
     stop_reason: int | str | None = None
 
 

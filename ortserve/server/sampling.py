@@ -1,20 +1,37 @@
-"""Request models -> the engine's ``SamplingParams``; its ValueErrors become 400s naming the field."""
+"""Request models -> the engine's ``SamplingParams``, checked against the model by ``PromptLimits``.
+
+Both raise ``InvalidParameter`` (the one validation layer, shared with the offline API); here it
+becomes a 400 naming the parameter.
+"""
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from ortserve.sampling_params import SamplingParams
+from ortserve.sampling_params import InvalidParameter, PromptLimits, SamplingParams
 
 from .errors import BadRequest
 from .protocol import SamplingRequest
 
 
-def sampling_params(request: SamplingRequest, *, max_tokens: int, logprobs: int | None) -> SamplingParams:
-    kwargs: dict[str, Any] = request.sampling_kwargs()
+@contextmanager
+def as_bad_request(fields: Any = None) -> Iterator[None]:
+    """InvalidParameter -> a 400 naming the parameter (when the request model has it)."""
     try:
-        return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, **kwargs)
-    except ValueError as exc:  # the message starts with the field's name
-        message = str(exc)
-        field = message.split(" ", 1)[0]
-        raise BadRequest(f"Invalid '{field}': {message}",
-                         field if field in type(request).model_fields else None) from exc
+        yield
+    except InvalidParameter as exc:
+        param = exc.param if fields is None or exc.param in fields else None
+        raise BadRequest(f"Invalid '{exc.param}': {exc}", param) from exc
+
+
+def sampling_params(request: SamplingRequest, limits: PromptLimits, prompt_token_ids: list[int],
+                    *, max_tokens: int | None, default_max_tokens: int | None, logprobs: int | None,
+                    prompt_param: str) -> SamplingParams:
+    """The request's SamplingParams, with max_tokens settled against the prompt's room."""
+    with as_bad_request(type(request).model_fields):
+        params = SamplingParams(max_tokens=max_tokens, logprobs=logprobs, **request.sampling_kwargs())
+        room = limits.check(prompt_token_ids, params, prompt_param)
+        if max_tokens is None:
+            params.max_tokens = room if default_max_tokens is None else min(default_max_tokens, room)
+    return params

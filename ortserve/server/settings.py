@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 DEFAULT_MAX_WAITING_REQUESTS = 256
 DEFAULT_MAX_REQUEST_BODY_BYTES = 8 * 1024 * 1024
+DEFAULT_MAX_QUEUED_TOKENS = 1 << 20  # about 17 minutes of prefill at 1,000 tokens/s
 
 
 @dataclass
@@ -15,6 +16,8 @@ class ServerSettings:
     max_waiting_requests: int = DEFAULT_MAX_WAITING_REQUESTS
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
     drain_timeout: float = 30.0
+    trust_request_chat_template: bool = False
+    public_metrics: bool = False
     started_at: int = field(default_factory=lambda: int(time.time()))
 
     def model_names(self) -> set[str]:

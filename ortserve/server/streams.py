@@ -10,6 +10,10 @@ from typing import Any, TypeVar
 from litestar import Request
 from litestar.response import ServerSentEvent
 
+from ortserve.engine.ipc import FinishReason, RequestDelta, TokenLogprob
+
+from .request_log import RequestLog
+
 T = TypeVar("T")
 _DONE = object()
 
@@ -51,7 +55,40 @@ async def merge(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def until_disconnected(request: Request, work: Awaitable[T]) -> T | None:
+class SampleText:
+    """One sample's deltas added up."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.token_ids: list[int] = []
+        self.logprobs: list[TokenLogprob] | None = None
+        self.finish_reason: FinishReason | None = None
+        self.stop_reason: int | str | None = None
+
+
+class SampleTotals:
+    """The deltas of a request's ``n`` samples added up, for a response that is not streamed
+    (and the token counts for usage)."""
+
+    def __init__(self, n: int) -> None:
+        self.samples = [SampleText() for _ in range(n)]
+        self.num_generated = 0
+        self.num_cached_tokens = 0
+
+    def add(self, delta: RequestDelta) -> None:
+        for d in delta.samples:
+            out = self.samples[d.index]
+            out.text += d.text
+            out.token_ids += d.token_ids
+            self.num_generated += len(d.token_ids)
+            if d.logprobs is not None:
+                out.logprobs = (out.logprobs or []) + d.logprobs
+            if d.finish_reason is not None:
+                out.finish_reason, out.stop_reason = d.finish_reason, d.stop_reason
+        self.num_cached_tokens = max(self.num_cached_tokens, delta.num_cached_tokens)
+
+
+async def until_disconnected(request: Request, work: Awaitable[T], log: RequestLog | None = None) -> T | None:
     """Run ``work``; if the HTTP client disconnects first, cancel it (aborting its engine
     requests) and return None."""
     task = asyncio.ensure_future(work)
@@ -63,6 +100,8 @@ async def until_disconnected(request: Request, work: Awaitable[T]) -> T | None:
         if not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+            if log is not None:
+                log.done("client-disconnected")
     return task.result() if not task.cancelled() else None
 
 

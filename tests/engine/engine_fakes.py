@@ -10,7 +10,7 @@ import collections
 import itertools
 
 from ortserve.engine.block_manager import BlockManager
-from ortserve.engine.messages import EngineRequest
+from ortserve.engine.ipc import EngineRequest
 from ortserve.engine.scheduler import Scheduler
 from ortserve.engine.sequence import Request
 from ortserve.sampling_params import SamplingParams

@@ -8,7 +8,8 @@ import pytest
 from ortserve.engine.config import EngineConfig
 from ortserve.engine.core import EngineCore
 from ortserve.engine.memory import GIB, MemoryCheckError
-from ortserve.engine.messages import EngineRequest, RequestRejected
+from ortserve.engine.ipc import EngineRequest
+from ortserve.sampling_params import InvalidParameter
 from ortserve.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.slow
@@ -98,7 +99,7 @@ def test_greedy_parity_with_transformers_under_continuous_batching(smollm2_artif
 def test_preemption_under_a_tiny_kv_budget_gives_identical_outputs(smollm2_artifact, prompts, expected):
     bytes_per_block = 16 * 2 * 30 * 3 * 64 * 4
     engine = make_engine(smollm2_artifact, kv_cache_space=30 * bytes_per_block / GIB, enable_prefix_caching=False)
-    assert engine.num_blocks == 30
+    assert engine.kv_plan.num_blocks == 30
     tokens = drive(engine, staggered(prompts))
     assert engine.stats().num_preemptions > 0
     for i in range(len(prompts)):
@@ -153,7 +154,7 @@ def test_no_blocks_leak_after_aborts_at_every_stage(smollm2_artifact, prompts):
     assert engine.stats().kv_usage == 0.0
 
 
-def test_no_blocks_leak_after_a_failed_step(smollm2_artifact, prompts, expected):
+def test_a_failed_model_run_ends_its_batch_with_errors_and_the_engine_goes_on(smollm2_artifact, prompts, expected):
     engine = make_engine(smollm2_artifact)
     for i in range(3):
         engine.add_request(greedy_request(f"e{i}", prompts[i]))
@@ -164,15 +165,30 @@ def test_no_blocks_leak_after_a_failed_step(smollm2_artifact, prompts, expected)
         raise RuntimeError("simulated ORT failure")
 
     engine.runner.execute = broken
-    with pytest.raises(RuntimeError, match="simulated"):
-        engine.step()
+    outputs = engine.step()  # contained: no exception escapes the core
     engine.runner.execute = execute
-    outputs = engine.step()
-    assert sorted(o.request_id for o in outputs if o.finish_reason == "abort") == ["e0", "e1", "e2"]
+    assert sorted(o.request_id for o in outputs if o.finish_reason == "error") == ["e0", "e1", "e2"]
     assert not engine.has_unfinished_requests()
     engine.block_manager.check_idle()
     tokens = drive(engine, {0: [greedy_request("after", prompts[0])]})  # still serves
     assert tokens[("after", 0)] == expected[0]
+
+
+def test_a_request_whose_sampling_raises_fails_alone(smollm2_artifact, prompts, expected):
+    engine = make_engine(smollm2_artifact)
+    sample = engine.sampler.sample
+
+    def faulty(logits, seqs):  # a fault tied to one request, wherever it sits in the batch
+        if any(s.request.request_id == "bad" for s in seqs):
+            raise FloatingPointError("simulated sampler fault")
+        return sample(logits, seqs)
+
+    engine.sampler.sample = faulty
+    tokens = drive(engine, {0: [greedy_request("good0", prompts[0]), greedy_request("bad", prompts[1]),
+                                greedy_request("good2", prompts[2])]})
+    assert tokens[("good0", 0)] == expected[0] and tokens[("good2", 0)] == expected[2]
+    assert tokens.get(("bad", 0), []) == []
+    engine.block_manager.check_idle()
 
 
 def seeded(request_id, prompt, seed=1234):
@@ -202,9 +218,9 @@ def test_kv_budget_larger_than_memory_fails_at_start_up_naming_the_flag(smollm2_
 
 def test_prompt_longer_than_max_model_len_is_rejected_naming_the_limit(smollm2_artifact, prompts):
     engine = make_engine(smollm2_artifact, max_model_len=64)
-    with pytest.raises(RequestRejected, match="more than max_model_len 64.*--max-model-len"):
+    with pytest.raises(InvalidParameter, match="65 tokens, and this model's maximum context length is 64.*--max-model-len"):
         engine.add_request(greedy_request("long", list(range(65))))
-    with pytest.raises(RequestRejected, match="outside the vocabulary"):
+    with pytest.raises(InvalidParameter, match="outside the vocabulary"):
         engine.add_request(greedy_request("bad", [10**6]))
     assert not engine.has_unfinished_requests()
     engine.block_manager.check_idle()

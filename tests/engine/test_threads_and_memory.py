@@ -83,9 +83,9 @@ def test_engine_flags_fill_the_config_and_env_is_the_fallback(monkeypatch):
     config = EngineConfig.from_args(parser.parse_args(
         ["--kv-cache-space", "1", "--threads-bind", "0", "--max-num-seqs", "4", "--block-size", "32",
          "--max-num-batched-tokens", "64", "--max-model-len", "512", "--reserved-cpus", "1",
-         "--no-prefix-caching", "--precision", "int4"]))
+         "--no-prefix-caching", "--precision", "int4", "--chat-template", "t.jinja"]))
     assert config.model_dump() == {
-        "model": None, "precision": "int4", "block_size": 32, "kv_cache_space": 1.0, "max_num_seqs": 4,
+        "model": None, "precision": "int4", "chat_template": "t.jinja", "block_size": 32, "kv_cache_space": 1.0, "max_num_seqs": 4,
         "max_num_batched_tokens": 64, "max_model_len": 512, "threads_bind": "0", "reserved_cpus": 1,
         "enable_prefix_caching": False}
 

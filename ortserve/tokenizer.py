@@ -1,0 +1,119 @@
+"""The artifact's tokenizer and chat template: loaded here and nowhere else.
+
+The server (HTTP process: prompts; engine process: detokenisation), the offline ``LLM``, the
+``generate`` CLI and the benchmarks all call ``load_tokenizer``. ``ChatPrompts`` renders
+conversations through the chat template (the artifact's, or a ``--chat-template`` override) and
+refuses message content that spells a special token, so a user cannot forge a turn of another
+role, unless that was explicitly allowed.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from ortserve.sampling_params import InvalidParameter
+
+Message = dict[str, Any]
+
+
+def block_torch_import() -> None:
+    """Make ``import torch`` fail in this process (transformers then loads tokenizers only).
+    Serving must not pay torch's import time and memory; call before transformers is imported."""
+    if "torch" not in sys.modules:
+        sys.modules["torch"] = None  # type: ignore[assignment]  # the import system's "not found"
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no "PyTorch was not found" banner
+
+
+def read_chat_template(value: str) -> str:
+    """``--chat-template``: a file's path, or the template text itself."""
+    path = Path(value).expanduser()
+    if len(value) < 4096 and "{" not in value and path.is_file():
+        return path.read_text(encoding="utf-8")
+    if "{" not in value:
+        raise ValueError(f"--chat-template {value!r} is neither a file nor a Jinja template")
+    return value
+
+
+def load_tokenizer(artifact_dir: str | Path, chat_template: str | None = None) -> Any:
+    """The artifact's Hugging Face tokenizer (offline: no hub), with ``chat_template`` (a path
+    or template text) replacing the artifact's own when given."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(artifact_dir), local_files_only=True)
+    if chat_template is not None:
+        tokenizer.chat_template = read_chat_template(chat_template)
+    return tokenizer
+
+
+@dataclass
+class ChatPrompts:
+    """Text and conversations -> token ids, and token ids -> text, for one tokenizer."""
+
+    tokenizer: Any
+    allow_special_tokens_in_content: bool = False
+
+    def __post_init__(self) -> None:
+        special = getattr(self.tokenizer, "all_special_tokens", None) or []
+        added = getattr(self.tokenizer, "added_tokens_decoder", None) or {}
+        self.special_tokens = sorted({*special, *(t.content for t in added.values() if t.special)}, key=len)
+        self.token_text = lru_cache(maxsize=65536)(self._token_text)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens))
+
+    def _token_text(self, token_id: int) -> str:
+        """One token as text, for logprobs (a lone byte of a multi-byte character stays as the
+        replacement character, as vLLM and OpenAI do)."""
+        return str(self.tokenizer.decode([token_id]))
+
+    def check_content(self, conversation: list[Message]) -> None:
+        if self.allow_special_tokens_in_content:
+            return
+        for i, message in enumerate(conversation):
+            content = message.get("content")
+            if not isinstance(content, str):
+                continue
+            found = next((t for t in self.special_tokens if t and t in content), None)
+            if found is not None:
+                raise InvalidParameter(
+                    "messages", f"messages[{i}].content contains the special token {found!r}, which "
+                                f"could forge a turn; remove it (or start the server with "
+                                f"--allow-special-tokens-in-content)")
+
+    def render_chat(self, conversation: list[Message], add_generation_prompt: bool = True,
+                    continue_final_message: bool = False, template_kwargs: dict[str, Any] | None = None,
+                    chat_template: str | None = None) -> str:
+        """The conversation through the chat template, as text (its special tokens included)."""
+        if not self.has_chat_template and chat_template is None:
+            raise InvalidParameter("messages", "this model has no chat template: start the server "
+                                               "with --chat-template FILE, or use /v1/completions")
+        if continue_final_message and conversation[-1].get("role") != "assistant":
+            raise InvalidParameter("continue_final_message", "continue_final_message needs the last "
+                                                             "message to be the assistant's")
+        self.check_content(conversation)
+        try:
+            text = self.tokenizer.apply_chat_template(
+                conversation, tokenize=False, add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message, chat_template=chat_template,
+                **(template_kwargs or {}))
+        except Exception as exc:  # jinja raises on conversations the template refuses
+            raise InvalidParameter("messages", f"the chat template refused messages: {exc}") from exc
+        return str(text)
+
+    def chat_token_ids(self, conversation: list[Message], add_generation_prompt: bool = True,
+                       continue_final_message: bool = False, template_kwargs: dict[str, Any] | None = None,
+                       ) -> list[int]:
+        text = self.render_chat(conversation, add_generation_prompt, continue_final_message, template_kwargs)
+        return self.encode(text, add_special_tokens=False)  # the template wrote BOS and role markers
