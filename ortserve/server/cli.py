@@ -43,6 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     http.add_argument("--engine-timeout", type=float, default=60.0,
                       help="seconds without engine progress, with requests pending, before /health is 503 "
                            "(default 60)")
+    http.add_argument("--max-engine-restarts", type=int, default=5,
+                      help="restarts of a dead engine allowed within 5 minutes before the server stops (default 5)")
     http.add_argument("--trust-request-chat-template", action="store_true",
                       help="accept a chat template in the request (rendered in a sandboxed worker)")
     http.add_argument("--allow-special-tokens-in-content", action="store_true",
@@ -56,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_arguments(parser)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, factory=None) -> int:  # noqa: ANN001 - tests pass a stand-in engine
     import os
 
     from ortserve.tokenizer import block_torch_import
@@ -90,9 +92,9 @@ def run(args: argparse.Namespace) -> int:
         public_metrics=args.public_metrics,
     )
     supervision = Supervision(max_waiting_requests=args.max_waiting_requests, max_queued_tokens=args.max_queued_tokens,
-                              engine_timeout=args.engine_timeout,
+                              engine_timeout=args.engine_timeout, max_restarts=args.max_engine_restarts,
                               allow_special_tokens_in_content=args.allow_special_tokens_in_content)
-    return asyncio.run(serve(config, settings, supervision, args.host, args.port, args.log_level))
+    return asyncio.run(serve(config, settings, supervision, args.host, args.port, args.log_level, factory))
 
 
 async def serve(config, settings, supervision, host: str, port: int, log_level: str = "info",  # noqa: ANN001

@@ -273,7 +273,8 @@ class EngineClient:
         self._restarts = [t for t in self._restarts if now - t < self.supervision.restart_window] + [now]
         if self.state == "loading" or len(self._restarts) > self.supervision.max_restarts:
             self._fail(f"the engine process died {len(self._restarts)} times in "
-                       f"{self.supervision.restart_window:g} s; giving up" if self.state != "loading"
+                       f"{self.supervision.restart_window:g} s (--max-engine-restarts "
+                       f"{self.supervision.max_restarts}); giving up" if self.state != "loading"
                        else f"the engine process exited during start-up (exit code {code})")
             return
         self.state = "restarting"

@@ -2,21 +2,21 @@
 
 Each sample repeats its prompt's tokens (so the text is predictable), one token per step, at
 most ``max_num_seqs`` requests run and the rest wait, and a step takes ``step_seconds``. Used
-where the real model would only make a test slow: backpressure, errors, disconnects.
+where the real model would only make a test slow: backpressure, errors, disconnects. It runs
+inside the real ``LLMEngine`` (real detokenisation, stop strings and IPC). A request whose
+prompt starts with ``FAULT_TOKEN`` fails in the core, as a request whose processing raised.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 
-from ortserve.engine.messages import (
-    EngineCoreOutput,
-    EngineRequest,
-    EngineStats,
-    RequestRejected,
-    TokenLogprob,
-)
-from ortserve.server.ipc import EngineInfo
+from ortserve.engine.ipc import EngineCoreOutput, EngineInfo, EngineRequest, StatsUpdate, TokenLogprob
+from ortserve.engine.llm_engine import LLMEngine
+from ortserve.sampling_params import PromptLimits
+from ortserve.tokenizer import load_tokenizer
+
+FAULT_TOKEN = 13
 
 
 @dataclass
@@ -38,12 +38,15 @@ class FakeCore:
         self.eos_token_id = eos_token_id
         self.waiting: list[_Running] = []
         self.running: list[_Running] = []
-        self.totals = EngineStats()
+        self.totals = StatsUpdate()
+        self.limits = PromptLimits(max_model_len, 49152)
+
+    def info(self, tokenizer_dir: str = "") -> EngineInfo:
+        return EngineInfo(artifact_dir=tokenizer_dir, max_model_len=self.max_model_len, vocab_size=49152,
+                          max_num_seqs=self.max_num_seqs)
 
     def add_request(self, request: EngineRequest) -> None:
-        if len(request.prompt_token_ids) >= self.max_model_len:
-            raise RequestRejected(f"prompt of {len(request.prompt_token_ids)} tokens exceeds "
-                                  f"max_model_len {self.max_model_len}")
+        self.limits.check(request.prompt_token_ids, request.sampling_params)
         n = request.sampling_params.n
         self.waiting.append(_Running(request, [[] for _ in range(n)], [False] * n))
 
@@ -63,6 +66,10 @@ class FakeCore:
         while self.waiting and len(self.running) < self.max_num_seqs:
             self.running.append(self.waiting.pop(0))
         outputs = []
+        for state in [s for s in self.running if s.request.prompt_token_ids[0] == FAULT_TOKEN]:
+            self.running.remove(state)
+            outputs += [EngineCoreOutput(state.request.request_id, i, [], None, "error")
+                        for i in range(len(state.generated))]
         for state in self.running:
             req = state.request
             params = req.sampling_params
@@ -94,13 +101,13 @@ class FakeCore:
             self.totals.e2e.append(time.monotonic() - state.start)
         return outputs
 
-    def stats(self) -> EngineStats:
+    def stats(self) -> StatsUpdate:
         s = self.totals
-        out = EngineStats(num_running=len(self.running), num_waiting=len(self.waiting),
+        out = StatsUpdate(num_running=len(self.running), num_waiting=len(self.waiting),
                           kv_usage=len(self.running) / self.max_num_seqs,
                           prompt_tokens=s.prompt_tokens, generation_tokens=s.generation_tokens,
                           ttft=s.ttft, e2e=s.e2e)
-        s.ttft, s.e2e = [], []
+        self.totals = StatsUpdate()
         return out
 
 
@@ -117,11 +124,11 @@ class FakeEngineFactory:
     load_seconds: float = 0.0
     fail_after_steps: int | None = None
 
-    def __call__(self, config: object) -> tuple[FakeCore, EngineInfo]:
+    def __call__(self, config: object) -> LLMEngine:
         time.sleep(self.load_seconds)
         if self.fail:
             raise ValueError(self.fail)
         core = FakeCore(self.max_model_len, self.max_num_seqs, self.step_seconds,
                         fail_after_steps=self.fail_after_steps)
-        return core, EngineInfo(artifact_dir=self.tokenizer_dir, max_model_len=self.max_model_len,
-                                vocab_size=49152, max_num_seqs=self.max_num_seqs)
+        core.info = lambda: FakeCore.info(core, self.tokenizer_dir)  # type: ignore[method-assign]
+        return LLMEngine(core, load_tokenizer(self.tokenizer_dir))

@@ -13,17 +13,20 @@ from pathlib import Path
 import httpx
 
 HERE = Path(__file__).parent
+CHECKOUT = HERE.parent.parent  # servers import the code under test, as the test process does
 LISTENING = re.compile(r"listening on (http://[\d.]+:\d+)")
 
 
 class ServerProcess:
     def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
         self.argv = argv
+        self.api_key = argv[argv.index("--api-key") + 1] if "--api-key" in argv else None
         self.lines: list[str] = []
         self.base_url: str | None = None
         self._url_seen = threading.Event()
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, cwd=HERE, env={**os.environ, **(env or {})},
+                                     text=True, cwd=HERE, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                         [str(CHECKOUT), os.environ.get("PYTHONPATH", "")]), **(env or {})},
                                      start_new_session=True)
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -79,16 +82,18 @@ class ServerProcess:
             self.proc.wait()
             raise
 
-    def metrics(self) -> dict[str, float]:
-        """The unlabelled-looking view of /metrics: metric name (labels dropped) -> value."""
-        text = httpx.get(f"{self.base_url}/metrics", timeout=10).text
+    def metrics(self, api_key: str | None = None) -> dict[str, float]:
+        """/metrics read with prometheus_client's parser: sample name -> value, the labels other
+        than model_name (finished_reason, event) kept as ``name{value}``."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        key = api_key or self.api_key
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        text = httpx.get(f"{self.base_url}/metrics", timeout=10, headers=headers).text
         values: dict[str, float] = {}
-        for line in text.splitlines():
-            if line.startswith("#") or not line.strip():
-                continue
-            name_labels, _, value = line.rpartition(" ")
-            name = name_labels.split("{", 1)[0]
-            if "finished_reason=" in name_labels:
-                name += "{" + name_labels.split("finished_reason=", 1)[1].split('"')[1] + "}"
-            values[name] = values.get(name, 0.0) + float(value)
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                labels = [v for k, v in sample.labels.items() if k in ("finished_reason", "event")]
+                name = sample.name + "".join(f"{{{v}}}" for v in labels)
+                values[name] = values.get(name, 0.0) + sample.value
         return values

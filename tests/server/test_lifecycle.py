@@ -43,14 +43,45 @@ def test_start_up_failure_is_printed_and_exits_non_zero(start_fake):
     assert message in proc.output
 
 
-def test_an_engine_failure_ends_in_flight_requests_with_an_error_and_exits_non_zero(start_fake):
+def test_an_engine_crash_ends_in_flight_requests_with_an_error_and_the_engine_is_restarted(start_fake):
     proc = start_fake("--fail-after-steps", "5")
     with pytest.raises(openai.APIError) as err:
         for _ in client(proc).completions.create(model="fake", prompt="a b c", max_tokens=50, stream=True):
             pass
-    assert "fake engine failure" in str(err.value)
-    assert proc.proc.wait(30) == 1
+    assert "engine process failed" in str(err.value)
+    assert "fake engine failure" not in str(err.value)  # the details stay in the server's log
     assert "fake engine failure for the test" in proc.output
+    wait_for(lambda: httpx.get(f"{proc.base_url}/health").status_code == 200, timeout=30)
+    done = client(proc).completions.create(model="fake", prompt="a b", max_tokens=2)  # within 5 steps
+    assert done.choices[0].finish_reason == "length"
+    assert proc.metrics()["ortserve:engine_events_total{death}"] >= 1
+    assert proc.proc.poll() is None
+
+
+def test_an_engine_that_keeps_dying_stops_the_server_with_a_clear_line(start_fake):
+    proc = start_fake("--fail-after-steps", "0", "--max-engine-restarts", "2")
+    deadline = time.monotonic() + 180  # a restart spawns a new Python process: seconds each
+    while proc.proc.poll() is None and time.monotonic() < deadline:  # each request kills the engine
+        try:
+            client(proc, timeout=10).completions.create(model="fake", prompt="a b", max_tokens=2)
+        except (openai.APIError, httpx.HTTPError):
+            time.sleep(0.5)
+    assert proc.proc.wait(30) == 1
+    assert "giving up" in proc.output and "--max-engine-restarts" in proc.output
+
+
+def test_a_request_that_fails_in_the_engine_fails_alone(start_fake):
+    from fake_engine import FAULT_TOKEN
+
+    proc = start_fake()
+    api = client(proc)
+    healthy = api.completions.create(model="fake", prompt="a b c", max_tokens=40, stream=True)
+    chunks = iter(healthy)
+    next(chunks)
+    with pytest.raises(openai.InternalServerError) as err:
+        api.completions.create(model="fake", prompt=[FAULT_TOKEN, 5, 6], max_tokens=5)
+    assert "internal error" in err.value.body["message"] and "Traceback" not in str(err.value.body)
+    assert [c.choices[0].finish_reason for c in chunks][-1] == "length"  # the other stream went on
 
 
 def test_a_kv_cache_that_does_not_fit_stops_the_real_server_with_the_flag_named(smollm2_artifact):
@@ -81,18 +112,18 @@ def test_sigterm_drains_the_real_server_and_exits_0(smollm2_artifact):
             proc.stop()
 
 
-def test_full_waiting_queue_answers_503_in_openai_shape(start_fake):
+def test_full_waiting_queue_answers_429_in_openai_shape(start_fake):
     proc = start_fake("--max-num-seqs", "1", "--max-waiting-requests", "1", "--step-seconds", "0.05")
     api = client(proc)
     streams = [api.completions.create(model="fake", prompt="hello there", max_tokens=200, stream=True)
                for _ in range(2)]  # one running, one waiting
     for stream in streams:
         next(iter(stream)) if stream is streams[0] else None
-    with pytest.raises(openai.InternalServerError) as err:
+    with pytest.raises(openai.RateLimitError) as err:
         api.completions.create(model="fake", prompt="one too many", max_tokens=5)
-    assert err.value.status_code == 503
+    assert err.value.status_code == 429 and err.value.response.headers["retry-after"] == "1"
     error = err.value.body
-    assert "--max-waiting-requests" in error["message"] and error["code"] == "engine_overloaded"
+    assert "--max-waiting-requests" in error["message"] and error["code"] == "server_overloaded"
     for stream in streams:
         stream.close()
 
@@ -136,8 +167,10 @@ def test_body_above_the_limit_is_413(fake_server):
     assert "--max-request-body-bytes" in response.json()["error"]["message"]
 
 
-def test_openapi_schema_documents_the_routes(fake_server):
-    schema = httpx.get(f"{fake_server.base_url}/schema/openapi.json").json()
+def test_openapi_schema_documents_the_routes_behind_the_api_key(fake_server):
+    assert httpx.get(f"{fake_server.base_url}/schema/openapi.json").status_code == 401
+    schema = httpx.get(f"{fake_server.base_url}/schema/openapi.json",
+                       headers={"Authorization": f"Bearer {API_KEY}"}).json()
     for path in ("/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize",
                  "/detokenize", "/health", "/metrics"):
         assert path in schema["paths"]
@@ -157,17 +190,17 @@ def test_sigterm_lets_in_flight_requests_finish_then_exits_0(start_fake):
         httpx.get(f"{proc.base_url}/health")
 
 
-def test_sigterm_aborts_what_outlasts_the_drain_timeout_and_exits_0(start_fake):
+def test_sigterm_ends_what_outlasts_the_drain_timeout_with_an_error_event_and_done(start_fake):
     proc = start_fake("--drain-timeout", "1")
-    stream = client(proc, timeout=30).completions.create(model="fake", prompt="a b c", max_tokens=240,
-                                                         stream=True)
-    next(iter(stream))
-    reader = threading.Thread(target=lambda: list(_ignore_errors(stream)), daemon=True)
-    reader.start()
+    threading.Timer(0.5, proc.proc.send_signal, [signal.SIGTERM]).start()
     start = time.monotonic()
-    proc.proc.send_signal(signal.SIGTERM)
-    assert proc.proc.wait(30) == 0
+    response = httpx.post(f"{proc.base_url}/v1/completions", headers={"Authorization": f"Bearer {API_KEY}"},
+                          json={"model": "fake", "prompt": "a b c", "max_tokens": 240, "stream": True}, timeout=30)
+    assert response.status_code == 200
+    events = [line for line in response.text.splitlines() if line.startswith("data: ")]
     assert time.monotonic() - start < 4.0  # the request alone would take ~5 s
+    assert '"error"' in events[-2] and "shutting down" in events[-2] and events[-1] == "data: [DONE]"
+    assert proc.proc.wait(30) == 0
 
 
 def _ignore_errors(stream):
