@@ -61,7 +61,7 @@ class ChatService:
         conversation = [m.conversation_entry() for m in body.messages]
         if template is not None:
             if not self.settings.trust_request_chat_template:
-                raise BadRequest("a chat template in the request is refused: this server uses the model's "
+                raise BadRequest("'chat_template' in the request is refused: this server uses the model's "
                                  "own (start it with --trust-request-chat-template to allow it)", "chat_template")
             with as_bad_request():
                 prompts.check_content(conversation)

@@ -133,7 +133,9 @@ def internal_error_message(exc: BaseException, request_id: str | None = None) ->
 
 def handle_internal_error(request: Request, exc: Exception) -> Response[ErrorResponse]:
     if isinstance(exc, RecursionError):  # a body nested deeper than the parser goes
-        return error_response(400, "The request body is nested too deeply", code="body_too_deep")
+        return error_response(400, "The JSON body is nested too deeply", code="body_too_deep")
+    if isinstance(exc, UnicodeDecodeError):
+        return error_response(400, "The request body is not valid UTF-8 JSON", code="invalid_encoding")
     return error_response(500, internal_error_message(exc))
 
 
