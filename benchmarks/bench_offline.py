@@ -53,18 +53,17 @@ class RunResult:
 
 def run_one(artifact: Path, precision: str, max_num_seqs: int, block_size: int, budget: int,
             args: argparse.Namespace) -> RunResult:
-    from transformers import AutoTokenizer
-
     from ortserve.engine.config import EngineConfig
     from ortserve.engine.core import EngineCore
     from ortserve.engine.ipc import EngineRequest
     from ortserve.engine.output_processor import OutputProcessor
     from ortserve.sampling_params import SamplingParams
+    from ortserve.tokenizer import load_tokenizer
 
     engine = EngineCore(EngineConfig(model=str(artifact), max_num_seqs=max_num_seqs, block_size=block_size,
                                      max_num_batched_tokens=budget,
                                      kv_cache_space=args.kv_cache_space, threads_bind=args.threads_bind))
-    tokenizer = AutoTokenizer.from_pretrained(engine.tokenizer_dir)
+    tokenizer = load_tokenizer(engine.tokenizer_dir)
     processor = OutputProcessor(tokenizer)
     rng = np.random.default_rng(0)
     params = SamplingParams(temperature=args.temperature, top_p=1.0, max_tokens=args.output_len, ignore_eos=True)
@@ -72,7 +71,7 @@ def run_one(artifact: Path, precision: str, max_num_seqs: int, block_size: int, 
     steps = []  # (tokens in step, all decode?, step seconds, session seconds, detok seconds)
     started = time.perf_counter()
     for i in range(args.num_prompts):
-        ids = rng.integers(100, engine.vocab_size - 100, size=args.input_len).tolist()
+        ids = rng.integers(100, engine.manifest.vocab_size - 100, size=args.input_len).tolist()
         engine.add_request(EngineRequest(f"b{i}", ids, params))
         processor.add_request(f"b{i}", ids, params)
     while processor.has_unfinished_requests():
@@ -157,6 +156,37 @@ def measure_defaults(artifact: Path, args: argparse.Namespace) -> None:
     os.sched_setaffinity(0, affinity)
 
 
+def measure_long_decode(artifact: Path, args: argparse.Namespace) -> None:
+    """Output processing (detokenisation and a stop-string search) per step over one long decode:
+    the time per step must not grow with the length of the text (issue #16). Prints the mean of
+    the first and the last 500 steps and their ratio."""
+    from ortserve.engine.config import EngineConfig
+    from ortserve.engine.core import EngineCore
+    from ortserve.engine.ipc import EngineRequest
+    from ortserve.engine.output_processor import OutputProcessor
+    from ortserve.sampling_params import SamplingParams
+    from ortserve.tokenizer import load_tokenizer
+
+    length = args.long_decode
+    engine = EngineCore(EngineConfig(model=str(artifact), kv_cache_space=args.kv_cache_space,
+                                     max_model_len=length + 64, threads_bind=args.threads_bind))
+    processor = OutputProcessor(load_tokenizer(engine.tokenizer_dir))
+    params = SamplingParams(temperature=1.0, seed=0, max_tokens=length, ignore_eos=True,
+                            stop=["a stop string that never appears " * 4])
+    prompt = list(range(1000, 1032))
+    engine.add_request(EngineRequest("long", prompt, params))
+    processor.add_request("long", prompt, params)
+    per_step = []
+    while processor.has_unfinished_requests():
+        outputs = engine.step()
+        t0 = time.perf_counter()
+        processor.process_outputs(outputs)
+        per_step.append(time.perf_counter() - t0)
+    first, last = np.mean(per_step[:500]) * 1e6, np.mean(per_step[-500:]) * 1e6
+    print(f"{artifact.name}: {len(per_step)} steps; output processing per step: first 500 {first:.1f} us, "
+          f"last 500 {last:.1f} us, ratio {last / first:.2f}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="built-in model name (default: the embedded SmolLM2)")
@@ -173,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-sizes", nargs="+", type=int, default=None, help="block sizes to sweep")
     parser.add_argument("--kv-cache-space", type=float, default=2.0)
     parser.add_argument("--threads-bind", default="auto")
+    parser.add_argument("--long-decode", type=int, default=None, metavar="TOKENS",
+                        help="instead, time output processing per step over one decode of this many tokens")
     parser.add_argument("--defaults", action="store_true",
                         help="run the measurements behind the engine defaults instead (prefill chunk sizes, "
                              "decode steps per block size and sequence count)")
@@ -187,6 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from ortserve.models import resolve_model
         targets = [(resolve_model(args.model, precision=p), p) for p in args.precisions]
+    if args.long_decode:
+        for artifact, _ in targets:
+            measure_long_decode(artifact, args)
+        return 0
     if args.defaults:
         for artifact, _ in targets:
             measure_defaults(artifact, args)

@@ -17,6 +17,8 @@ from __future__ import annotations
 import importlib
 import os
 import shutil
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -117,3 +119,32 @@ def tiny_llama_artifact(tmp_path_factory: pytest.TempPathFactory, tiny_llama_che
     out = tmp_path_factory.mktemp("tiny-llama-artifact") / "fp32"
     export_model(tiny_llama_checkpoint, out, precision="fp32", progress=False)
     return out
+
+
+# --- servers (tests/server, tests/reliability) -------------------------------------------------
+@pytest.fixture(scope="session")
+def tokenizer_dir(smollm2_checkpoint: Path) -> Path:
+    return smollm2_checkpoint
+
+
+@pytest.fixture
+def start_fake(tokenizer_dir: Path) -> Iterator:
+    """Start fake servers with extra flags; all are killed at the end of the test."""
+    sys.path.insert(0, str(Path(__file__).parent / "server"))
+    from server_process import ServerProcess
+
+    started: list = []
+
+    def start(*flags: str, ready: bool = True):
+        proc = ServerProcess.fake(tokenizer_dir, *flags)
+        started.append(proc)
+        if ready:
+            proc.wait_ready(60)
+        else:
+            proc.wait_listening(60)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.proc.poll() is None:
+            proc.stop(30)

@@ -114,6 +114,7 @@ class EngineClient:
 
     async def _spawn(self) -> None:
         process = await asyncio.to_thread(EngineProcess, self.config, self.factory)
+        logger.info("engine process started (pid %s)", process.pid)
         engine = self._engine = _Engine(process)
         for target, name in ((self._read_loop, "engine-reader"), (self._write_loop, "engine-writer")):
             thread = threading.Thread(target=target, args=(engine,), name=name, daemon=True)

@@ -36,31 +36,6 @@ def server(smollm2_artifact: Path) -> Iterator[ServerProcess]:
     assert code == 0, f"SIGTERM must exit 0, got {code}:\n{proc.output[-3000:]}"
 
 
-@pytest.fixture(scope="session")
-def tokenizer_dir(smollm2_checkpoint: Path) -> Path:
-    return smollm2_checkpoint
-
-
-@pytest.fixture
-def start_fake(tokenizer_dir: Path) -> Iterator:
-    """Start fake servers with extra flags; all are killed at the end of the test."""
-    started: list[ServerProcess] = []
-
-    def start(*flags: str, ready: bool = True) -> ServerProcess:
-        proc = ServerProcess.fake(tokenizer_dir, *flags)
-        started.append(proc)
-        if ready:
-            proc.wait_ready(60)
-        else:
-            proc.wait_listening(60)
-        return proc
-
-    yield start
-    for proc in started:
-        if proc.proc.poll() is None:
-            proc.stop(30)
-
-
 @pytest.fixture(scope="module")
 def fake_server(tokenizer_dir: Path) -> Iterator[ServerProcess]:
     proc = ServerProcess.fake(tokenizer_dir, "--api-key", API_KEY, "--max-request-body-bytes",
