@@ -162,10 +162,9 @@ def _token_id_key(key: int | str) -> int:
     """logit_bias keys: ints, or decimal strings as JSON sends them ("²" and "--5" are not)."""
     if isinstance(key, int):
         return key
-    text = str(key).strip()
-    digits = text[1:] if text[:1] in "+-" else text
-    if not (digits.isascii() and digits.isdigit()) or len(digits) > 10:
-        raise InvalidParameter("logit_bias", f"logit_bias keys must be token ids (decimal integers), got {key!r}")
+    text = str(key)
+    if not (text.isascii() and text.isdigit()) or len(text) > 9:
+        raise InvalidParameter("logit_bias", f"logit_bias keys must be token ids (up to 9 decimal digits), got {key!r}")
     return int(text)
 
 

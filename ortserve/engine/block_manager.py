@@ -91,7 +91,7 @@ class BlockManager:
                 return leader.block_table[:shared]
         return hits
 
-    def allocate(self, seq: Sequence, num_new_tokens: int, cached_blocks: list[int] = ()) -> bool:
+    def allocate(self, seq: Sequence, num_new_tokens: int, cached_blocks: list[int] | tuple[int, ...] = ()) -> bool:
         """Make ``seq.block_table`` cover its computed tokens, the prefix hits ``cached_blocks``
         (appended first) and ``num_new_tokens`` more. False, changing nothing, if blocks run out."""
         block_table = seq.block_table

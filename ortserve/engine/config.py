@@ -92,7 +92,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
         if default is not None and info.default_factory is None:
             help_text += f" (default {default})"
         group.add_argument(flag, dest=name, type=kind, choices=choices, default=None,
-                           metavar=extra.get("metavar"), help=help_text)
+                           metavar=str(extra["metavar"]) if "metavar" in extra else None, help=help_text)
     return parser
 
 
@@ -102,4 +102,4 @@ def _scalar_type(annotation: object) -> tuple[type, list[str] | None]:
         return str, [str(a) for a in get_args(annotation)]
     if args:
         return _scalar_type(args[0])
-    return annotation if isinstance(annotation, type) else str, None  # type: ignore[return-value]
+    return (annotation if isinstance(annotation, type) else str), None

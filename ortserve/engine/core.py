@@ -18,6 +18,7 @@ import logging
 import os
 import platform
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -82,7 +83,7 @@ class EngineCore:
         self.limits.check(request.prompt_token_ids, request.sampling_params)
         self.scheduler.add(Request(request, self.eos_token_ids, self.max_model_len))
 
-    def abort_requests(self, request_ids) -> None:
+    def abort_requests(self, request_ids: Iterable[str | tuple[str, int]]) -> None:
         """End requests now and free their blocks. An entry is a request id, or (request id,
         sample index) for one sample of n. Their 'abort' outputs come with the next step()."""
         for entry in request_ids:
@@ -112,16 +113,18 @@ class EngineCore:
         return outputs
 
     def _sample(self, logits: np.ndarray, batch: ScheduledBatch
-                ) -> tuple[list[int], list[TokenLogprob] | None, list[str]]:
+                ) -> tuple[list[int], list[TokenLogprob | None] | None, list[str]]:
         """The batch's tokens; if the sampler raises, each row alone, and the requests whose rows
         still raise are returned to be failed (their rows get a placeholder token first)."""
         seqs = batch.sampling
         try:
-            tokens, logprobs = self.sampler.sample(logits, seqs)
-            return tokens, logprobs, []
+            batch_tokens, batch_logprobs = self.sampler.sample(logits, seqs)
+            return batch_tokens, batch_logprobs, []
         except Exception:  # noqa: BLE001 - find the rows that fail alone
             logger.exception("sampling a batch of %d rows failed; retrying row by row", len(seqs))
-        tokens, rows, failed = [], [], []
+        tokens: list[int] = []
+        rows: list[TokenLogprob | None] = []
+        failed: list[str] = []
         for i, seq in enumerate(seqs):
             try:
                 token, row = self.sampler.sample(logits[i:i + 1].copy(), [seq])
@@ -132,9 +135,9 @@ class EngineCore:
             tokens += token
             rows.append(row[0] if row else None)
         wanted = any(s.params.logprobs is not None for s in seqs)
-        return tokens, (rows if wanted else None), failed  # type: ignore[return-value]
+        return tokens, (rows if wanted else None), failed
 
-    def _fail(self, request_ids) -> list[EngineCoreOutput]:
+    def _fail(self, request_ids: Iterable[str]) -> list[EngineCoreOutput]:
         outputs: list[EngineCoreOutput] = []
         for request_id in request_ids:
             outputs += self.scheduler.abort(request_id, reason="error")

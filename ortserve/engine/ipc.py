@@ -183,7 +183,8 @@ class Channel:
         return self._encoder.encode(message)
 
     def decode(self, data: bytes) -> Message:
-        return self._decoder.decode(data)
+        message: Message = self._decoder.decode(data)
+        return message
 
 
 def engine_side() -> Channel:

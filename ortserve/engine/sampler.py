@@ -30,19 +30,20 @@ TOP_P_CANDIDATES = 1024  # top-p looks for the nucleus among this many largest w
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
     x = x - x.max(axis=1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
+    result: np.ndarray = x - np.log(np.exp(x).sum(axis=1, keepdims=True))
+    return result
 
 
 class Sampler:
     def __init__(self) -> None:
         self._buffer: np.ndarray | None = None  # scratch for the weights, reused across steps
 
-    def sample(self, logits: np.ndarray, seqs: list[Sequence]) -> tuple[list[int], list[TokenLogprob] | None]:
+    def sample(self, logits: np.ndarray, seqs: list[Sequence]) -> tuple[list[int], list[TokenLogprob | None] | None]:
         """One token per row of ``logits`` (float32 [len(seqs), vocab], modified in place)."""
         with np.errstate(all="ignore"):  # non-finite rows are caught and fall back (module doc)
             return self._sample(logits, seqs)
 
-    def _sample(self, logits: np.ndarray, seqs: list[Sequence]) -> tuple[list[int], list[TokenLogprob] | None]:
+    def _sample(self, logits: np.ndarray, seqs: list[Sequence]) -> tuple[list[int], list[TokenLogprob | None] | None]:
         params = [s.request.params for s in seqs]
         lp_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
         raw_logprobs = log_softmax(logits[lp_rows]) if lp_rows else None
@@ -59,9 +60,10 @@ class Sampler:
         token_list = tokens.tolist()
         if not lp_rows:
             return token_list, None
-        logprobs = [None] * len(seqs)  # rows without logprobs asked get None
+        assert raw_logprobs is not None
+        logprobs: list[TokenLogprob | None] = [None] * len(seqs)  # rows without logprobs asked get None
         for j, i in enumerate(lp_rows):
-            logprobs[i] = _token_logprob(raw_logprobs[j], token_list[i], params[i].logprobs)
+            logprobs[i] = _token_logprob(raw_logprobs[j], token_list[i], params[i].logprobs or 0)
         return token_list, logprobs
 
     # -- logits processors -------------------------------------------------------------------
@@ -83,6 +85,7 @@ class Sampler:
                 continue
             ids = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
             if p.repetition_penalty != 1.0:
+                assert request.prompt_uniques is not None  # kept whenever a repetition penalty is set
                 seen = np.union1d(request.prompt_uniques, ids)
                 rep_rows.append(np.full(seen.size, i))
                 rep_ids.append(seen)
@@ -189,7 +192,8 @@ def _nucleus_threshold(desc: np.ndarray, top_p: np.ndarray, total: np.ndarray) -
     """The smallest weight kept: tokens are kept while the mass before them is below top_p."""
     mass_before = (np.cumsum(desc, axis=1, dtype=np.float64) - desc) / total[:, None]
     keep = np.maximum((mass_before < top_p[:, None]).sum(axis=1), 1)
-    return desc[np.arange(len(desc)), keep - 1]
+    threshold: np.ndarray = desc[np.arange(len(desc)), keep - 1]
+    return threshold
 
 
 def draw(weights: np.ndarray, u: np.ndarray, chunk: int = CHUNK, chunk_sums: np.ndarray | None = None) -> np.ndarray:
@@ -213,7 +217,8 @@ def draw(weights: np.ndarray, u: np.ndarray, chunk: int = CHUNK, chunk_sums: np.
     j = np.minimum((np.cumsum(segment, axis=1, dtype=np.float64) <= rest[:, None]).sum(axis=1), chunk - 1)
     for i in np.flatnonzero(segment[rows, j] == 0.0):  # rounding put the target past the last positive weight
         j[i] = np.flatnonzero(segment[i])[-1]
-    return starts[k] + j
+    tokens: np.ndarray = starts[k] + j
+    return tokens
 
 
 def _token_logprob(row: np.ndarray, token: int, k: int) -> TokenLogprob:

@@ -110,7 +110,7 @@ class Scheduler:
         return batch
 
     def update(self, batch: ScheduledBatch, sampled: list[int],
-               logprobs: list[TokenLogprob] | None) -> list[EngineCoreOutput]:
+               logprobs: list[TokenLogprob | None] | None) -> list[EngineCoreOutput]:
         """Account the computed tokens, append the sampled ones, finish what stops."""
         block_manager = self.block_manager
         for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
@@ -121,6 +121,7 @@ class Scheduler:
         self.counters.generation_tokens += len(sampled)
         for j, (seq, token) in enumerate(zip(batch.sampling, sampled)):
             request = seq.request
+            logprob = None if logprobs is None else logprobs[j]
             seq.append_token(token)
             if not seq.is_prefilled:
                 seq.is_prefilled = True
@@ -134,7 +135,7 @@ class Scheduler:
                 self._finish(seq, reason, stop_reason)
                 any_finished = True
             outputs.append(EngineCoreOutput(
-                request.request_id, seq.index, [token], None if logprobs is None else [logprobs[j]],
+                request.request_id, seq.index, [token], None if logprob is None else [logprob],
                 reason, stop_reason, seq.num_prompt_tokens, seq.num_cached_tokens))
         if any_finished:
             self.running = [s for s in self.running if s.status is SequenceStatus.RUNNING]

@@ -7,6 +7,8 @@ and the pool's other threads to ``cores[1:]`` through the session config key
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,7 +60,7 @@ def parse_cpu_list(text: str) -> list[int]:
     return sorted(cores)
 
 
-def format_cpu_list(cores) -> str:
+def format_cpu_list(cores: Iterable[int]) -> str:
     """[0, 1, 2, 5] -> '0-2,5'."""
     cores = sorted(cores)
     parts, start = [], None
@@ -87,7 +89,8 @@ def physical_cores(allowed: list[int]) -> list[int]:
         if cpus and allowed[0] in cpus:
             node_cpus = set(cpus)
             break
-    chosen, seen = [], set()
+    chosen: list[int] = []
+    seen: set[int] = set()
     for cpu in allowed:
         if node_cpus is not None and cpu not in node_cpus:
             continue

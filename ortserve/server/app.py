@@ -9,6 +9,7 @@ from litestar import Litestar, Router
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
+from litestar.plugins.pydantic import PydanticPlugin
 
 from ortserve import __version__
 
@@ -19,6 +20,7 @@ from .auth import require_api_key
 from .engine_client import EngineClient
 from .errors import EXCEPTION_HANDLERS
 from .metrics import ServerMetrics
+from .openapi import RequestSchemasFromPydantic
 from .settings import ServerSettings
 from .template_sandbox import TemplateSandbox
 
@@ -51,11 +53,13 @@ def create_app(client: EngineClient, settings: ServerSettings) -> Litestar:
                       for name, value in singletons.items()},
         exception_handlers=EXCEPTION_HANDLERS,
         request_max_body_size=settings.max_request_body_bytes,
+        plugins=[PydanticPlugin(validate_strict=True)],  # types as the schema states them: true is not 1
         lifespan=[engine_lifespan],
         state=State({"settings": settings}),  # read by the API-key guard
         openapi_config=OpenAPIConfig(title="ortserve", version=__version__,
                                      description="OpenAI-compatible LLM serving on CPU",
-                                     openapi_router=Router("/schema", route_handlers=[], guards=[require_api_key])),
+                                     openapi_router=Router("/schema", route_handlers=[], guards=[require_api_key]),
+                                     render_plugins=[RequestSchemasFromPydantic()]),
         logging_config=None,
     )
 

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+import msgspec
+
 from ortserve.engine.ipc import (
     AbortRequests,
     AddRequest,
@@ -85,7 +87,7 @@ class EngineLoop:
         while True:
             errors: list[RequestError] = []
             changed = False
-            for message in self._receive(block=not self.engine.has_unfinished_requests()):
+            for message in self._receive(block=not self.engine.has_unfinished_requests(), errors=errors):
                 if isinstance(message, Shutdown):
                     return
                 if isinstance(message, AddRequest):
@@ -106,18 +108,32 @@ class EngineLoop:
     def _send(self, message: Message) -> None:
         self.outbox.send_bytes(self.channel.encode(message))
 
-    def _receive(self, block: bool) -> list[Message]:
-        """Every message waiting in the pipe; wait for the first one when idle.
-        A closed pipe reads as Shutdown."""
+    def _receive(self, block: bool, errors: list[RequestError]) -> list[Message]:
+        """Every message waiting in the pipe; wait for the first one when idle. A closed pipe
+        reads as Shutdown; a message that does not decode fails its request, not the loop."""
         messages: list[Message] = []
         try:
-            if block:
-                messages.append(self.channel.decode(self.inbox.recv_bytes()))
-            while self.inbox.poll():
-                messages.append(self.channel.decode(self.inbox.recv_bytes()))
+            while block or self.inbox.poll():
+                block = False
+                data = self.inbox.recv_bytes()
+                try:
+                    messages.append(self.channel.decode(data))
+                except msgspec.ValidationError as exc:
+                    logger.error("a message from the server does not decode: %s", exc)
+                    request_id = _request_id_of(data)
+                    if request_id is not None:
+                        errors.append(RequestError(request_id, ErrorCode.INTERNAL, "the request did not decode"))
         except (EOFError, OSError):
             messages.append(Shutdown())
         return messages
+
+
+def _request_id_of(data: bytes) -> str | None:
+    try:
+        message = msgspec.msgpack.decode(data)
+        return str(message["request"]["request_id"])
+    except (msgspec.DecodeError, KeyError, TypeError):
+        return None
 
 
 class EngineProcess:

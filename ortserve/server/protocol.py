@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from ortserve.sampling_params import BOUNDS
 
@@ -28,38 +28,76 @@ def bounded(name: str, default: Any = None, **kwargs: Any) -> Any:
     return Field(default, **BOUNDS[name].field_kwargs(), **kwargs)
 
 
-TokenId = Annotated[int, Field(**BOUNDS["token_id"].field_kwargs())]
+def _integral(value: Any) -> Any:
+    """JSON Schema's integer: 36686.0 is one (and becomes 36686); 1.5, true and "5" are not."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def bounded_int(name: str) -> Any:
+    """An integer within ``BOUNDS[name]`` that also takes JSON's 5.0 for 5."""
+    return Annotated[int, Field(**BOUNDS[name].field_kwargs()), BeforeValidator(_integral)]
+
+
+TokenId = bounded_int("token_id")
+Choices = bounded_int("n")
+TokenCount = bounded_int("max_tokens")
+MinTokens = bounded_int("min_tokens")
+TopK = bounded_int("top_k")
+Seed = bounded_int("seed")
+LogprobCount = bounded_int("logprobs")
+TOKEN_ID_KEY = r"^[0-9]{1,9}$"  # as sampling_params reads logit_bias keys
+LogitBias = Annotated[
+    dict[Annotated[str, Field(pattern=TOKEN_ID_KEY)],
+         Annotated[float, Field(**BOUNDS["logit_bias_value"].field_kwargs())]],
+    Field(**BOUNDS["logit_bias"].field_kwargs()),
+    WithJsonSchema({"type": "object", "maxProperties": BOUNDS["logit_bias"].max_items, "additionalProperties": False,
+                    "patternProperties": {TOKEN_ID_KEY: {"type": "number", "minimum": BOUNDS["logit_bias_value"].ge,
+                                                        "maximum": BOUNDS["logit_bias_value"].le}}}),
+]
 TokenIds = Annotated[list[TokenId], Field(min_length=1, max_length=MAX_PROMPT_TOKENS)]
-PromptText = Annotated[str, Field(max_length=MAX_PROMPT_CHARS)]
+PromptText = Annotated[str, Field(min_length=1, max_length=MAX_PROMPT_CHARS)]
+ContentText = Annotated[str, Field(max_length=MAX_PROMPT_CHARS)]
+STRICT = ConfigDict(extra="ignore", strict=True)  # 1 is not true, "5" is not 5: as the schema says
 StopString = Annotated[str, Field(max_length=BOUNDS["stop"].max_length)]
 
 
 class StreamOptions(BaseModel):
+    model_config = STRICT
+
     include_usage: bool = Field(False, description="Send a last chunk with the request's usage")
     continuous_usage_stats: bool = Field(False, description="Put usage on every chunk")
+
+
+def requires(field: str, condition: dict[str, Any], then_field: str, value: Any) -> dict[str, Any]:
+    """A JSON Schema rule: when ``field`` matches ``condition``, ``then_field`` must be ``value``."""
+    return {"if": {"properties": {field: condition}, "required": [field]},
+            "then": {"properties": {then_field: {"const": value}}, "required": [then_field]}}
+
+
+STREAM_OPTIONS_NEED_STREAM = requires("stream_options", {"type": "object"}, "stream", True)
 
 
 class SamplingRequest(BaseModel):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True, json_schema_extra={"allOf": [STREAM_OPTIONS_NEED_STREAM]})
 
     model: str | None = Field(None, description="Served model name; defaults to the only model")
-    n: int = bounded("n", 1, description="Choices to generate for each prompt")
-    max_tokens: int | None = bounded("max_tokens", description="Most tokens to generate per choice")
-    min_tokens: int = bounded("min_tokens", 0, description="Tokens to generate before EOS or stop may end")
+    n: Choices = Field(1, description="Choices to generate for each prompt")
+    max_tokens: TokenCount | None = Field(None, description="Most tokens to generate per choice")
+    min_tokens: MinTokens = Field(0, description="Tokens to generate before EOS or stop may end")
     ignore_eos: bool = Field(False, description="Keep generating past the EOS token")
     temperature: float = bounded("temperature", 1.0, description="0 = greedy")
     top_p: float = bounded("top_p", 1.0)
-    top_k: int = bounded("top_k", 0, description="0 or -1 = off")
+    top_k: TopK = Field(0, description="0 or -1 = off")
     min_p: float = bounded("min_p", 0.0)
-    seed: int | None = bounded("seed", description="Per-request seed for reproducible sampling")
+    seed: Seed | None = Field(None, description="Per-request seed for reproducible sampling")
     presence_penalty: float = bounded("presence_penalty", 0.0)
     frequency_penalty: float = bounded("frequency_penalty", 0.0)
     repetition_penalty: float = bounded("repetition_penalty", 1.0)
-    logit_bias: dict[Annotated[str, Field(pattern=r"^[+-]?[0-9]{1,10}$")],
-                     Annotated[float, Field(**BOUNDS["logit_bias_value"].field_kwargs())]] | None = bounded(
-        "logit_bias", description="Token id (as a decimal string) -> bias added to its logit")
+    logit_bias: LogitBias | None = Field(None, description="Token id (as a decimal string) -> bias added to its logit")
     stop: StopString | Annotated[list[StopString], Field(max_length=BOUNDS["stop"].max_items)] | None = Field(
         None, description="Strings that end a choice")
     stop_token_ids: Annotated[list[TokenId], Field(max_length=BOUNDS["stop_token_ids"].max_items)] | None = Field(
@@ -104,7 +142,7 @@ class CompletionRequest(SamplingRequest):
              | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_BATCH)]) = Field(
         description="A string, a list of strings, token ids, or a list of token-id lists")
     echo: bool = Field(False, description="Put the prompt before the generated text")
-    logprobs: int | None = bounded("logprobs", description="Alternatives to return per token (0 = sampled only)")
+    logprobs: LogprobCount | None = Field(None, description="Alternatives to return per token (0 = sampled only)")
     suffix: str | None = Field(None, max_length=MAX_PROMPT_CHARS, description="Not supported")
 
     def check(self) -> None:
@@ -128,15 +166,23 @@ class CompletionRequest(SamplingRequest):
 
 
 class TextPart(BaseModel):
+    model_config = STRICT
+
     type: Literal["text"]
-    text: PromptText
+    text: ContentText
+
+
+class TextFormat(BaseModel):
+    model_config = STRICT
+
+    type: Literal["text"]
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: PromptText | Annotated[list[TextPart], Field(max_length=MAX_MESSAGES)] | None = None
+    content: ContentText | Annotated[list[TextPart], Field(max_length=MAX_MESSAGES)] | None = None
     name: str | None = None
 
     def text(self) -> str:
@@ -152,31 +198,31 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(SamplingRequest):
     """POST /v1/chat/completions."""
 
+    model_config = ConfigDict(extra="ignore", strict=True, json_schema_extra={"allOf": [
+        STREAM_OPTIONS_NEED_STREAM,
+        requires("top_logprobs", {"type": "integer", "minimum": 1}, "logprobs", True),
+        requires("continue_final_message", {"const": True}, "add_generation_prompt", False),
+    ]})
+
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     add_generation_prompt: bool = Field(True, description="End the prompt with the assistant's turn")
     continue_final_message: bool = Field(False, description="Continue the last assistant message")
-    max_completion_tokens: int | None = bounded("max_tokens", description="Alias of max_tokens")
+    max_completion_tokens: TokenCount | None = Field(None, description="Alias of max_tokens")
     logprobs: bool = Field(False, description="Return the sampled tokens' logprobs")
-    top_logprobs: int | None = bounded("logprobs", description="Alternatives per token; needs logprobs=true")
+    top_logprobs: LogprobCount | None = Field(None, description="Alternatives per token; needs logprobs=true")
     chat_template_kwargs: dict[str, Any] | None = Field(None, description="Extra template variables")
     chat_template: str | None = Field(None, max_length=MAX_TEMPLATE_CHARS,
                                       description="A template replacing the model's; refused unless the "
                                                   "server runs with --trust-request-chat-template")
-    response_format: dict[str, Any] | None = Field(None, description="Only {'type': 'text'}")
-    tools: list[dict[str, Any]] | None = Field(None, description="Not supported (400 unless "
-                                                                 "tool_choice='none')")
-    tool_choice: str | dict[str, Any] | None = None
+    response_format: TextFormat | None = Field(None, description="Only {'type': 'text'} (structured outputs: not yet)")
+    tools: Annotated[list[dict[str, Any]], Field(max_length=0)] | None = Field(
+        None, description="Tool calling is not supported yet: only an empty list")
+    tool_choice: Literal["none", "auto"] | None = None
 
     def check(self) -> None:
         super().check()
         if self.top_logprobs and not self.logprobs:
             raise BadRequest("'top_logprobs' needs 'logprobs' set to true", "top_logprobs")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise BadRequest("'response_format' other than {'type': 'text'} is not supported",
-                             "response_format")
-        if self.tools and self.tool_choice != "none":
-            raise BadRequest("tool calling is not supported; drop 'tools' or set tool_choice 'none'",
-                             "tools")
         if self.continue_final_message and self.add_generation_prompt:
             raise BadRequest("'continue_final_message' needs 'add_generation_prompt' false",
                              "continue_final_message")
@@ -189,7 +235,13 @@ class ChatCompletionRequest(SamplingRequest):
 
 
 class TokenizeRequest(BaseModel):
-    """POST /tokenize: either a prompt or chat messages."""
+    """POST /tokenize: either a prompt or chat messages (exactly one: the schema's oneOf)."""
+
+    model_config = ConfigDict(strict=True, json_schema_extra={"oneOf": [
+        {"required": ["prompt"], "properties": {"prompt": {"type": "string"}, "messages": {"type": "null"}}},
+        {"required": ["messages"], "properties": {"messages": {"type": "array", "minItems": 1},
+                                                  "prompt": {"type": "null"}}},
+    ]})
 
     model: str | None = None
     prompt: PromptText | None = None
@@ -206,5 +258,7 @@ class TokenizeRequest(BaseModel):
 
 
 class DetokenizeRequest(BaseModel):
+    model_config = STRICT
+
     model: str | None = None
     tokens: Annotated[list[TokenId], Field(max_length=MAX_PROMPT_TOKENS)]

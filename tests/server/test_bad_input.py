@@ -9,6 +9,8 @@ import pytest
 import ortserve
 from conftest import API_KEY, MAX_BODY, MAX_MODEL_LEN, SERVED_NAME
 
+pytestmark = pytest.mark.slow  # the real SmolLM2 server (session fixture)
+
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 MESSAGES = [{"role": "user", "content": "hi"}]

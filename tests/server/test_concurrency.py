@@ -5,7 +5,10 @@ import asyncio
 import time
 
 import openai
+import pytest
 from conftest import API_KEY, SERVED_NAME
+
+pytestmark = pytest.mark.slow  # the real SmolLM2 server (session fixture)
 
 PROMPTS = ["Tell me a fact about the sea.", "Name a color.", "What is 2 + 2?", "Say hello."]
 

@@ -6,7 +6,10 @@ import httpx
 import openai
 import pytest
 from conftest import API_KEY
-from transformers import AutoTokenizer
+
+from ortserve.tokenizer import load_tokenizer
+
+pytestmark = pytest.mark.slow  # the real SmolLM2 server (session fixture)
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 STORY = "Once upon a time, in a small village by the sea,"
@@ -24,7 +27,7 @@ def model(api) -> str:
 
 @pytest.fixture(scope="module")
 def tokenizer(smollm2_artifact):
-    return AutoTokenizer.from_pretrained(smollm2_artifact)
+    return load_tokenizer(smollm2_artifact)
 
 
 def test_models_lists_the_served_model(api):
@@ -93,13 +96,20 @@ def test_sse_stream_ends_with_done(server):
 
 
 def test_n_2_gives_two_choices_with_their_own_usage(api, model):
-    reply = api.chat.completions.create(model=model, messages=QUESTION, n=2, temperature=1.0, seed=7,
-                                        max_tokens=16)
+    def ask():
+        return api.chat.completions.create(model=model, messages=QUESTION, n=2, temperature=1.0, seed=7,
+                                           max_tokens=16, logprobs=True)
+
+    reply = ask()
     assert [c.index for c in reply.choices] == [0, 1]
-    assert all(c.finish_reason in ("stop", "length") for c in reply.choices)
+    texts = [c.message.content for c in reply.choices]
+    assert texts[0] != texts[1]  # two samples, not one answer twice
+    assert texts == [c.message.content for c in ask().choices]  # seeded: the same pair again
+    assert reply.usage.completion_tokens == sum(len(c.logprobs.content) for c in reply.choices)
     streamed = list(api.completions.create(model=model, prompt=STORY, n=2, temperature=1.0, seed=7,
                                            max_tokens=8, stream=True))
-    assert {c.choices[0].index for c in streamed} == {0, 1}
+    finished = {c.choices[0].index: c.choices[0].finish_reason for c in streamed if c.choices[0].finish_reason}
+    assert finished == {0: "length", 1: "length"}
 
 
 def test_chat_logprobs_hold_the_sampled_token_and_top_alternatives(api, model):
@@ -145,6 +155,7 @@ def test_same_seed_same_sample(api, model):
                                       max_tokens=24, seed=seed).choices[0].text
 
     assert sample(1234) == sample(1234)
+    assert len({sample(seed) for seed in (1, 2, 3)}) > 1  # the seed is what makes them equal
 
 
 def test_usage_equals_the_tokenizer_counts(api, model, tokenizer):
@@ -160,14 +171,19 @@ def test_usage_equals_the_tokenizer_counts(api, model, tokenizer):
     assert chat.usage.completion_tokens == len(tokenizer.encode(chat.choices[0].message.content)) + 1
 
 
-def test_sampling_parameters_are_accepted(api, model):
+def test_sampling_parameters_are_honoured(api, model, tokenizer):
     reply = api.chat.completions.create(
         model=model, messages=QUESTION, max_completion_tokens=8, temperature=0.7, top_p=0.9,
         presence_penalty=0.5, frequency_penalty=0.5, logit_bias={"28": -100}, seed=3, user="test",
         stop=["\n\n"],
         extra_body={"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1, "min_tokens": 2,
-                    "ignore_eos": True, "stop_token_ids": [2]})
-    assert reply.usage.completion_tokens >= 2
+                    "ignore_eos": True, "stop_token_ids": [2]}, logprobs=True)
+    choice = reply.choices[0]
+    tokens = [entry.token for entry in choice.logprobs.content]
+    assert 2 <= reply.usage.completion_tokens == len(tokens) <= 8  # min_tokens, max_completion_tokens
+    assert choice.finish_reason == "length" or "\n\n" not in choice.message.content
+    banned = tokenizer.decode([28])
+    assert banned not in tokens  # logit_bias -100
 
 
 def test_tokenize_and_detokenize_round_trip(server, tokenizer):
