@@ -29,6 +29,7 @@ adds about 3 us per node there).
     python benchmarks/bench_graph.py --precision int4 --threads 1 2 2ns --profile
     python benchmarks/bench_graph.py --sessions 2 --artifact old=/tmp/old-{precision} --artifact new=/tmp/new-{precision}
 """
+
 from __future__ import annotations
 
 import argparse
@@ -81,8 +82,9 @@ class GenaiGraph:
     def __init__(self, label: str, model_dir: Path, options: ort.SessionOptions, max_tokens: int):
         self.label, self.path = label, model_dir
         config = json.loads((model_dir / "genai_config.json").read_text())["model"]["decoder"]
-        self.session = ort.InferenceSession(str(model_dir / config["filename"]), options,
-                                            providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(
+            str(model_dir / config["filename"]), options, providers=["CPUExecutionProvider"]
+        )
         shape = (1, config["num_key_value_heads"], max_tokens, config["head_size"])
         names = config["inputs"], config["outputs"]
         self.binding = self.session.io_binding()
@@ -120,6 +122,7 @@ def _weight_bytes(model_path: Path) -> int:
 
 # ---- workloads -------------------------------------------------------------------------------
 
+
 def prefill_time(graph, prompt: list[int]) -> float:
     graph.reset()
     start = time.perf_counter()
@@ -142,7 +145,7 @@ def measure(graphs: list, context: list[int], prefill: list[int], steps: int, ro
             g.reset()
             g.step(context)
         for i in range(steps):
-            for g in graphs[r % len(graphs):] + graphs[:r % len(graphs)]:
+            for g in graphs[r % len(graphs) :] + graphs[: r % len(graphs)]:
                 start, cpu = time.perf_counter(), time.thread_time()
                 g.step([context[i % len(context)]])
                 decode[g.label].append(time.perf_counter() - start)
@@ -152,13 +155,16 @@ def measure(graphs: list, context: list[int], prefill: list[int], steps: int, ro
     out = {}
     for g in {g.label: g for g in graphs}.values():
         steps_s, prompts_s = np.array(decode[g.label]), np.array(prompt[g.label])
-        out[g.label] = {"decode_step_ms": float(np.median(steps_s)) * 1e3,
-                        "decode_step_ms_p10": float(np.percentile(steps_s, 10)) * 1e3,
-                        # this thread's CPU time: with 1 intra-op thread, the step's compute without
-                        # the time other processes held the core
-                        "decode_cpu_ms": float(np.median(decode_cpu[g.label])) * 1e3,
-                        "prefill_s": float(np.median(prompts_s)), "prefill_s_min": float(prompts_s.min()),
-                        "weight_bytes": g.weight_bytes}
+        out[g.label] = {
+            "decode_step_ms": float(np.median(steps_s)) * 1e3,
+            "decode_step_ms_p10": float(np.percentile(steps_s, 10)) * 1e3,
+            # this thread's CPU time: with 1 intra-op thread, the step's compute without
+            # the time other processes held the core
+            "decode_cpu_ms": float(np.median(decode_cpu[g.label])) * 1e3,
+            "prefill_s": float(np.median(prompts_s)),
+            "prefill_s_min": float(prompts_s.min()),
+            "weight_bytes": g.weight_bytes,
+        }
         out[g.label]["decode_tok_s"] = 1e3 / out[g.label]["decode_step_ms"]
         out[g.label]["decode_tok_s_p10"] = 1e3 / out[g.label]["decode_step_ms_p10"]
         out[g.label]["prefill_tok_s"] = len(prefill) / out[g.label]["prefill_s"]
@@ -167,6 +173,7 @@ def measure(graphs: list, context: list[int], prefill: list[int], steps: int, ro
 
 
 # ---- profile ---------------------------------------------------------------------------------
+
 
 def profile(make_graph, context: list[int], prefill: list[int], steps: int) -> dict:
     """Per-op time of a decode step (median over steps) and of one prefill, from ORT's profiler."""
@@ -199,8 +206,12 @@ def profile(make_graph, context: list[int], prefill: list[int], steps: int) -> d
         roles = set().union(*(per_run[i] for i in indices))
         ops = {r: statistics.median(per_run[i].get(r, 0.0) for i in indices) for r in roles}
         wall = statistics.median(runs[i]["dur"] / 1e3 for i in indices)
-        return {"wall_ms": wall, "kernels_ms": sum(ops.values()), "ops_ms": dict(sorted(ops.items(), key=lambda x: -x[1])),
-                "nodes": dict(counts[indices[0]])}
+        return {
+            "wall_ms": wall,
+            "kernels_ms": sum(ops.values()),
+            "ops_ms": dict(sorted(ops.items(), key=lambda x: -x[1])),
+            "nodes": dict(counts[indices[0]]),
+        }
 
     return {"decode": summary(decode_runs), "prefill": summary([prefill_run])}
 
@@ -216,21 +227,28 @@ def _role(name: str, op: str) -> str:
 
 # ---- report ----------------------------------------------------------------------------------
 
+
 def print_results(title: str, results: dict[str, dict], reference: str | None) -> None:
     """Medians, and in brackets the fast end (decode: 10th-percentile step; prefill: best round),
     which a busy neighbour disturbs less; "cpu" is decode by this thread's CPU time (meaningful
     with 1 intra-op thread, where ORT computes on the calling thread)."""
     print(f"\n## {title}")
-    print(f"{'graph':<20}{'decode tok/s':>22}{'cpu':>7}{'prefill tok/s':>22}{'weights MB':>12}"
-          + (f"{'decode ×ref':>16}{'prefill ×ref':>16}" if reference else ""))
+    print(
+        f"{'graph':<20}{'decode tok/s':>22}{'cpu':>7}{'prefill tok/s':>22}{'weights MB':>12}"
+        + (f"{'decode ×ref':>16}{'prefill ×ref':>16}" if reference else "")
+    )
     for label, r in results.items():
         suffix = label.rsplit(" ", 1)[-1] if reference and reference.endswith(" t") else ""
         ref = results.get(reference + suffix[1:]) if reference else None
-        line = (f"{label:<20}{r['decode_tok_s']:>12.1f} ({r['decode_tok_s_p10']:>6.1f}){1e3 / r['decode_cpu_ms']:>7.1f}"
-                f"{r['prefill_tok_s']:>12.1f} ({r['prefill_tok_s_best']:>6.1f}){r['weight_bytes'] / 1e6:>12.1f}")
+        line = (
+            f"{label:<20}{r['decode_tok_s']:>12.1f} ({r['decode_tok_s_p10']:>6.1f}){1e3 / r['decode_cpu_ms']:>7.1f}"
+            f"{r['prefill_tok_s']:>12.1f} ({r['prefill_tok_s_best']:>6.1f}){r['weight_bytes'] / 1e6:>12.1f}"
+        )
         if ref:
-            line += (f"{r['decode_tok_s'] / ref['decode_tok_s']:>9.2f} ({r['decode_tok_s_p10'] / ref['decode_tok_s_p10']:.2f})"
-                     f"{r['prefill_tok_s'] / ref['prefill_tok_s']:>9.2f} ({r['prefill_tok_s_best'] / ref['prefill_tok_s_best']:.2f})")
+            line += (
+                f"{r['decode_tok_s'] / ref['decode_tok_s']:>9.2f} ({r['decode_tok_s_p10'] / ref['decode_tok_s_p10']:.2f})"
+                f"{r['prefill_tok_s'] / ref['prefill_tok_s']:>9.2f} ({r['prefill_tok_s_best'] / ref['prefill_tok_s_best']:.2f})"
+            )
         print(line)
 
 
@@ -238,8 +256,10 @@ def print_profiles(profiles: dict[str, dict]) -> None:
     for phase in ("decode", "prefill"):
         print(f"\n### profile: {phase} ({'ms per step' if phase == 'decode' else 'ms per prompt'})")
         labels = list(profiles)
-        roles = sorted({r for p in profiles.values() for r in p[phase]["ops_ms"]},
-                       key=lambda r: -max(p[phase]["ops_ms"].get(r, 0) for p in profiles.values()))
+        roles = sorted(
+            {r for p in profiles.values() for r in p[phase]["ops_ms"]},
+            key=lambda r: -max(p[phase]["ops_ms"].get(r, 0) for p in profiles.values()),
+        )
         print(f"{'op':<42}" + "".join(f"{l[:22]:>24}" for l in labels))
         for role in roles:
             cells = []
@@ -265,8 +285,10 @@ def print_roofline(report: dict, threads: list[int]) -> dict:
     for t in threads:
         kernels = membw.measure(0.5, [t], 3)["threads"][str(t)]
         bandwidth[t] = max(v for k, v in kernels.items() if k.startswith("read"))
-    print("\n## roofline: read bandwidth now " + ", ".join(f"{bandwidth[t]:.1f} GB/s ({t} thread{'s' * (t > 1)})"
-                                                          for t in threads))
+    print(
+        "\n## roofline: read bandwidth now "
+        + ", ".join(f"{bandwidth[t]:.1f} GB/s ({t} thread{'s' * (t > 1)})" for t in threads)
+    )
     print(f"{'graph':<28}{'weights MB':>12}{'roofline tok/s':>16}{'decode tok/s':>14}{'of roofline':>13}")
     out = {"bandwidth_GBps": bandwidth, "graphs": {}}
     for entry in report["precisions"].values():
@@ -275,20 +297,25 @@ def print_roofline(report: dict, threads: list[int]) -> dict:
             t = int(suffix) if suffix.isdigit() else threads[-1]
             roof = bandwidth.get(t, bandwidth[threads[-1]]) * 1e9 / r["weight_bytes"]
             out["graphs"][label] = {"roofline_tok_s": roof, "fraction": r["decode_tok_s"] / roof}
-            print(f"{label:<28}{r['weight_bytes'] / 1e6:>12.1f}{roof:>16.1f}{r['decode_tok_s']:>14.1f}"
-                  f"{r['decode_tok_s'] / roof:>12.0%}")
+            print(
+                f"{label:<28}{r['weight_bytes'] / 1e6:>12.1f}{roof:>16.1f}{r['decode_tok_s']:>14.1f}"
+                f"{r['decode_tok_s'] / roof:>12.0%}"
+            )
     return out
 
 
 # ---- which graphs ----------------------------------------------------------------------------
+
 
 def genai_dir(model: str, precision: str, pattern: str | None, build: bool) -> Path | None:
     if pattern:
         path = Path(pattern.format(precision=precision))
         return path if (path / "genai_config.json").is_file() else None
     peer = PEER_NAMES.get(model, model)
-    candidates = [BENCH_DIR / "results" / "peer-models" / peer / f"genai-{precision}",
-                  Path("/tmp") / "peer-models" / peer / f"genai-{precision}"]
+    candidates = [
+        BENCH_DIR / "results" / "peer-models" / peer / f"genai-{precision}",
+        Path("/tmp") / "peer-models" / peer / f"genai-{precision}",
+    ]
     for path in candidates:
         if (path / "genai_config.json").is_file():
             return path
@@ -308,20 +335,31 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m-instruct", help="built-in model name (ortserve.models)")
     p.add_argument("--precision", nargs="+", default=["int4", "fp32"], choices=("fp32", "int8", "int4"))
-    p.add_argument("--artifact", action="append", default=[], metavar="LABEL=DIR",
-                   help="ortserve artifact(s) to time instead of the built-in model's cached one; {precision} in DIR "
-                        "is replaced")
-    p.add_argument("--genai", default=None, help="genai model dir; {precision} is replaced (default: "
-                   "benchmarks/results/peer-models/<model>/genai-<precision>, built if the peers venv exists)")
+    p.add_argument(
+        "--artifact",
+        action="append",
+        default=[],
+        metavar="LABEL=DIR",
+        help="ortserve artifact(s) to time instead of the built-in model's cached one; {precision} in DIR is replaced",
+    )
+    p.add_argument(
+        "--genai",
+        default=None,
+        help="genai model dir; {precision} is replaced (default: "
+        "benchmarks/results/peer-models/<model>/genai-<precision>, built if the peers venv exists)",
+    )
     p.add_argument("--no-genai", action="store_true")
     p.add_argument("--no-build", action="store_true", help="do not build a missing genai model")
     p.add_argument("--context", type=int, default=128)
     p.add_argument("--prefill", type=int, default=512)
     p.add_argument("--steps", type=int, default=32, help="timed decode steps per round")
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--threads", nargs="+", default=["1", "2"],
-                   help="intra-op threads, e.g. 1 2 2ns (ns: no spinning); several values time each graph at "
-                        "each, interleaved")
+    p.add_argument(
+        "--threads",
+        nargs="+",
+        default=["1", "2"],
+        help="intra-op threads, e.g. 1 2 2ns (ns: no spinning); several values time each graph at each, interleaved",
+    )
     p.add_argument("--sessions", type=int, default=1, help="sessions per graph, interleaved (placement noise)")
     p.add_argument("--no-spin", action="store_true", help="session.intra_op.allow_spinning = 0")
     p.add_argument("--profile", action="store_true", help="also per-op profiles (ORT profiler)")
@@ -372,13 +410,19 @@ def main() -> int:
             results[g.label]["path"] = str(g.path)
         del graphs
         title = args.model if not args.artifact else " vs ".join(dict.fromkeys(p.name for _, p, _ in makers.values()))
-        print_results(f"{title} {precision}: batch-1 decode at context {args.context}, {args.prefill}-token "
-                      f"prefill; threads {' / '.join(map(str, args.threads))}{', no spinning' if args.no_spin else ''}; "
-                      f"{args.rounds} rounds of {args.steps} steps", results, reference)
+        print_results(
+            f"{title} {precision}: batch-1 decode at context {args.context}, {args.prefill}-token "
+            f"prefill; threads {' / '.join(map(str, args.threads))}{', no spinning' if args.no_spin else ''}; "
+            f"{args.rounds} rounds of {args.steps} steps",
+            results,
+            reference,
+        )
         entry = {"results": results, "reference": reference}
         if args.profile:
-            profiles = {label: profile(lambda prefix, label=label: make(label, prefix), context, prefill,
-                                       min(args.steps, 16)) for label in makers}
+            profiles = {
+                label: profile(lambda prefix, label=label: make(label, prefix), context, prefill, min(args.steps, 16))
+                for label in makers
+            }
             print_profiles(profiles)
             entry["profiles"] = profiles
         report["precisions"][precision] = entry

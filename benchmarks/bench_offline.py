@@ -13,6 +13,7 @@ engine's Python (schedule, input preparation, sampling, update) and the output p
 
 Results go to stdout and, as JSON, to benchmarks/results/bench_offline-<time>.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,9 @@ class RunResult:
     decode_python_share_with_detok: float
 
 
-def run_one(artifact: Path, precision: str, max_num_seqs: int, block_size: int, budget: int,
-            args: argparse.Namespace) -> RunResult:
+def run_one(
+    artifact: Path, precision: str, max_num_seqs: int, block_size: int, budget: int, args: argparse.Namespace
+) -> RunResult:
     from ortserve.engine.config import EngineConfig
     from ortserve.engine.core import EngineCore
     from ortserve.engine.ipc import EngineRequest
@@ -60,9 +62,16 @@ def run_one(artifact: Path, precision: str, max_num_seqs: int, block_size: int, 
     from ortserve.sampling_params import SamplingParams
     from ortserve.tokenizer import load_tokenizer
 
-    engine = EngineCore(EngineConfig(model=str(artifact), max_num_seqs=max_num_seqs, block_size=block_size,
-                                     max_num_batched_tokens=budget,
-                                     kv_cache_space=args.kv_cache_space, threads_bind=args.threads_bind))
+    engine = EngineCore(
+        EngineConfig(
+            model=str(artifact),
+            max_num_seqs=max_num_seqs,
+            block_size=block_size,
+            max_num_batched_tokens=budget,
+            kv_cache_space=args.kv_cache_space,
+            threads_bind=args.threads_bind,
+        )
+    )
     tokenizer = load_tokenizer(engine.tokenizer_dir)
     processor = OutputProcessor(tokenizer)
     rng = np.random.default_rng(0)
@@ -75,8 +84,10 @@ def run_one(artifact: Path, precision: str, max_num_seqs: int, block_size: int, 
         engine.add_request(EngineRequest(f"b{i}", ids, params))
         processor.add_request(f"b{i}", ids, params)
     while processor.has_unfinished_requests():
-        batch_decode = all(s.num_computed_tokens == s.num_tokens - 1 for s in engine.scheduler.running) \
+        batch_decode = (
+            all(s.num_computed_tokens == s.num_tokens - 1 for s in engine.scheduler.running)
             and not engine.scheduler.waiting
+        )
         model_before = runner.model_seconds
         t0 = time.perf_counter()
         outputs = engine.step()
@@ -94,16 +105,28 @@ def run_one(artifact: Path, precision: str, max_num_seqs: int, block_size: int, 
     pick = full if full.any() else decode
     python = step_s - model_s
     result = RunResult(
-        precision=precision, max_num_seqs=max_num_seqs, block_size=block_size, max_num_batched_tokens=budget,
-        num_prompts=args.num_prompts, input_len=args.input_len,
-        output_len=args.output_len, wall_seconds=wall, output_tokens_per_s=out_tokens / wall,
-        total_tokens_per_s=(out_tokens + args.num_prompts * args.input_len) / wall, num_steps=len(steps),
-        mean_step_ms=1e3 * step_s.mean(), python_ms_per_step=1e3 * python.mean(),
-        python_share=python.sum() / step_s.sum(), detok_ms_per_step=1e3 * detok_s.mean(),
-        decode_steps=int(pick.sum()), decode_step_ms=1e3 * step_s[pick].mean(),
-        decode_python_ms=1e3 * python[pick].mean(), decode_python_share=python[pick].sum() / step_s[pick].sum(),
+        precision=precision,
+        max_num_seqs=max_num_seqs,
+        block_size=block_size,
+        max_num_batched_tokens=budget,
+        num_prompts=args.num_prompts,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        wall_seconds=wall,
+        output_tokens_per_s=out_tokens / wall,
+        total_tokens_per_s=(out_tokens + args.num_prompts * args.input_len) / wall,
+        num_steps=len(steps),
+        mean_step_ms=1e3 * step_s.mean(),
+        python_ms_per_step=1e3 * python.mean(),
+        python_share=python.sum() / step_s.sum(),
+        detok_ms_per_step=1e3 * detok_s.mean(),
+        decode_steps=int(pick.sum()),
+        decode_step_ms=1e3 * step_s[pick].mean(),
+        decode_python_ms=1e3 * python[pick].mean(),
+        decode_python_share=python[pick].sum() / step_s[pick].sum(),
         decode_python_share_with_detok=(python[pick].sum() + detok_s[pick].sum())
-        / (step_s[pick].sum() + detok_s[pick].sum()))
+        / (step_s[pick].sum() + detok_s[pick].sum()),
+    )
     del engine
     return result
 
@@ -121,13 +144,25 @@ def measure_defaults(artifact: Path, args: argparse.Namespace) -> None:
     affinity = os.sched_getaffinity(0)
     rng = np.random.default_rng(0)
     sizes = [32, 64, 128, 256, 512, 1024]
-    engine = EngineCore(EngineConfig(model=str(artifact), kv_cache_space=1.0, max_num_batched_tokens=max(sizes),
-                                     enable_prefix_caching=False, threads_bind=args.threads_bind))
+    engine = EngineCore(
+        EngineConfig(
+            model=str(artifact),
+            kv_cache_space=1.0,
+            max_num_batched_tokens=max(sizes),
+            enable_prefix_caching=False,
+            threads_bind=args.threads_bind,
+        )
+    )
     best = dict.fromkeys(sizes, float("inf"))
     for rnd in range(4):
         for size in sizes:
-            engine.add_request(EngineRequest(f"{rnd}-{size}", rng.integers(100, 40000, size).tolist(),
-                                             SamplingParams(max_tokens=1, temperature=0.0)))
+            engine.add_request(
+                EngineRequest(
+                    f"{rnd}-{size}",
+                    rng.integers(100, 40000, size).tolist(),
+                    SamplingParams(max_tokens=1, temperature=0.0),
+                )
+            )
             start = time.perf_counter()
             engine.step()
             best[size] = min(best[size], time.perf_counter() - start)
@@ -137,12 +172,24 @@ def measure_defaults(artifact: Path, args: argparse.Namespace) -> None:
     for block_size in args.block_sizes:
         for seqs in args.max_num_seqs:
             os.sched_setaffinity(0, affinity)
-            engine = EngineCore(EngineConfig(model=str(artifact), kv_cache_space=1.0, block_size=block_size,
-                                             max_num_seqs=seqs, max_num_batched_tokens=2048,
-                                             threads_bind=args.threads_bind))
+            engine = EngineCore(
+                EngineConfig(
+                    model=str(artifact),
+                    kv_cache_space=1.0,
+                    block_size=block_size,
+                    max_num_seqs=seqs,
+                    max_num_batched_tokens=2048,
+                    threads_bind=args.threads_bind,
+                )
+            )
             for i in range(seqs):
-                engine.add_request(EngineRequest(f"d{i}", rng.integers(100, 40000, 200).tolist(),
-                                                 SamplingParams(max_tokens=1000, ignore_eos=True)))
+                engine.add_request(
+                    EngineRequest(
+                        f"d{i}",
+                        rng.integers(100, 40000, 200).tolist(),
+                        SamplingParams(max_tokens=1000, ignore_eos=True),
+                    )
+                )
             while engine.scheduler.waiting or any(not s.is_prefilled for s in engine.scheduler.running):
                 engine.step()
             times = []
@@ -150,8 +197,11 @@ def measure_defaults(artifact: Path, args: argparse.Namespace) -> None:
                 start = time.perf_counter()
                 engine.step()
                 times.append(time.perf_counter() - start)
-            print(f"decode block {block_size:3d} seqs {seqs:3d}: best {1e3 * min(times):7.1f} ms, median "
-                  f"{1e3 * float(np.median(times)):7.1f} ms -> {seqs / min(times):6.1f} tok/s", flush=True)
+            print(
+                f"decode block {block_size:3d} seqs {seqs:3d}: best {1e3 * min(times):7.1f} ms, median "
+                f"{1e3 * float(np.median(times)):7.1f} ms -> {seqs / min(times):6.1f} tok/s",
+                flush=True,
+            )
             del engine
     os.sched_setaffinity(0, affinity)
 
@@ -168,11 +218,18 @@ def measure_long_decode(artifact: Path, args: argparse.Namespace) -> None:
     from ortserve.tokenizer import load_tokenizer
 
     length = args.long_decode
-    engine = EngineCore(EngineConfig(model=str(artifact), kv_cache_space=args.kv_cache_space,
-                                     max_model_len=length + 64, threads_bind=args.threads_bind))
+    engine = EngineCore(
+        EngineConfig(
+            model=str(artifact),
+            kv_cache_space=args.kv_cache_space,
+            max_model_len=length + 64,
+            threads_bind=args.threads_bind,
+        )
+    )
     processor = OutputProcessor(load_tokenizer(engine.tokenizer_dir))
-    params = SamplingParams(temperature=1.0, seed=0, max_tokens=length, ignore_eos=True,
-                            stop=["a stop string that never appears " * 4])
+    params = SamplingParams(
+        temperature=1.0, seed=0, max_tokens=length, ignore_eos=True, stop=["a stop string that never appears " * 4]
+    )
     prompt = list(range(1000, 1032))
     engine.add_request(EngineRequest("long", prompt, params))
     processor.add_request("long", prompt, params)
@@ -183,41 +240,64 @@ def measure_long_decode(artifact: Path, args: argparse.Namespace) -> None:
         processor.process_outputs(outputs)
         per_step.append(time.perf_counter() - t0)
     first, last = np.mean(per_step[:500]) * 1e6, np.mean(per_step[-500:]) * 1e6
-    print(f"{artifact.name}: {len(per_step)} steps; output processing per step: first 500 {first:.1f} us, "
-          f"last 500 {last:.1f} us, ratio {last / first:.2f}", flush=True)
+    print(
+        f"{artifact.name}: {len(per_step)} steps; output processing per step: first 500 {first:.1f} us, "
+        f"last 500 {last:.1f} us, ratio {last / first:.2f}",
+        flush=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="built-in model name (default: the embedded SmolLM2)")
-    parser.add_argument("--artifact", action="append", default=None,
-                        help="benchmark this artifact directory instead (repeatable; overrides --precisions)")
+    parser.add_argument(
+        "--artifact",
+        action="append",
+        default=None,
+        help="benchmark this artifact directory instead (repeatable; overrides --precisions)",
+    )
     parser.add_argument("--precisions", nargs="+", default=["fp32", "int4"])
     parser.add_argument("--max-num-seqs", nargs="+", type=int, default=[1, 8, 32])
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=1.0, help="1.0 as vLLM's benchmark; 0 = greedy")
-    parser.add_argument("--max-num-batched-tokens", nargs="+", type=int, default=None,
-                        help="token budgets to sweep (default: the engine's)")
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        nargs="+",
+        type=int,
+        default=None,
+        help="token budgets to sweep (default: the engine's)",
+    )
     parser.add_argument("--block-sizes", nargs="+", type=int, default=None, help="block sizes to sweep")
     parser.add_argument("--kv-cache-space", type=float, default=2.0)
     parser.add_argument("--threads-bind", default="auto")
-    parser.add_argument("--long-decode", type=int, default=None, metavar="TOKENS",
-                        help="instead, time output processing per step over one decode of this many tokens")
-    parser.add_argument("--defaults", action="store_true",
-                        help="run the measurements behind the engine defaults instead (prefill chunk sizes, "
-                             "decode steps per block size and sequence count)")
+    parser.add_argument(
+        "--long-decode",
+        type=int,
+        default=None,
+        metavar="TOKENS",
+        help="instead, time output processing per step over one decode of this many tokens",
+    )
+    parser.add_argument(
+        "--defaults",
+        action="store_true",
+        help="run the measurements behind the engine defaults instead (prefill chunk sizes, "
+        "decode steps per block size and sequence count)",
+    )
     args = parser.parse_args(argv)
     from ortserve.engine.config import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_BATCHED_TOKENS
+
     args.max_num_batched_tokens = args.max_num_batched_tokens or [DEFAULT_MAX_NUM_BATCHED_TOKENS]
     args.block_sizes = args.block_sizes or [DEFAULT_BLOCK_SIZE]
 
     if args.artifact:
         from ortserve.artifact import load_manifest
+
         targets = [(Path(a), load_manifest(a).weight_precision) for a in args.artifact]
     else:
         from ortserve.models import resolve_model
+
         targets = [(resolve_model(args.model, precision=p), p) for p in args.precisions]
     if args.long_decode:
         for artifact, _ in targets:
@@ -228,8 +308,11 @@ def main(argv: list[str] | None = None) -> int:
             measure_defaults(artifact, args)
         return 0
     load = os.getloadavg()[0]
-    print(f"# load average before: {load:.2f} on {os.cpu_count()} CPUs"
-          + ("  (BUSY MACHINE: figures will be low)" if load > 0.5 else ""), file=sys.stderr)
+    print(
+        f"# load average before: {load:.2f} on {os.cpu_count()} CPUs"
+        + ("  (BUSY MACHINE: figures will be low)" if load > 0.5 else ""),
+        file=sys.stderr,
+    )
     results = []
     sweep = itertools.product(targets, args.block_sizes, args.max_num_batched_tokens, args.max_num_seqs)
     for (artifact, precision), block_size, budget, seqs in sweep:
@@ -237,18 +320,22 @@ def main(argv: list[str] | None = None) -> int:
         r = run_one(artifact, precision, seqs, block_size, budget, args)
         os.sched_setaffinity(0, affinity)
         results.append(r)
-        print(f"{precision:5s} block {block_size:3d} budget {budget:4d} max-num-seqs {seqs:3d}: "
-              f"{r.output_tokens_per_s:7.1f} output tok/s "
-              f"({r.total_tokens_per_s:7.1f} total) in {r.wall_seconds:6.1f} s | step {r.mean_step_ms:6.1f} ms, "
-              f"python {r.python_ms_per_step:5.2f} ms ({100 * r.python_share:4.1f}%) | decode steps at cap: "
-              f"{r.decode_step_ms:6.1f} ms, python {r.decode_python_ms:5.2f} ms "
-              f"({100 * r.decode_python_share:4.1f}%, {100 * r.decode_python_share_with_detok:4.1f}% with detok)",
-              flush=True)
+        print(
+            f"{precision:5s} block {block_size:3d} budget {budget:4d} max-num-seqs {seqs:3d}: "
+            f"{r.output_tokens_per_s:7.1f} output tok/s "
+            f"({r.total_tokens_per_s:7.1f} total) in {r.wall_seconds:6.1f} s | step {r.mean_step_ms:6.1f} ms, "
+            f"python {r.python_ms_per_step:5.2f} ms ({100 * r.python_share:4.1f}%) | decode steps at cap: "
+            f"{r.decode_step_ms:6.1f} ms, python {r.decode_python_ms:5.2f} ms "
+            f"({100 * r.decode_python_share:4.1f}%, {100 * r.decode_python_share_with_detok:4.1f}% with detok)",
+            flush=True,
+        )
     out_dir = Path(__file__).parent / "results"
     out_dir.mkdir(exist_ok=True)
     path = out_dir / f"bench_offline-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({"load_average_before": load, "args": vars(args),
-                                "results": [asdict(r) for r in results]}, indent=2) + "\n")
+    path.write_text(
+        json.dumps({"load_average_before": load, "args": vars(args), "results": [asdict(r) for r in results]}, indent=2)
+        + "\n"
+    )
     print(f"# written {path}", file=sys.stderr)
     return 0
 

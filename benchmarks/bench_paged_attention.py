@@ -17,6 +17,7 @@ processes hits all of them alike; the 1-vs-2-thread columns show scaling.
 
     python benchmarks/bench_paged_attention.py [--layers 4] [--rounds 7]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,26 +38,53 @@ F, I32, I64 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64
 
 def _model(nodes, inputs, outputs):
     graph = helper.make_graph(nodes, "attention", inputs, outputs)
-    return helper.make_model(graph, ir_version=10, opset_imports=[
-        helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1),
-        helper.make_opsetid(ortserve.ops.DOMAIN, ortserve.ops.OPSET_VERSION)])
+    return helper.make_model(
+        graph,
+        ir_version=10,
+        opset_imports=[
+            helper.make_opsetid("", 17),
+            helper.make_opsetid("com.microsoft", 1),
+            helper.make_opsetid(ortserve.ops.DOMAIN, ortserve.ops.OPSET_VERSION),
+        ],
+    )
 
 
 def paged_model(layers):
     vi = helper.make_tensor_value_info
     cache = ["num_blocks", NUM_KV_HEADS, BLOCK_SIZE, HEAD_SIZE]
-    inputs = [vi("query", F, ["T", Q_WIDTH]), vi("key", F, ["T", KV_WIDTH]), vi("value", F, ["T", KV_WIDTH]),
-              vi("slot_mapping", I64, ["T"]), vi("block_tables", I32, ["B", "M"]),
-              vi("context_lens", I32, ["B"]), vi("query_start_loc", I32, ["B1"])]
+    inputs = [
+        vi("query", F, ["T", Q_WIDTH]),
+        vi("key", F, ["T", KV_WIDTH]),
+        vi("value", F, ["T", KV_WIDTH]),
+        vi("slot_mapping", I64, ["T"]),
+        vi("block_tables", I32, ["B", "M"]),
+        vi("context_lens", I32, ["B"]),
+        vi("query_start_loc", I32, ["B1"]),
+    ]
     outputs, nodes, query = [], [], "query"
     for layer in range(layers):
         inputs += [vi(f"key_cache.{layer}", F, cache), vi(f"value_cache.{layer}", F, cache)]
         outputs += [vi(f"key_cache_out.{layer}", F, cache), vi(f"value_cache_out.{layer}", F, cache)]
-        nodes.append(helper.make_node(
-            "PagedAttention", [query, "key", "value", f"key_cache.{layer}", f"value_cache.{layer}", "slot_mapping",
-                               "block_tables", "context_lens", "query_start_loc"],
-            [f"out.{layer}", f"key_cache_out.{layer}", f"value_cache_out.{layer}"],
-            domain=ortserve.ops.DOMAIN, num_heads=NUM_HEADS, num_kv_heads=NUM_KV_HEADS))
+        nodes.append(
+            helper.make_node(
+                "PagedAttention",
+                [
+                    query,
+                    "key",
+                    "value",
+                    f"key_cache.{layer}",
+                    f"value_cache.{layer}",
+                    "slot_mapping",
+                    "block_tables",
+                    "context_lens",
+                    "query_start_loc",
+                ],
+                [f"out.{layer}", f"key_cache_out.{layer}", f"value_cache_out.{layer}"],
+                domain=ortserve.ops.DOMAIN,
+                num_heads=NUM_HEADS,
+                num_kv_heads=NUM_KV_HEADS,
+            )
+        )
         query = f"out.{layer}"
     outputs.insert(0, vi(query, F, ["T", Q_WIDTH]))
     return _model(nodes, inputs, outputs)
@@ -65,18 +93,35 @@ def paged_model(layers):
 def gqa_model(layers):
     vi = helper.make_tensor_value_info
     cache = ["B", NUM_KV_HEADS, "L", HEAD_SIZE]
-    inputs = [vi("query", F, ["B", "S", Q_WIDTH]), vi("key", F, ["B", "S", KV_WIDTH]),
-              vi("value", F, ["B", "S", KV_WIDTH]), vi("seqlens_k", I32, ["B"]),
-              vi("total_sequence_length", I32, [])]
+    inputs = [
+        vi("query", F, ["B", "S", Q_WIDTH]),
+        vi("key", F, ["B", "S", KV_WIDTH]),
+        vi("value", F, ["B", "S", KV_WIDTH]),
+        vi("seqlens_k", I32, ["B"]),
+        vi("total_sequence_length", I32, []),
+    ]
     outputs, nodes, query = [], [], "query"
     for layer in range(layers):
         inputs += [vi(f"past_key.{layer}", F, cache), vi(f"past_value.{layer}", F, cache)]
         outputs += [vi(f"present_key.{layer}", F, cache), vi(f"present_value.{layer}", F, cache)]
-        nodes.append(helper.make_node(
-            "GroupQueryAttention", [query, "key", "value", f"past_key.{layer}", f"past_value.{layer}", "seqlens_k",
-                                    "total_sequence_length"],
-            [f"out.{layer}", f"present_key.{layer}", f"present_value.{layer}"],
-            domain="com.microsoft", num_heads=NUM_HEADS, kv_num_heads=NUM_KV_HEADS))
+        nodes.append(
+            helper.make_node(
+                "GroupQueryAttention",
+                [
+                    query,
+                    "key",
+                    "value",
+                    f"past_key.{layer}",
+                    f"past_value.{layer}",
+                    "seqlens_k",
+                    "total_sequence_length",
+                ],
+                [f"out.{layer}", f"present_key.{layer}", f"present_value.{layer}"],
+                domain="com.microsoft",
+                num_heads=NUM_HEADS,
+                kv_num_heads=NUM_KV_HEADS,
+            )
+        )
         query = f"out.{layer}"
     outputs.insert(0, vi(query, F, ["B", "S", Q_WIDTH]))
     return _model(nodes, inputs, outputs)
@@ -98,25 +143,29 @@ def paged_binding(sess, rng, layers, seqs):
     tables = np.zeros((len(seqs), max(blocks)), np.int32)
     slots = []
     for i, ((ctx, q_len), n) in enumerate(zip(seqs, blocks)):
-        tables[i, :n] = physical[sum(blocks[:i]):sum(blocks[:i]) + n]
+        tables[i, :n] = physical[sum(blocks[:i]) : sum(blocks[:i]) + n]
         pos = np.arange(ctx - q_len, ctx)
         slots.append(tables[i, pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE)
     T = sum(q for _, q in seqs)
     b = sess.io_binding()
     b.bind_output(sess.get_outputs()[0].name, "cpu")
-    feeds = dict(query=rng.standard_normal((T, Q_WIDTH), np.float32),
-                 key=rng.standard_normal((T, KV_WIDTH), np.float32),
-                 value=rng.standard_normal((T, KV_WIDTH), np.float32),
-                 slot_mapping=np.concatenate(slots).astype(np.int64), block_tables=tables,
-                 context_lens=np.array([ctx for ctx, _ in seqs], np.int32),
-                 query_start_loc=np.concatenate([[0], np.cumsum([q for _, q in seqs])]).astype(np.int32))
+    feeds = dict(
+        query=rng.standard_normal((T, Q_WIDTH), np.float32),
+        key=rng.standard_normal((T, KV_WIDTH), np.float32),
+        value=rng.standard_normal((T, KV_WIDTH), np.float32),
+        slot_mapping=np.concatenate(slots).astype(np.int64),
+        block_tables=tables,
+        context_lens=np.array([ctx for ctx, _ in seqs], np.int32),
+        query_start_loc=np.concatenate([[0], np.cumsum([q for _, q in seqs])]).astype(np.int32),
+    )
     for name, array in feeds.items():
         b.bind_cpu_input(name, array)
     keep = []
     for layer in range(layers):
         for kind in ("key", "value"):
             cache = ort.OrtValue.ortvalue_from_numpy(
-                rng.standard_normal((num_blocks, NUM_KV_HEADS, BLOCK_SIZE, HEAD_SIZE), np.float32))
+                rng.standard_normal((num_blocks, NUM_KV_HEADS, BLOCK_SIZE, HEAD_SIZE), np.float32)
+            )
             b.bind_ortvalue_input(f"{kind}_cache.{layer}", cache)
             b.bind_ortvalue_output(f"{kind}_cache_out.{layer}", cache)
             keep.append(cache)
@@ -134,17 +183,20 @@ def gqa_bindings(sess, rng, layers, seqs):
         B, max_ctx = len(contexts), max(contexts)
         b = sess.io_binding()
         b.bind_output(sess.get_outputs()[0].name, "cpu")
-        feeds = dict(query=rng.standard_normal((B, q_len, Q_WIDTH), np.float32),
-                     key=rng.standard_normal((B, q_len, KV_WIDTH), np.float32),
-                     value=rng.standard_normal((B, q_len, KV_WIDTH), np.float32),
-                     seqlens_k=np.array(contexts, np.int32) - 1,
-                     total_sequence_length=np.array(max_ctx, np.int32))
+        feeds = dict(
+            query=rng.standard_normal((B, q_len, Q_WIDTH), np.float32),
+            key=rng.standard_normal((B, q_len, KV_WIDTH), np.float32),
+            value=rng.standard_normal((B, q_len, KV_WIDTH), np.float32),
+            seqlens_k=np.array(contexts, np.int32) - 1,
+            total_sequence_length=np.array(max_ctx, np.int32),
+        )
         for name, array in feeds.items():
             b.bind_cpu_input(name, array)
         for layer in range(layers):
             for kind in ("key", "value"):
                 cache = ort.OrtValue.ortvalue_from_numpy(
-                    rng.standard_normal((B, NUM_KV_HEADS, max_ctx, HEAD_SIZE), np.float32))
+                    rng.standard_normal((B, NUM_KV_HEADS, max_ctx, HEAD_SIZE), np.float32)
+                )
                 b.bind_ortvalue_input(f"past_{kind}.{layer}", cache)
                 b.bind_ortvalue_output(f"present_{kind}.{layer}", cache)
                 keep.append(cache)
@@ -155,9 +207,11 @@ def gqa_bindings(sess, rng, layers, seqs):
 def time_block(sess, bindings, seconds):
     """Mean seconds per step (all of a step's runs) over back-to-back steps lasting ~`seconds`,
     after an untimed warm-up of about a quarter of that (wakes this session's pool thread)."""
+
     def step():
         for binding in bindings:
             sess.run_with_iobinding(binding)
+
     start = time.perf_counter()
     step()
     once = max(time.perf_counter() - start, 1e-6)
@@ -204,17 +258,23 @@ def main():
         rows.append((label, sum(q for _, q in seqs), med))
         del variants
 
-    print(f"\nPagedAttention vs GroupQueryAttention, {NUM_HEADS} q heads / {NUM_KV_HEADS} kv heads / head {HEAD_SIZE}, "
-          f"fp32, per layer, median of {args.rounds} interleaved rounds; {os.cpu_count()} CPUs, load average "
-          f"{load_before:.1f} before / {os.getloadavg()[0]:.1f} after (other processes skew 2-thread runs most)")
-    head = (f"{'case':<19}{'tokens':>7}{'paged 2t ms':>13}{'gqa 2t ms':>11}{'paged us/tok':>14}{'gqa us/tok':>12}"
-            f"{'gqa/paged':>11}{'paged 1t ms':>13}{'gqa 1t ms':>11}{'paged 1t/2t':>13}")
+    print(
+        f"\nPagedAttention vs GroupQueryAttention, {NUM_HEADS} q heads / {NUM_KV_HEADS} kv heads / head {HEAD_SIZE}, "
+        f"fp32, per layer, median of {args.rounds} interleaved rounds; {os.cpu_count()} CPUs, load average "
+        f"{load_before:.1f} before / {os.getloadavg()[0]:.1f} after (other processes skew 2-thread runs most)"
+    )
+    head = (
+        f"{'case':<19}{'tokens':>7}{'paged 2t ms':>13}{'gqa 2t ms':>11}{'paged us/tok':>14}{'gqa us/tok':>12}"
+        f"{'gqa/paged':>11}{'paged 1t ms':>13}{'gqa 1t ms':>11}{'paged 1t/2t':>13}"
+    )
     print(head)
     print("-" * len(head))
     for label, tokens, m in rows:
         p2, g2, p1, g1 = m[("paged", 2)], m[("gqa", 2)], m[("paged", 1)], m[("gqa", 1)]
-        print(f"{label:<19}{tokens:>7}{p2 * 1e3:>13.3f}{g2 * 1e3:>11.3f}{p2 / tokens * 1e6:>14.2f}"
-              f"{g2 / tokens * 1e6:>12.2f}{g2 / p2:>10.2f}x{p1 * 1e3:>13.3f}{g1 * 1e3:>11.3f}{p1 / p2:>12.2f}x")
+        print(
+            f"{label:<19}{tokens:>7}{p2 * 1e3:>13.3f}{g2 * 1e3:>11.3f}{p2 / tokens * 1e6:>14.2f}"
+            f"{g2 / tokens * 1e6:>12.2f}{g2 / p2:>10.2f}x{p1 * 1e3:>13.3f}{g1 * 1e3:>11.3f}{p1 / p2:>12.2f}x"
+        )
     by_label = {label: m for label, _, m in rows}
     ratio = lambda label: by_label[label][("gqa", 2)] / by_label[label][("paged", 2)]
     scaling = lambda label: by_label[label][("paged", 1)] / by_label[label][("paged", 2)]
@@ -223,8 +283,11 @@ def main():
         ("batch-1 decode no slower than GQA", min(ratio("decode  1 x 512"), ratio("decode  1 x 2048")), 1.0),
         ("prefill no slower than GQA", ratio("prefill 1 x 512"), 1.0),
         ("32-seq decode >= 1.5x faster per token", min(ratio("decode 32 x 512"), ratio("decode 32 x 2048")), 1.5),
-        ("2 threads >= 1.7x faster than 1 at >= 8 seqs",
-         min(scaling(f"decode {s:>2} x {c}") for s in (8, 32) for c in (512, 2048)), 1.7),
+        (
+            "2 threads >= 1.7x faster than 1 at >= 8 seqs",
+            min(scaling(f"decode {s:>2} x {c}") for s in (8, 32) for c in (512, 2048)),
+            1.7,
+        ),
     ]
     for name, value, target in checks:
         print(f"  {name:<48} worst {value:5.2f}x  (target {target}x)  {'ok' if value >= target else 'MISSED'}")

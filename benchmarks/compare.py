@@ -12,6 +12,7 @@ Resumable: each (model, system, precision, workload) result is a record under
 benchmarks/results/compare/; existing records are skipped unless --force, so a long run can be
 stopped and picked up, or done in parts. The report always covers every record on disk.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,11 +26,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import membw  # noqa: E402
-import report  # noqa: E402
-from runners import RUNNERS, common  # noqa: E402
-from runners.common import (BENCH_DIR, MODELS, PEERS_PY, RECORDS, WORKLOADS, load_model, load_records,  # noqa: E402
-                            record_path, wait_idle)
+import membw
+import report
+from runners import RUNNERS, common
+from runners.common import (
+    BENCH_DIR,
+    MODELS,
+    PEERS_PY,
+    RECORDS,
+    WORKLOADS,
+    load_model,
+    load_records,
+    record_path,
+    wait_idle,
+)
 
 PEER_SYSTEMS = {"llama.cpp", "genai-static", "genai-engine", "transformers"}
 
@@ -41,14 +51,27 @@ def versions() -> dict:
             v[name] = md.version(name)
         except md.PackageNotFoundError:
             pass
-    v["ortserve"] = subprocess.run(["git", "-C", str(BENCH_DIR), "rev-parse", "--short", "HEAD"],
-                                   capture_output=True, text=True).stdout.strip() or "?"
+    v["ortserve"] = (
+        subprocess.run(
+            ["git", "-C", str(BENCH_DIR), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+        or "?"
+    )
     if PEERS_PY.exists():
-        out = subprocess.run([str(PEERS_PY), "-c", "import importlib.metadata as m;"
-                              "print(m.version('onnxruntime-genai'), m.version('llama_cpp_python'), m.version('torch'))"],
-                             capture_output=True, text=True).stdout.split()
+        out = subprocess.run(
+            [
+                str(PEERS_PY),
+                "-c",
+                "import importlib.metadata as m;"
+                "print(m.version('onnxruntime-genai'), m.version('llama_cpp_python'), m.version('torch'))",
+            ],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
         if len(out) == 3:
-            v.update({"onnxruntime-genai": out[0], "llama.cpp (llama-cpp-python sdist)": out[1], "torch (peers)": out[2]})
+            v.update(
+                {"onnxruntime-genai": out[0], "llama.cpp (llama-cpp-python sdist)": out[1], "torch (peers)": out[2]}
+            )
     return v
 
 
@@ -67,8 +90,14 @@ def write_run(started: str, failures: list[str], forced_all: bool) -> None:
     """Remember the commands that made the records, for RESULTS.md's *Reproduce* section: a run
     that re-measured everything (--force over every part) starts the list afresh."""
     runs = [] if forced_all else recorded_runs()
-    runs.append({"command": " ".join(["python benchmarks/compare.py", *sys.argv[1:]]), "started": started,
-                 "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "failures": failures})
+    runs.append(
+        {
+            "command": " ".join(["python benchmarks/compare.py", *sys.argv[1:]]),
+            "started": started,
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "failures": failures,
+        }
+    )
     (RECORDS / "run.json").write_text(json.dumps(runs, indent=1))
 
 
@@ -91,14 +120,20 @@ def run_round(args, round_: int, failures: list[str]) -> None:
         for system in args.systems:
             runner = RUNNERS[system]
             for precision in [q for q in args.precisions if q in runner.PRECISIONS]:
-                todo = [w for w in args.workloads if w in runner.WORKLOADS_SUPPORTED
-                        and (args.force or round_ > 0 or not record_path(model_name, system, precision, w).is_file())]
+                todo = [
+                    w
+                    for w in args.workloads
+                    if w in runner.WORKLOADS_SUPPORTED
+                    and (args.force or round_ > 0 or not record_path(model_name, system, precision, w).is_file())
+                ]
                 if not todo:
                     continue
                 if args.wait_idle:
                     print(f"   (1-min load average {wait_idle(0.5, args.wait_idle):.2f})", flush=True)
-                print(f"== round {round_ + 1}/{args.repeat}: {model_name} / {system} {precision}: {' '.join(todo)}",
-                      flush=True)
+                print(
+                    f"== round {round_ + 1}/{args.repeat}: {model_name} / {system} {precision}: {' '.join(todo)}",
+                    flush=True,
+                )
                 t0 = time.monotonic()
                 common.METER.mark()
                 try:
@@ -119,12 +154,22 @@ def main() -> int:
     p.add_argument("--precisions", nargs="+", default=["fp32", "int8", "int4"], choices=["fp32", "int8", "int4"])
     p.add_argument("--force", action="store_true", help="re-run parts that already have a record")
     p.add_argument("--remeasure-machine", action="store_true", help="re-run the bandwidth benchmark")
-    p.add_argument("--repeat", type=int, default=1, metavar="N",
-                   help="run the selection N times, round robin over systems, and keep each part's best "
-                        "attempt (neighbours on a shared host only ever slow a run down)")
-    p.add_argument("--wait-idle", type=float, default=0, metavar="SECONDS",
-                   help="before each system, wait up to this long for the 1-min load average to drop below 0.5 "
-                        "(the machine is shared; a busy neighbour skews every number)")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run the selection N times, round robin over systems, and keep each part's best "
+        "attempt (neighbours on a shared host only ever slow a run down)",
+    )
+    p.add_argument(
+        "--wait-idle",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help="before each system, wait up to this long for the 1-min load average to drop below 0.5 "
+        "(the machine is shared; a busy neighbour skews every number)",
+    )
     p.add_argument("--report-only", action="store_true", help="only rewrite RESULTS.md from the records")
     p.add_argument("--results-md", type=Path, default=BENCH_DIR / "RESULTS.md")
     args = p.parse_args()
@@ -139,8 +184,9 @@ def main() -> int:
         for round_ in range(args.repeat):
             common.KEEP_BEST = round_ > 0
             run_round(args, round_, failures)
-        everything = all(set(getattr(args, f)) == set(p.get_default(f)) for f in ("systems", "models", "workloads",
-                                                                                  "precisions"))
+        everything = all(
+            set(getattr(args, f)) == set(p.get_default(f)) for f in ("systems", "models", "workloads", "precisions")
+        )
         write_run(started, failures, forced_all=args.force and everything)
     records = load_records()
     report.write(records, info, args.results_md, recorded_runs())

@@ -17,6 +17,7 @@ BPE vocabulary and merges (49152 tokens, ChatML template, <|im_end|> = 2) and
   with pre-tokenizer "qwen2", see peers/convert_gguf.py) all split text the same way.
 Generated text is meaningless: benchmark it with ignore_eos and fixed lengths.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,12 +43,17 @@ QWEN25_05B = dict(
     pad_token_id=2,
 )
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
-QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-QWEN2_PRE_TOKENIZER = {"type": "Sequence", "pretokenizers": [
-    {"type": "Split", "pattern": {"Regex": QWEN2_SPLIT}, "behavior": "Isolated", "invert": False},
-    {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
-]}
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN2_PRE_TOKENIZER = {
+    "type": "Sequence",
+    "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": QWEN2_SPLIT}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
+    ],
+}
 
 
 def default_tokenizer_source() -> Path:
@@ -82,7 +88,9 @@ def check_tokenizer(folder: Path, vocab_size: int) -> None:
     hf = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     raw = Tokenizer.from_file(str(folder / "tokenizer.json"))
     assert len(hf) == vocab_size, (len(hf), vocab_size)
-    text = "\n \n\n \t\t 3 33 333 3.3 I've been 'told he's there 🚀 (normal) 我想在apple工作1314151天 ------======= нещо"
+    text = (
+        "\n \n\n \t\t 3 33 333 3.3 I've been 'told he's there 🚀 (normal) 我想在apple工作1314151天 ------======= нещо"
+    )
     assert hf.encode(text, add_special_tokens=False) == raw.encode(text, add_special_tokens=False).ids
     assert hf.decode([vocab_size - 1]) == f" <{vocab_size - 1}>"
 
@@ -103,7 +111,8 @@ def build(out: Path, seed: int, tokenizer_source: Path) -> Path:
     check_tokenizer(tmp, config.vocab_size)
     (tmp / "MODEL_CARD.md").write_text(
         f"Random weights (torch.manual_seed({seed})) in Qwen2.5-0.5B-Instruct's shape; "
-        f"tokenizer: {tokenizer_source.name}'s, padded to {config.vocab_size}. Built by benchmarks/make_qwen_shape.py.\n")
+        f"tokenizer: {tokenizer_source.name}'s, padded to {config.vocab_size}. Built by benchmarks/make_qwen_shape.py.\n"
+    )
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out
@@ -114,7 +123,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=here / "results" / "models" / "qwen2.5-0.5b-shape")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tokenizer-from", type=Path, default=None, help="HF dir whose tokenizer to pad (default: SmolLM2's)")
+    p.add_argument(
+        "--tokenizer-from", type=Path, default=None, help="HF dir whose tokenizer to pad (default: SmolLM2's)"
+    )
     p.add_argument("--force", action="store_true", help="rebuild even if --out exists")
     args = p.parse_args()
     if (args.out / "config.json").is_file() and not args.force:

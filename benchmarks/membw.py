@@ -9,6 +9,7 @@ Compiles a tiny C kernel on the fly (cc -O3 -march=native -fopenmp) and times, o
   triad  a[i] = b[i] + s·c[i]            bytes counted: 3·N·4 (STREAM convention, no write-allocate)
 With no C compiler it falls back to numpy (read only; threads split the array).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -74,8 +75,9 @@ def _compile() -> Path | None:
     if not exe.exists():
         src = exe.with_suffix(".c")
         src.write_text(C_SOURCE)
-        result = subprocess.run([cc, "-O3", "-march=native", "-fopenmp", str(src), "-o", str(exe)],
-                                capture_output=True, text=True)
+        result = subprocess.run(
+            [cc, "-O3", "-march=native", "-fopenmp", str(src), "-o", str(exe)], capture_output=True, text=True
+        )
         if result.returncode != 0:
             print(f"membw: C build failed, using numpy:\n{result.stderr}")
             return None

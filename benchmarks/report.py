@@ -1,4 +1,5 @@
 """RESULTS.md and its plots, from the records benchmarks/compare.py left in results/compare/."""
+
 from __future__ import annotations
 
 import platform
@@ -33,7 +34,9 @@ def weight_bytes(system: str, precision: str, model_name: str) -> int | None:
         if system == "llama.cpp":
             from runners.llamacpp import GGUF_TYPE
 
-            return gguf_weight_bytes(PEER_MODELS / model_name / "llama.cpp" / f"{model_name}-{GGUF_TYPE[precision]}.gguf")
+            return gguf_weight_bytes(
+                PEER_MODELS / model_name / "llama.cpp" / f"{model_name}-{GGUF_TYPE[precision]}.gguf"
+            )
         if system == "transformers":
             return hf_weight_bytes(load_model(model_name).hf_dir)
     except (FileNotFoundError, OSError):
@@ -42,8 +45,15 @@ def weight_bytes(system: str, precision: str, model_name: str) -> int | None:
 
 
 def machine_section(machine: dict) -> list[str]:
-    cpu = subprocess.run(["bash", "-c", "lscpu | grep -E 'Model name|^CPU\\(s\\)|Thread|L2|L3' | sed 's/  */ /g'"],
-                         capture_output=True, text=True).stdout.strip().splitlines()
+    cpu = (
+        subprocess.run(
+            ["bash", "-c", "lscpu | grep -E 'Model name|^CPU\\(s\\)|Thread|L2|L3' | sed 's/  */ /g'"],
+            capture_output=True,
+            text=True,
+        )
+        .stdout.strip()
+        .splitlines()
+    )
     flags = open("/proc/cpuinfo").read()
     isa = [f for f in ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile") if f" {f}" in flags]
     mem = next((line.split(":")[1].strip() for line in open("/proc/meminfo") if line.startswith("MemTotal")), "?")
@@ -52,63 +62,82 @@ def machine_section(machine: dict) -> list[str]:
     lines += [f"- {c.strip()}" for c in cpu]
     lines += [f"- ISA: {', '.join(isa)}", f"- RAM: {mem}; kernel {platform.release()}"]
     for t, r in bw.items():
-        lines.append(f"- memory bandwidth, {t} thread(s) (benchmarks/membw.py, 2 GiB arrays): "
-                     + ", ".join(f"{k.replace('_GBps', '')} {v:.1f} GB/s" for k, v in r.items()))
+        lines.append(
+            f"- memory bandwidth, {t} thread(s) (benchmarks/membw.py, 2 GiB arrays): "
+            + ", ".join(f"{k.replace('_GBps', '')} {v:.1f} GB/s" for k, v in r.items())
+        )
     lines += [f"- versions: {', '.join(f'{k} {v}' for k, v in machine.get('versions', {}).items())}", ""]
     return lines
 
 
 def decode_table(records: list[dict], bandwidth: float | None) -> list[str]:
     rows = sorted([r for r in records if r["workload"] == "decode"], key=_key)
-    out = ["| system | precision | decode tok/s | prompt tok/s (128) | weights read / token | read GB/s | roofline tok/s | of roofline |",
-           "|---|---|---:|---:|---:|---:|---:|---:|"]
+    out = [
+        "| system | precision | decode tok/s | prompt tok/s (128) | weights read / token | read GB/s | roofline tok/s | of roofline |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         m = r["metrics"]
         wb = weight_bytes(r["system"], r["precision"], r["model"])
         bw = m.get("bandwidth_GBps") or bandwidth
         roof = roofline_tok_s(bw, wb) if wb and bw else None
         frac = m.get("decode_tok_s") / roof if roof and m.get("decode_tok_s") else None
-        out.append(f"| {r['system']} | {r['precision']} | {_fmt(m.get('decode_tok_s'))} | {_fmt(m.get('prompt_tok_s'))} | "
-                   f"{_fmt(wb / 1e6 if wb else None, 0)} MB | {_fmt(bw)} | {_fmt(roof)} | {_fmt(frac * 100 if frac else None, 0)}% |")
+        out.append(
+            f"| {r['system']} | {r['precision']} | {_fmt(m.get('decode_tok_s'))} | {_fmt(m.get('prompt_tok_s'))} | "
+            f"{_fmt(wb / 1e6 if wb else None, 0)} MB | {_fmt(bw)} | {_fmt(roof)} | {_fmt(frac * 100 if frac else None, 0)}% |"
+        )
     return out
 
 
 def prefill_table(records: list[dict]) -> list[str]:
     rows = sorted([r for r in records if r["workload"] == "prefill"], key=_key)
     out = ["| system | precision | prompt tok/s | TTFT p50 ms |", "|---|---|---:|---:|"]
-    out += [f"| {r['system']} | {r['precision']} | {_fmt(r['metrics'].get('prompt_tok_s'))} | "
-            f"{_fmt(r['metrics'].get('ttft_p50_ms'), 0)} |" for r in rows]
+    out += [
+        f"| {r['system']} | {r['precision']} | {_fmt(r['metrics'].get('prompt_tok_s'))} | "
+        f"{_fmt(r['metrics'].get('ttft_p50_ms'), 0)} |"
+        for r in rows
+    ]
     return out
 
 
 def serving_table(records: list[dict]) -> list[str]:
     rows = [r for r in records if r["workload"].startswith("serve-c")]
     rows.sort(key=lambda r: (_key(r), WORKLOADS[r["workload"]].concurrency))
-    out = ["| system | precision | concurrency | output tok/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms |",
-           "|---|---|---:|---:|---:|---:|---:|"]
+    out = [
+        "| system | precision | concurrency | output tok/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         m = r["metrics"]
         failed = f" ({m['failed']} failed)" if m.get("failed") else ""
-        out.append(f"| {r['system']} | {r['precision']} | {WORKLOADS[r['workload']].concurrency}{failed} | "
-                   f"{_fmt(m.get('output_throughput'))} | {_fmt(m.get('ttft_p50_ms'), 0)} | "
-                   f"{_fmt(m.get('ttft_p99_ms'), 0)} | {_fmt(m.get('tpot_p50_ms'))} |")
+        out.append(
+            f"| {r['system']} | {r['precision']} | {WORKLOADS[r['workload']].concurrency}{failed} | "
+            f"{_fmt(m.get('output_throughput'))} | {_fmt(m.get('ttft_p50_ms'), 0)} | "
+            f"{_fmt(m.get('ttft_p99_ms'), 0)} | {_fmt(m.get('tpot_p50_ms'))} |"
+        )
     return out
 
 
 def shared_prefix_table(records: list[dict]) -> list[str]:
     rows = sorted([r for r in records if r["workload"] == "shared-prefix"], key=_key)
-    out = ["| system | precision | output tok/s | TTFT p50 ms | TTFT p99 ms | prefix-cache hit tokens (server) |",
-           "|---|---|---:|---:|---:|---:|"]
+    out = [
+        "| system | precision | output tok/s | TTFT p50 ms | TTFT p99 ms | prefix-cache hit tokens (server) |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
     for r in rows:
         m = r["metrics"]
         hits = next((v for k, v in m.get("server_counters_delta", {}).items() if "prefix_cache_hits" in k), None)
-        out.append(f"| {r['system']} | {r['precision']} | {_fmt(m.get('output_throughput'))} | "
-                   f"{_fmt(m.get('ttft_p50_ms'), 0)} | {_fmt(m.get('ttft_p99_ms'), 0)} | {_fmt(hits, 0)} |")
+        out.append(
+            f"| {r['system']} | {r['precision']} | {_fmt(m.get('output_throughput'))} | "
+            f"{_fmt(m.get('ttft_p50_ms'), 0)} | {_fmt(m.get('ttft_p99_ms'), 0)} | {_fmt(hits, 0)} |"
+        )
     return out
 
 
 def _get(records, system, precision, workload, key):
-    r = next((r for r in records if (r["system"], r["precision"], r["workload"]) == (system, precision, workload)), None)
+    r = next(
+        (r for r in records if (r["system"], r["precision"], r["workload"]) == (system, precision, workload)), None
+    )
     return r["metrics"].get(key) if r else None
 
 
@@ -118,21 +147,62 @@ def _ratio(a, b):
 
 def targets(records: list[dict], bandwidth: float | None) -> list[str]:
     """The issue's targets, as ratios from this run (same model, same precision)."""
-    g = lambda *a: _get(records, *a)  # noqa: E731
-    best_static = max([v for c in (1, 4, 16, 32) if (v := g("genai-static", "int4", f"serve-c{c}", "output_throughput"))],
-                      default=None)
+    g = lambda *a: _get(records, *a)
+    best_static = max(
+        [v for c in (1, 4, 16, 32) if (v := g("genai-static", "int4", f"serve-c{c}", "output_throughput"))],
+        default=None,
+    )
     wb = weight_bytes("ortserve", "fp32", records[0]["model"]) if records else None
     bw = g("ortserve", "fp32", "decode", "bandwidth_GBps") or bandwidth
     roof = roofline_tok_s(bw, wb) if wb and bw else None
     rows = [
-        ("int4 decode vs onnxruntime-genai int4", _ratio(g("ortserve", "int4", "decode", "decode_tok_s"), g("genai-static", "int4", "decode", "decode_tok_s")), 1.3),
-        ("int4 decode vs llama.cpp q4_0", _ratio(g("ortserve", "int4", "decode", "decode_tok_s"), g("llama.cpp", "int4", "decode", "decode_tok_s")), 1.3),
+        (
+            "int4 decode vs onnxruntime-genai int4",
+            _ratio(
+                g("ortserve", "int4", "decode", "decode_tok_s"), g("genai-static", "int4", "decode", "decode_tok_s")
+            ),
+            1.3,
+        ),
+        (
+            "int4 decode vs llama.cpp q4_0",
+            _ratio(g("ortserve", "int4", "decode", "decode_tok_s"), g("llama.cpp", "int4", "decode", "decode_tok_s")),
+            1.3,
+        ),
         ("fp32 decode / roofline", _ratio(g("ortserve", "fp32", "decode", "decode_tok_s"), roof), 0.95),
-        ("prompt (512) vs onnxruntime-genai, int4", _ratio(g("ortserve", "int4", "prefill", "prompt_tok_s"), g("genai-static", "int4", "prefill", "prompt_tok_s")), 1.5),
-        ("prompt (512) vs onnxruntime-genai, fp32", _ratio(g("ortserve", "fp32", "prefill", "prompt_tok_s"), g("genai-static", "fp32", "prefill", "prompt_tok_s")), 1.5),
-        ("c16 output tok/s vs genai best static batch, int4", _ratio(g("ortserve", "int4", "serve-c16", "output_throughput"), best_static), 2.0),
-        ("c16 output tok/s vs llama.cpp server 16 slots, int4", _ratio(g("ortserve", "int4", "serve-c16", "output_throughput"), g("llama.cpp", "int4", "serve-c16", "output_throughput")), 1.2),
-        ("c16 TTFT p50: llama.cpp / ortserve, int4 (≥ 1 = no worse)", _ratio(g("llama.cpp", "int4", "serve-c16", "ttft_p50_ms"), g("ortserve", "int4", "serve-c16", "ttft_p50_ms")), 1.0),
+        (
+            "prompt (512) vs onnxruntime-genai, int4",
+            _ratio(
+                g("ortserve", "int4", "prefill", "prompt_tok_s"), g("genai-static", "int4", "prefill", "prompt_tok_s")
+            ),
+            1.5,
+        ),
+        (
+            "prompt (512) vs onnxruntime-genai, fp32",
+            _ratio(
+                g("ortserve", "fp32", "prefill", "prompt_tok_s"), g("genai-static", "fp32", "prefill", "prompt_tok_s")
+            ),
+            1.5,
+        ),
+        (
+            "c16 output tok/s vs genai best static batch, int4",
+            _ratio(g("ortserve", "int4", "serve-c16", "output_throughput"), best_static),
+            2.0,
+        ),
+        (
+            "c16 output tok/s vs llama.cpp server 16 slots, int4",
+            _ratio(
+                g("ortserve", "int4", "serve-c16", "output_throughput"),
+                g("llama.cpp", "int4", "serve-c16", "output_throughput"),
+            ),
+            1.2,
+        ),
+        (
+            "c16 TTFT p50: llama.cpp / ortserve, int4 (≥ 1 = no worse)",
+            _ratio(
+                g("llama.cpp", "int4", "serve-c16", "ttft_p50_ms"), g("ortserve", "int4", "serve-c16", "ttft_p50_ms")
+            ),
+            1.0,
+        ),
     ]
     out = ["| target | ratio | goal | met |", "|---|---:|---:|---|"]
     for name, ratio, goal in rows:
@@ -150,7 +220,9 @@ def plots(records: list[dict], model: str) -> list[str]:
     series: dict[tuple[str, str], list[tuple[int, dict]]] = {}
     for r in records:
         if r["workload"].startswith("serve-c"):
-            series.setdefault((r["system"], r["precision"]), []).append((WORKLOADS[r["workload"]].concurrency, r["metrics"]))
+            series.setdefault((r["system"], r["precision"]), []).append(
+                (WORKLOADS[r["workload"]].concurrency, r["metrics"])
+            )
     if not series:
         return []
     # colour = system, line style and marker = precision: 12+ series never share a look
@@ -158,15 +230,24 @@ def plots(records: list[dict], model: str) -> list[str]:
     styles = {"fp32": ("-", "o"), "int8": ("--", "s"), "int4": (":", "^")}
     PLOTS.mkdir(parents=True, exist_ok=True)
     made = []
-    for key, label, fname in (("output_throughput", "output tokens/s", "throughput"), ("ttft_p50_ms", "TTFT p50 (ms)", "ttft")):
+    for key, label, fname in (
+        ("output_throughput", "output tokens/s", "throughput"),
+        ("ttft_p50_ms", "TTFT p50 (ms)", "ttft"),
+    ):
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for (system, precision), points in sorted(series.items()):
             points = sorted(p for p in points if p[1].get(key) is not None)
             if points:
                 line, marker = styles.get(precision, ("-", "o"))
-                ax.plot([c for c, _ in points], [m[key] for _, m in points], linestyle=line, marker=marker,
-                        color=colours[system], linewidth=2.2 if system == "ortserve" else 1.4,
-                        label=f"{system} {precision}")
+                ax.plot(
+                    [c for c, _ in points],
+                    [m[key] for _, m in points],
+                    linestyle=line,
+                    marker=marker,
+                    color=colours[system],
+                    linewidth=2.2 if system == "ortserve" else 1.4,
+                    label=f"{system} {precision}",
+                )
         ax.set_xscale("log", base=2)
         ax.set_xticks([1, 4, 16, 32], labels=["1", "4", "16", "32"])
         if key == "ttft_p50_ms":
@@ -195,45 +276,66 @@ def coverage(records: list[dict]) -> str:
     from runners import RUNNERS
 
     have = {(r["model"], r["system"], r["precision"], r["workload"]) for r in records}
-    want = {(m, name, q, w) for m in MODELS for name, runner in RUNNERS.items()
-            for q in runner.PRECISIONS for w in runner.WORKLOADS_SUPPORTED}
+    want = {
+        (m, name, q, w)
+        for m in MODELS
+        for name, runner in RUNNERS.items()
+        for q in runner.PRECISIONS
+        for w in runner.WORKLOADS_SUPPORTED
+    }
     missing = sorted(want - have)
     by_part: dict[tuple, list[str]] = {}
     for m, name, q, w in missing:
         by_part.setdefault((m, name, q), []).append(w)
     text = f"Coverage: {len(want & have)} of {len(want)} parts measured."
     if missing:
-        text = ("**Partial run.** Rows below were measured at different times under different neighbour load, so the"
-                " ratios are indicative only; `python benchmarks/compare.py --repeat 3` on a quiet machine gives the"
-                " real comparison. " + text)
-        text += " Missing: " + "; ".join(f"{m} {name} {q} ({', '.join(ws)})" for (m, name, q), ws in sorted(by_part.items())) + "."
+        text = (
+            "**Partial run.** Rows below were measured at different times under different neighbour load, so the"
+            " ratios are indicative only; `python benchmarks/compare.py --repeat 3` on a quiet machine gives the"
+            " real comparison. " + text
+        )
+        text += (
+            " Missing: "
+            + "; ".join(f"{m} {name} {q} ({', '.join(ws)})" for (m, name, q), ws in sorted(by_part.items()))
+            + "."
+        )
     return text
 
 
 def write(records: list[dict], machine: dict, path: Path, runs: list[dict] | None = None) -> None:
     threads = machine.get("membw", {}).get("threads", {})
     bw = max([v for t in threads.values() for k, v in t.items() if k.startswith("read")], default=None)
-    lines = ["# ortserve vs peers on this machine", "",
-             "Generated by `python benchmarks/compare.py` on a shared 2-core machine; *Reproduce* lists the runs",
-             "behind the rows (a later run replaces the parts it re-measured; a target's systems share a run):",
-             "compare ratios within a run, not across runs. Under *Reproduce* each row",
-             "lists when it ran and the share of the CPU that other tenants took meanwhile (busy time in",
-             "/proc/stat minus this benchmark's process tree): a row with a large share is slower than the",
-             "machine can do.", "", coverage(records), ""]
+    lines = [
+        "# ortserve vs peers on this machine",
+        "",
+        "Generated by `python benchmarks/compare.py` on a shared 2-core machine; *Reproduce* lists the runs",
+        "behind the rows (a later run replaces the parts it re-measured; a target's systems share a run):",
+        "compare ratios within a run, not across runs. Under *Reproduce* each row",
+        "lists when it ran and the share of the CPU that other tenants took meanwhile (busy time in",
+        "/proc/stat minus this benchmark's process tree): a row with a large share is slower than the",
+        "machine can do.",
+        "",
+        coverage(records),
+        "",
+    ]
     lines += machine_section(machine)
-    lines += ["## Definitions", "",
-              "- Servers (ortserve, llama.cpp's llama-server) are measured over HTTP with `ortserve bench serve`,"
-              " whose metrics are defined as `vllm bench serve`'s: TTFT, TPOT = (E2EL − TTFT)/(tokens − 1), ITL per streamed chunk.",
-              "- *decode*: 3 requests of 128 random tokens in, 128 out (ignore_eos), one at a time: decode tok/s = 1000 / median TPOT.",
-              "- *prefill*: 3 requests of 512 tokens, 1 out: prompt tok/s = 512 / median TTFT.",
-              "- *serve-cN*: 2N (at least 4) random 128/128 requests, N in flight, sent at once.",
-              "- *shared-prefix*: 16 requests of 512 tokens whose first 448 are the same, 32 out, 4 in flight.",
-              "- onnxruntime-genai and transformers run in-process (no HTTP) with the same token counts and definitions;"
-              " genai-static serve-cN is one static batch of N.",
-              "- Roofline: decode tok/s ≤ read bandwidth / weight bytes read per token (each system's own file; see"
-              " benchmarks/roofline.py). The bandwidth (the best of membw.py's read and read4 on 1 and 2 threads, 0.5 GiB arrays)"
-              f" is measured right after each decode run, since it swings with the neighbours' load (machine figure: {_fmt(bw)} GB/s)."
-              "", ""]
+    lines += [
+        "## Definitions",
+        "",
+        "- Servers (ortserve, llama.cpp's llama-server) are measured over HTTP with `ortserve bench serve`,"
+        " whose metrics are defined as `vllm bench serve`'s: TTFT, TPOT = (E2EL − TTFT)/(tokens − 1), ITL per streamed chunk.",
+        "- *decode*: 3 requests of 128 random tokens in, 128 out (ignore_eos), one at a time: decode tok/s = 1000 / median TPOT.",
+        "- *prefill*: 3 requests of 512 tokens, 1 out: prompt tok/s = 512 / median TTFT.",
+        "- *serve-cN*: 2N (at least 4) random 128/128 requests, N in flight, sent at once.",
+        "- *shared-prefix*: 16 requests of 512 tokens whose first 448 are the same, 32 out, 4 in flight.",
+        "- onnxruntime-genai and transformers run in-process (no HTTP) with the same token counts and definitions;"
+        " genai-static serve-cN is one static batch of N.",
+        "- Roofline: decode tok/s ≤ read bandwidth / weight bytes read per token (each system's own file; see"
+        " benchmarks/roofline.py). The bandwidth (the best of membw.py's read and read4 on 1 and 2 threads, 0.5 GiB arrays)"
+        f" is measured right after each decode run, since it swings with the neighbours' load (machine figure: {_fmt(bw)} GB/s)."
+        "",
+        "",
+    ]
     for model in MODELS:
         recs = [r for r in records if r["model"] == model]
         if not recs:
@@ -247,20 +349,31 @@ def write(records: list[dict], machine: dict, path: Path, runs: list[dict] | Non
     lines += ["## Reproduce", ""]
     if runs:
         lines += ["The records behind this file come from these runs, in order:", ""]
-        lines += [f"{i}. `{run['command']}`, {run['started']} to {run['finished']}"
-                  + (f"; failed parts: {'; '.join(run['failures'])}." if run.get("failures") else ", no part failed.")
-                  for i, run in enumerate(runs, 1)] + [""]
-    lines += ["```sh",
-              "bash benchmarks/peers/setup.sh          # peers venv: torch, onnxruntime-genai, llama.cpp (~15 min)",
-              "python benchmarks/compare.py --repeat 3 # everything, best of 3 rounds; resumable: finished parts are skipped",
-              "python benchmarks/compare.py --systems ortserve llama.cpp --models qwen2.5-0.5b-shape --workloads decode serve-c16",
-              "python benchmarks/compare.py --report-only   # rewrite this file from the saved records",
-              "```", "", "<details><summary>Exact command of every row</summary>", ""]
+        lines += [
+            f"{i}. `{run['command']}`, {run['started']} to {run['finished']}"
+            + (f"; failed parts: {'; '.join(run['failures'])}." if run.get("failures") else ", no part failed.")
+            for i, run in enumerate(runs, 1)
+        ] + [""]
+    lines += [
+        "```sh",
+        "bash benchmarks/peers/setup.sh          # peers venv: torch, onnxruntime-genai, llama.cpp (~15 min)",
+        "python benchmarks/compare.py --repeat 3 # everything, best of 3 rounds; resumable: finished parts are skipped",
+        "python benchmarks/compare.py --systems ortserve llama.cpp --models qwen2.5-0.5b-shape --workloads decode serve-c16",
+        "python benchmarks/compare.py --report-only   # rewrite this file from the saved records",
+        "```",
+        "",
+        "<details><summary>Exact command of every row</summary>",
+        "",
+    ]
     for r in sorted(records, key=lambda r: (r["model"], r["system"], r["precision"], r["workload"])):
         share = r.get("neighbour_cpu_share")
         share = f"neighbours took {share:.0%} of the CPU" if share is not None else "neighbours not measured"
-        best = f", best of {len(r['attempts'])}: {', '.join(_fmt(a) for a in r['attempts'])}" if r.get("attempts") else ""
-        lines.append(f"- {r['model']} / {r['system']} {r['precision']} / {r['workload']} ({r['when']}, {share}{best}): "
-                     f"`{_portable(r['command'])}`")
+        best = (
+            f", best of {len(r['attempts'])}: {', '.join(_fmt(a) for a in r['attempts'])}" if r.get("attempts") else ""
+        )
+        lines.append(
+            f"- {r['model']} / {r['system']} {r['precision']} / {r['workload']} ({r['when']}, {share}{best}): "
+            f"`{_portable(r['command'])}`"
+        )
     lines += ["", "</details>", ""]
     path.write_text("\n".join(lines))

@@ -4,6 +4,7 @@ A decode step of batch 1 reads every weight matrix once; an embedding table that
 gathered (one row per token) costs nothing, but a tied table that is also the LM head is read in
 full. KV-cache reads (small at these lengths) are left out, so the roofline is an upper bound.
 """
+
 from __future__ import annotations
 
 import json

@@ -9,14 +9,29 @@ Shapes (T new tokens, B sequences, D = head_size):
   context_lens int32 [B] (tokens in cache after this step's writes),
   query_start_loc int32 [B+1] (prefix sums of the per-sequence query lengths).
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 
-def paged_attention(query, key, value, key_cache, value_cache, slot_mapping, block_tables,
-                    context_lens, query_start_loc, *, num_heads, num_kv_heads, scale=0.0,
-                    sliding_window=0, softcap=0.0):
+def paged_attention(
+    query,
+    key,
+    value,
+    key_cache,
+    value_cache,
+    slot_mapping,
+    block_tables,
+    context_lens,
+    query_start_loc,
+    *,
+    num_heads,
+    num_kv_heads,
+    scale=0.0,
+    sliding_window=0,
+    softcap=0.0,
+):
     """Write the new key/value rows into the caches (in place), then attend; returns output."""
     num_tokens = query.shape[0]
     head_size = query.shape[1] // num_heads

@@ -6,6 +6,7 @@ Modules, in data-flow order: ``checkpoint`` (safetensors reader), ``config`` + `
 (stages, temp dir, atomic rename), ``validate`` (run an artifact; compare with transformers),
 ``cli``. Nothing here imports torch except ``validate``'s transformers comparison.
 """
+
 from .architectures import ARCHITECTURES, SUPPORTED_MODEL_TYPES, architecture_for
 from .errors import ExportError
 from .pipeline import PRECISIONS, export_model
@@ -14,5 +15,12 @@ from .pipeline import PRECISIONS, export_model
 # of exported artifacts (ortserve.models) key on it.
 EXPORTER_VERSION = 3
 
-__all__ = ["ARCHITECTURES", "EXPORTER_VERSION", "PRECISIONS", "SUPPORTED_MODEL_TYPES", "ExportError",
-           "architecture_for", "export_model"]
+__all__ = [
+    "ARCHITECTURES",
+    "EXPORTER_VERSION",
+    "PRECISIONS",
+    "SUPPORTED_MODEL_TYPES",
+    "ExportError",
+    "architecture_for",
+    "export_model",
+]

@@ -5,6 +5,7 @@ shard with safetensors' numpy API and closes it again, so the mmap of a multi-GB
 resident: at most one tensor (as float32) is in memory at a time. numpy has no bfloat16, so BF16
 tensors are read from the file's byte range (the header says where) and widened to float32.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -55,8 +56,11 @@ class Checkpoint:
         if single.is_file():
             return [single]
         others = sorted(p.name for p in self.folder.glob("*.bin")) + sorted(p.name for p in self.folder.glob("*.pt"))
-        hint = (f" (found {', '.join(others[:3])}: PyTorch pickles are not read; re-save with safetensors)"
-                if others else "")
+        hint = (
+            f" (found {', '.join(others[:3])}: PyTorch pickles are not read; re-save with safetensors)"
+            if others
+            else ""
+        )
         raise ExportError(f"{self.folder} has no {SINGLE} or {INDEX}{hint}")
 
     @staticmethod
@@ -68,12 +72,15 @@ class Checkpoint:
                     raise ValueError("header length out of range")
                 header = json.loads(f.read(length))
         except (OSError, ValueError, struct.error) as exc:
-            raise ExportError(f"{shard} is not a readable safetensors file ({exc}); "
-                              "the checkpoint looks corrupt") from exc
+            raise ExportError(
+                f"{shard} is not a readable safetensors file ({exc}); the checkpoint looks corrupt"
+            ) from exc
         end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
         if 8 + length + end > shard.stat().st_size:
-            raise ExportError(f"{shard} is truncated: the header describes {8 + length + end} bytes, "
-                              f"the file has {shard.stat().st_size}")
+            raise ExportError(
+                f"{shard} is truncated: the header describes {8 + length + end} bytes, "
+                f"the file has {shard.stat().st_size}"
+            )
         return length, header
 
     def __contains__(self, name: str) -> bool:
@@ -89,8 +96,10 @@ class Checkpoint:
 
     def shape(self, name: str) -> tuple[int, ...]:
         if name not in self._where:
-            raise ExportError(f"tensor '{name}' is missing from {self.folder}; the checkpoint is incomplete "
-                              "or does not match its config.json")
+            raise ExportError(
+                f"tensor '{name}' is missing from {self.folder}; the checkpoint is incomplete "
+                "or does not match its config.json"
+            )
         return tuple(self._entry(name)[2]["shape"])
 
     def read(self, name: str) -> np.ndarray:

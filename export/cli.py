@@ -1,4 +1,5 @@
 """``ortserve export SRC -o OUT``: the command-line face of ``export_model``."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,16 +12,31 @@ PRECISION_CHOICES = ("fp32", "int8", "int4")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("src", metavar="SRC", help="checkpoint directory, .gguf file, or built-in model name")
     parser.add_argument("-o", "--output", dest="out", required=True, metavar="OUT", help="artifact directory to write")
-    parser.add_argument("--precision", choices=PRECISION_CHOICES, default="fp32",
-                        help="weight precision of the linear layers (int4/int8: MatMulNBits, block 32)")
-    parser.add_argument("--lm-head-precision", choices=PRECISION_CHOICES, default=None,
-                        help="precision of the LM head (default: fp32 for fp32, else int8: the head is the most "
-                             "quantisation-sensitive matmul)")
-    parser.add_argument("--max-model-len", type=int, default=None, metavar="N",
-                        help="longest sequence the artifact serves (default: the model's max positions)")
-    parser.add_argument("--validate", action="store_true",
-                        help="compare the artifact's logits with transformers "
-                             "(needs torch: pip install ortserve[validate])")
+    parser.add_argument(
+        "--precision",
+        choices=PRECISION_CHOICES,
+        default="fp32",
+        help="weight precision of the linear layers (int4/int8: MatMulNBits, block 32)",
+    )
+    parser.add_argument(
+        "--lm-head-precision",
+        choices=PRECISION_CHOICES,
+        default=None,
+        help="precision of the LM head (default: fp32 for fp32, else int8: the head is the most "
+        "quantisation-sensitive matmul)",
+    )
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        metavar="N",
+        help="longest sequence the artifact serves (default: the model's max positions)",
+    )
+    parser.add_argument(
+        "--validate",
+        action="store_true",
+        help="compare the artifact's logits with transformers (needs torch: pip install ortserve[validate])",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bars or summary")
 
 
@@ -29,8 +45,15 @@ def run(args: argparse.Namespace) -> int:
     from .pipeline import export_model
 
     try:
-        export_model(args.src, args.out, precision=args.precision, lm_head_precision=args.lm_head_precision,
-                     max_model_len=args.max_model_len, validate=args.validate, progress=not args.quiet)
+        export_model(
+            args.src,
+            args.out,
+            precision=args.precision,
+            lm_head_precision=args.lm_head_precision,
+            max_model_len=args.max_model_len,
+            validate=args.validate,
+            progress=not args.quiet,
+        )
     except ExportError as exc:
         print(f"ortserve export: error: {exc}", file=sys.stderr)
         return 1

@@ -8,6 +8,7 @@ as its transformers config class (``tests/export/test_config.py`` checks them ag
 ``AutoConfig`` for every supported ``model_type``), and handles the legacy spellings
 (``rope_scaling``, top-level ``rope_theta``, ``rope_local_base_freq``, ``sliding_window_pattern``).
 """
+
 from __future__ import annotations
 
 import json
@@ -19,10 +20,16 @@ from .errors import ExportError
 
 Activation = Literal["silu", "gelu_tanh", "gelu", "relu"]
 ACTIVATIONS: dict[str, Activation] = {
-    "silu": "silu", "swish": "silu",
-    "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh",
-    "gelu_python_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh",
-    "gelu": "gelu", "gelu_python": "gelu", "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_new": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",
+    "gelu_python_tanh": "gelu_tanh",
+    "gelu_tanh": "gelu_tanh",
+    "gelu": "gelu",
+    "gelu_python": "gelu",
+    "relu": "relu",
 }
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -59,10 +66,10 @@ class ModelSpec:
     norm_eps: float
     tie_word_embeddings: bool
     activation: Activation
-    layer_types: tuple[str, ...]          # FULL or SLIDING per layer
-    sliding_window: int = 0               # tokens; 0 = none
+    layer_types: tuple[str, ...]  # FULL or SLIDING per layer
+    sliding_window: int = 0  # tokens; 0 = none
     ropes: dict[str, RopeSpec] = field(default_factory=dict)  # layer type -> table ({} = no rope)
-    attn_scales: tuple[float, ...] = ()   # per layer; softmax scale of q.k
+    attn_scales: tuple[float, ...] = ()  # per layer; softmax scale of q.k
     attn_softcap: float = 0.0
     final_softcap: float = 0.0
     embed_scale: float = 1.0
@@ -79,8 +86,10 @@ class ModelSpec:
 def read_config_json(folder: Path) -> dict[str, Any]:
     path = folder / "config.json"
     if not path.is_file():
-        raise ExportError(f"{folder} has no config.json: SRC must be a Hugging Face checkpoint "
-                          "directory, a .gguf file or a built-in model name")
+        raise ExportError(
+            f"{folder} has no config.json: SRC must be a Hugging Face checkpoint "
+            "directory, a .gguf file or a built-in model name"
+        )
     try:
         config = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -104,9 +113,16 @@ def activation(name: str) -> Activation:
     return ACTIVATIONS[name]
 
 
-def rope_spec(config: dict[str, Any], *, head_size: int, max_pos: int, default_theta: float,
-              layer_type: str | None = None, legacy_theta_key: str = "rope_theta",
-              apply_legacy_scaling: bool = True) -> RopeSpec:
+def rope_spec(
+    config: dict[str, Any],
+    *,
+    head_size: int,
+    max_pos: int,
+    default_theta: float,
+    layer_type: str | None = None,
+    legacy_theta_key: str = "rope_theta",
+    apply_legacy_scaling: bool = True,
+) -> RopeSpec:
     """Normalise the v5 ``rope_parameters`` and the legacy ``rope_scaling``/``rope_theta`` spellings."""
     params = dict(config.get("rope_parameters") or {})
     if layer_type is not None and isinstance(params.get(layer_type), dict):
@@ -121,15 +137,33 @@ def rope_spec(config: dict[str, Any], *, head_size: int, max_pos: int, default_t
         raise ExportError(f"rope_type '{kind}' is not supported; supported: {', '.join(ROPE_TYPES)}")
     theta = merged.get("rope_theta", config.get(legacy_theta_key, default_theta))
     partial = merged.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)) or 1.0
-    original = (config.get("original_max_position_embeddings")
-                or merged.get("original_max_position_embeddings") or max_pos)
-    keep = ("factor", "low_freq_factor", "high_freq_factor", "attention_factor", "beta_fast",
-            "beta_slow", "mscale", "mscale_all_dim", "truncate", "short_factor", "long_factor")
-    extra = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(merged.items())
-                  if k in keep and v is not None)
-    return RopeSpec(kind=kind, theta=float(theta), rotary_dim=int(head_size * partial),
-                    max_position_embeddings=int(max_pos), original_max_position_embeddings=int(original),
-                    params=extra)
+    original = (
+        config.get("original_max_position_embeddings") or merged.get("original_max_position_embeddings") or max_pos
+    )
+    keep = (
+        "factor",
+        "low_freq_factor",
+        "high_freq_factor",
+        "attention_factor",
+        "beta_fast",
+        "beta_slow",
+        "mscale",
+        "mscale_all_dim",
+        "truncate",
+        "short_factor",
+        "long_factor",
+    )
+    extra = tuple(
+        (k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(merged.items()) if k in keep and v is not None
+    )
+    return RopeSpec(
+        kind=kind,
+        theta=float(theta),
+        rotary_dim=int(head_size * partial),
+        max_position_embeddings=int(max_pos),
+        original_max_position_embeddings=int(original),
+        params=extra,
+    )
 
 
 def eos_token_ids(folder: Path, config: dict[str, Any]) -> tuple[int, ...]:

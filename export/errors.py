@@ -1,4 +1,5 @@
 """The one error type export raises: a message a user can act on, printed as one line."""
+
 from __future__ import annotations
 
 

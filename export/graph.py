@@ -15,6 +15,7 @@ SkipLayerNormalization, RotaryEmbedding, MatMulNBits, GatherBlockQuantized. fp32
 ``MatMul`` on [in, out] weights (a tied fp32 LM head transposes the embedding once, at load); a
 tied quantised LM head serves the embedding lookup too.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -46,8 +47,16 @@ IR_VERSION = 10  # onnxruntime 1.31 loads IR <= 13; onnx 1.23 would write 14
 class DecoderBuilder:
     """Emits nodes and plans weight jobs; ``build()`` returns (model without weights, jobs)."""
 
-    def __init__(self, spec: ModelSpec, arch: Architecture, source: WeightSource, *,
-                 precision: str = "fp32", lm_head_precision: str = "fp32", max_model_len: int | None = None):
+    def __init__(
+        self,
+        spec: ModelSpec,
+        arch: Architecture,
+        source: WeightSource,
+        *,
+        precision: str = "fp32",
+        lm_head_precision: str = "fp32",
+        max_model_len: int | None = None,
+    ):
         self.spec, self.arch, self.src = spec, arch, source
         self.precision, self.lm_head_precision = precision, lm_head_precision
         self.max_model_len = max_model_len or spec.max_position_embeddings
@@ -58,8 +67,17 @@ class DecoderBuilder:
         self._with_block_sums: dict[str, str] = {}
 
     # ---- small emitters ------------------------------------------------------------------
-    def op(self, op_type: str, inputs: list[str], n_out: int = 1, *, domain: str = "", name: str = "",
-           outputs: list[str] | None = None, **attrs) -> list[str]:
+    def op(
+        self,
+        op_type: str,
+        inputs: list[str],
+        n_out: int = 1,
+        *,
+        domain: str = "",
+        name: str = "",
+        outputs: list[str] | None = None,
+        **attrs,
+    ) -> list[str]:
         self._count += 1
         base = f"{name or op_type}.{self._count}"
         outputs = outputs or [f"{base}.out{i}" if n_out > 1 else base for i in range(n_out)]
@@ -93,8 +111,17 @@ class DecoderBuilder:
             names.append(self.vector(f"{module}.bias", size))
         return names
 
-    def linear(self, x: str, label: str, parts: list[tuple[str, int]], k: int, precision: str,
-               share: str | None = None, conv1d: bool | None = None, gather_too: bool = False) -> str:
+    def linear(
+        self,
+        x: str,
+        label: str,
+        parts: list[tuple[str, int]],
+        k: int,
+        precision: str,
+        share: str | None = None,
+        conv1d: bool | None = None,
+        gather_too: bool = False,
+    ) -> str:
         """y = x @ W.T + b for W = concat(parts) [N, K]; parts are (module, rows). ``share`` names an
         fp32 initializer to use as W; ``gather_too`` also writes a quantised W's scales and zero
         points in GatherBlockQuantized's layout (for a tied embedding)."""
@@ -143,16 +170,26 @@ class DecoderBuilder:
         inputs = [x, f"{label}.qweight", f"{label}.scales"] + ([] if symmetric else [zero_points])
         if bias:
             inputs += [""] * (5 - len(inputs)) + [bias]
-        return self.op("MatMulNBits", inputs, domain=MS, name=label, K=k, N=n, bits=bits,
-                       block_size=BLOCK_SIZE, accuracy_level=ACCURACY_LEVEL)[0]
+        return self.op(
+            "MatMulNBits",
+            inputs,
+            domain=MS,
+            name=label,
+            K=k,
+            N=n,
+            bits=bits,
+            block_size=BLOCK_SIZE,
+            accuracy_level=ACCURACY_LEVEL,
+        )[0]
 
     def with_block_sums(self, x: str) -> str:
         """[x | the sum of x over each block of 32 columns]: [T, K + K/32], once per tensor."""
         if x not in self._with_block_sums:
             # one custom node instead of Reshape + ReduceSum + Concat: 4 per layer, and node count is
             # most of a small model's decode step
-            self._with_block_sums[x] = self.op("AppendBlockSums", [x], domain=OURS, name="with_block_sums",
-                                               block_size=BLOCK_SIZE)[0]
+            self._with_block_sums[x] = self.op(
+                "AppendBlockSums", [x], domain=OURS, name="with_block_sums", block_size=BLOCK_SIZE
+            )[0]
         return self._with_block_sums[x]
 
     def bias(self, label: str, parts: list[tuple[str, int]]) -> str | None:
@@ -164,8 +201,17 @@ class DecoderBuilder:
             if has:
                 self.src.expect(f"{m}.bias", (rows,))
         name = f"{label}.bias"
-        self.plan(name, lambda: {name: np.concatenate([self.src.read(f"{m}.bias") if has else np.zeros(rows, np.float32)
-                                                       for (m, rows), has in zip(parts, present)])})
+        self.plan(
+            name,
+            lambda: {
+                name: np.concatenate(
+                    [
+                        self.src.read(f"{m}.bias") if has else np.zeros(rows, np.float32)
+                        for (m, rows), has in zip(parts, present)
+                    ]
+                )
+            },
+        )
         return name
 
     # ---- blocks ----------------------------------------------------------------------------
@@ -174,18 +220,31 @@ class DecoderBuilder:
         w = self.norm_weights(module, size)
         if self.arch.norm == "layer":
             return self.op("LayerNormalization", [x, *w], axis=-1, epsilon=self.spec.norm_eps, name="ln")[0]
-        return self.op("SimplifiedLayerNormalization", [x, *w], axis=-1, epsilon=self.spec.norm_eps,
-                       stash_type=1, name="rms")[0]
+        return self.op(
+            "SimplifiedLayerNormalization", [x, *w], axis=-1, epsilon=self.spec.norm_eps, stash_type=1, name="rms"
+        )[0]
 
     def skip_norm(self, delta: str, residual: str, module: str) -> tuple[str, str]:
         """(norm(residual + delta), residual + delta) in one fused op."""
         w = self.norm_weights(module, self.spec.hidden_size)
         if self.arch.norm == "layer":
-            out = self.op("SkipLayerNormalization", [delta, residual, *w], 4, domain=MS, name="skip_ln",
-                          epsilon=self.spec.norm_eps)
+            out = self.op(
+                "SkipLayerNormalization",
+                [delta, residual, *w],
+                4,
+                domain=MS,
+                name="skip_ln",
+                epsilon=self.spec.norm_eps,
+            )
         else:
-            out = self.op("SkipSimplifiedLayerNormalization", [delta, residual, *w], 4, domain=MS,
-                          name="skip_rms", epsilon=self.spec.norm_eps)
+            out = self.op(
+                "SkipSimplifiedLayerNormalization",
+                [delta, residual, *w],
+                4,
+                domain=MS,
+                name="skip_rms",
+                epsilon=self.spec.norm_eps,
+            )
         return out[0], out[3]
 
     def rotary(self, x3d: str, heads: int, layer: int, positions: dict[str, str]) -> str:
@@ -196,8 +255,15 @@ class DecoderBuilder:
             table = rope_table(rope, self.max_model_len)
             self.plan(f"rope.{key}", lambda t=table: {cos: t.cos, sin: t.sin})
             positions[key] = self.rope_positions(table.long_offset)
-        return self.op("RotaryEmbedding", [x3d, positions[key], cos, sin], domain=MS, name="rope",
-                       num_heads=heads, rotary_embedding_dim=rope.rotary_dim, interleaved=0)[0]
+        return self.op(
+            "RotaryEmbedding",
+            [x3d, positions[key], cos, sin],
+            domain=MS,
+            name="rope",
+            num_heads=heads,
+            rotary_embedding_dim=rope.rotary_dim,
+            interleaved=0,
+        )[0]
 
     def rope_positions(self, long_offset: int) -> str:
         pos = self.op("Unsqueeze", ["positions", self.ints(0)], name="pos2d")[0]  # [1, T]
@@ -205,15 +271,19 @@ class DecoderBuilder:
             return pos
         # longrope: every row reads the long half once any position reaches the original length
         longest = self.op("ReduceMax", ["positions"], keepdims=1, name="max_pos")[0]
-        switch = self.op("Cast", [self.op("GreaterOrEqual", [longest, self.ints(long_offset)])[0]],
-                         to=TensorProto.INT64)[0]
+        switch = self.op(
+            "Cast", [self.op("GreaterOrEqual", [longest, self.ints(long_offset)])[0]], to=TensorProto.INT64
+        )[0]
         return self.op("Add", [pos, self.op("Mul", [switch, self.ints(long_offset)])[0]], name="pos_long")[0]
 
     def attention(self, x: str, layer: int, positions: dict[str, str]) -> str:
         s, n, i = self.spec, self.arch.names, layer
         q_size, kv_size = s.num_heads * s.head_size, s.num_kv_heads * s.head_size
-        parts = ([(n.qkv.format(i=i), q_size + 2 * kv_size)] if n.qkv else
-                 [(n.q.format(i=i), q_size), (n.k.format(i=i), kv_size), (n.v.format(i=i), kv_size)])
+        parts = (
+            [(n.qkv.format(i=i), q_size + 2 * kv_size)]
+            if n.qkv
+            else [(n.q.format(i=i), q_size), (n.k.format(i=i), kv_size), (n.v.format(i=i), kv_size)]
+        )
         qkv = self.linear(x, f"layers.{i}.qkv", parts, s.hidden_size, self.precision)
         if s.ropes and not (n.q_norm or n.k_norm):  # one rotary call for q and k: fewer nodes
             qk, v = self.op("Split", [qkv, self.ints(q_size + kv_size, kv_size)], 2, axis=1, name="split_qk_v")
@@ -223,19 +293,34 @@ class DecoderBuilder:
             q, k = self.op("Split", [qk, self.ints(q_size, kv_size)], 2, axis=1, name="split_q_k")
         else:
             q, k, v = self.op("Split", [qkv, self.ints(q_size, kv_size, kv_size)], 3, axis=1, name="split_qkv")
-            q, k = (self.head_norm_and_rotary(t, heads, norm, i, positions)
-                    for t, heads, norm in ((q, s.num_heads, n.q_norm), (k, s.num_kv_heads, n.k_norm)))
+            q, k = (
+                self.head_norm_and_rotary(t, heads, norm, i, positions)
+                for t, heads, norm in ((q, s.num_heads, n.q_norm), (k, s.num_kv_heads, n.k_norm))
+            )
         attn, _, _ = self.op(
             "PagedAttention",
-            [q, k, v, f"key_cache.{i}", f"value_cache.{i}", "slot_mapping", "block_tables",
-             "context_lens", "query_start_loc"],
-            outputs=[f"layers.{i}.attn", f"key_cache_out.{i}", f"value_cache_out.{i}"], domain=OURS,
-            num_heads=s.num_heads, num_kv_heads=s.num_kv_heads, scale=float(s.attn_scales[i]),
-            sliding_window=s.window_for(i), softcap=float(s.attn_softcap))
+            [
+                q,
+                k,
+                v,
+                f"key_cache.{i}",
+                f"value_cache.{i}",
+                "slot_mapping",
+                "block_tables",
+                "context_lens",
+                "query_start_loc",
+            ],
+            outputs=[f"layers.{i}.attn", f"key_cache_out.{i}", f"value_cache_out.{i}"],
+            domain=OURS,
+            num_heads=s.num_heads,
+            num_kv_heads=s.num_kv_heads,
+            scale=float(s.attn_scales[i]),
+            sliding_window=s.window_for(i),
+            softcap=float(s.attn_softcap),
+        )
         return self.linear(attn, f"layers.{i}.o", [(n.o.format(i=i), s.hidden_size)], q_size, self.precision)
 
-    def head_norm_and_rotary(self, t: str, heads: int, norm: str | None, layer: int,
-                             positions: dict[str, str]) -> str:
+    def head_norm_and_rotary(self, t: str, heads: int, norm: str | None, layer: int, positions: dict[str, str]) -> str:
         """Qwen3 / Gemma 3: RMSNorm over each head's vector, then rotary; [T, heads * head_size]."""
         s = self.spec
         if norm:
@@ -252,11 +337,15 @@ class DecoderBuilder:
         s, n, i = self.spec, self.arch.names, layer
         size = s.intermediate_size
         if not self.arch.gated_mlp:
-            hidden = self.activation(self.linear(x, f"layers.{i}.up", [(n.up.format(i=i), size)],
-                                                 s.hidden_size, self.precision))
+            hidden = self.activation(
+                self.linear(x, f"layers.{i}.up", [(n.up.format(i=i), size)], s.hidden_size, self.precision)
+            )
         else:
-            parts = ([(n.gate_up.format(i=i), 2 * size)] if n.gate_up else
-                     [(n.gate.format(i=i), size), (n.up.format(i=i), size)])
+            parts = (
+                [(n.gate_up.format(i=i), 2 * size)]
+                if n.gate_up
+                else [(n.gate.format(i=i), size), (n.up.format(i=i), size)]
+            )
             gate_up = self.linear(x, f"layers.{i}.gate_up", parts, s.hidden_size, self.precision)
             gate, up = self.op("Split", [gate_up, self.ints(size, size)], 2, axis=1, name="split_gate_up")
             hidden = self.op("Mul", [self.activation(gate), up], name="gated")[0]
@@ -277,12 +366,23 @@ class DecoderBuilder:
         tied = s.tie_word_embeddings or not self.src.has(f"{n.lm_head}.weight")
         # A tied, quantised LM head also serves the embedding lookup (GatherBlockQuantized on the
         # same packed bytes): no float copy of the largest tensor. Not with float block offsets.
-        shared = (tied and self.lm_head_precision != "fp32" and s.hidden_size % BLOCK_SIZE == 0
-                  and not (BITS[self.lm_head_precision] == 4 and on_offset_grid(self.src.sample(embed))))
+        shared = (
+            tied
+            and self.lm_head_precision != "fp32"
+            and s.hidden_size % BLOCK_SIZE == 0
+            and not (BITS[self.lm_head_precision] == 4 and on_offset_grid(self.src.sample(embed)))
+        )
         if shared:
-            h = self.op("GatherBlockQuantized", ["lm_head.qweight", "input_ids", "lm_head.scales_3d",
-                                                 "lm_head.zero_points_3d"], domain=MS, name="embed",
-                        bits=BITS[self.lm_head_precision], block_size=BLOCK_SIZE, gather_axis=0, quantize_axis=2)[0]
+            h = self.op(
+                "GatherBlockQuantized",
+                ["lm_head.qweight", "input_ids", "lm_head.scales_3d", "lm_head.zero_points_3d"],
+                domain=MS,
+                name="embed",
+                bits=BITS[self.lm_head_precision],
+                block_size=BLOCK_SIZE,
+                gather_axis=0,
+                quantize_axis=2,
+            )[0]
             h = self.op("Reshape", [h, self.ints(-1, s.hidden_size)], name="embed_rows")[0]
         else:
             self.plan(embed, lambda: {embed: self.src.read(embed)})
@@ -314,8 +414,9 @@ class DecoderBuilder:
         x, _ = self.skip_norm(delta, h, n.final_norm)
         share = embed if tied and self.lm_head_precision == "fp32" else None
         head = [(n.embed if tied else n.lm_head, s.vocab_size)]
-        logits = self.linear(x, "lm_head", head, s.hidden_size, self.lm_head_precision, share=share, conv1d=False,
-                             gather_too=shared)
+        logits = self.linear(
+            x, "lm_head", head, s.hidden_size, self.lm_head_precision, share=share, conv1d=False, gather_too=shared
+        )
         if s.final_softcap:
             cap = self.scalar(s.final_softcap)
             logits = self.op("Mul", [self.op("Tanh", [self.op("Div", [logits, cap])[0]])[0], cap])[0]
@@ -339,8 +440,8 @@ class DecoderBuilder:
             for kind in ("key", "value"):
                 inputs.append(helper.make_tensor_value_info(f"{kind}_cache.{i}", TensorProto.FLOAT, *cache))
                 outputs.append(helper.make_tensor_value_info(f"{kind}_cache_out.{i}", TensorProto.FLOAT, *cache))
-        graph = helper.make_graph(self.nodes, f"ortserve_{s.model_type}", inputs, outputs,
-                                  list(self.constants.values()))
-        model = helper.make_model(graph, opset_imports=OPSETS, producer_name="ortserve.export",
-                                  ir_version=IR_VERSION)
+        graph = helper.make_graph(
+            self.nodes, f"ortserve_{s.model_type}", inputs, outputs, list(self.constants.values())
+        )
+        model = helper.make_model(graph, opset_imports=OPSETS, producer_name="ortserve.export", ir_version=IR_VERSION)
         return model

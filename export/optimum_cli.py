@@ -3,6 +3,7 @@ plugin. optimum loads ``REGISTER_COMMANDS`` from any module in its ``optimum.com
 namespace; the wheel places a one-line module there (``from ortserve.export.optimum_cli import
 REGISTER_COMMANDS``). Only optimum-cli imports this file, so serving never imports optimum.
 """
+
 from __future__ import annotations
 
 from optimum.commands.base import BaseOptimumCLICommand, CommandInfo

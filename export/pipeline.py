@@ -3,6 +3,7 @@
 Everything is written into a hidden temporary directory beside OUT and renamed into place at the
 end, so a crash or a failed validation never leaves a half artifact at OUT.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,9 +33,18 @@ PRECISIONS = ("fp32", "int8", "int4")
 # The LM head (often the tied embedding) is the matmul most sensitive to quantisation: at int4 it
 # costs SmolLM2-135M 14 points of top-1 agreement with fp32 that int8 keeps, for 20 MB.
 DEFAULT_LM_HEAD = {"fp32": "fp32", "int8": "int8", "int4": "int8"}
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
-                   "generation_config.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+)
 
 
 @dataclass
@@ -51,8 +61,16 @@ class _Bars:
         from tqdm import tqdm
 
         scale = unit == "B"
-        with tqdm(total=total, desc=f"{name:<9}", unit=unit, unit_scale=scale, unit_divisor=1024 if scale else 1000,
-                  file=sys.stderr, dynamic_ncols=True, leave=True) as bar:
+        with tqdm(
+            total=total,
+            desc=f"{name:<9}",
+            unit=unit,
+            unit_scale=scale,
+            unit_divisor=1024 if scale else 1000,
+            file=sys.stderr,
+            dynamic_ncols=True,
+            leave=True,
+        ) as bar:
             yield bar
 
 
@@ -76,8 +94,9 @@ def resolve_source(src: str | os.PathLike) -> tuple[Path, str]:
     try:
         from ortserve.models import ModelSourceError, prepare_checkpoint
     except ImportError as exc:
-        raise ExportError(f"{src} is not a directory, and GGUF files and built-in models need ortserve.models "
-                          f"({exc})") from exc
+        raise ExportError(
+            f"{src} is not a directory, and GGUF files and built-in models need ortserve.models ({exc})"
+        ) from exc
     try:
         return Path(prepare_checkpoint(str(src))), str(path.resolve()) if path.exists() else str(src)
     except ModelSourceError as exc:
@@ -98,8 +117,7 @@ def _max_model_len(spec: ModelSpec, requested: int | None) -> int:
         return trained
     dynamic = any(r.kind == "dynamic" for r in spec.ropes.values())
     if requested < 1 or (requested > trained and not dynamic):
-        raise ExportError(f"--max-model-len {requested} is outside 1..{trained} "
-                          f"(this model's max_position_embeddings)")
+        raise ExportError(f"--max-model-len {requested} is outside 1..{trained} (this model's max_position_embeddings)")
     return requested
 
 
@@ -142,9 +160,16 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def export_model(src: str | os.PathLike, out: str | os.PathLike, *, precision: str = "fp32",
-                 lm_head_precision: str | None = None, max_model_len: int | None = None,
-                 validate: bool = False, progress: bool = True) -> ArtifactManifest:
+def export_model(
+    src: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    precision: str = "fp32",
+    lm_head_precision: str | None = None,
+    max_model_len: int | None = None,
+    validate: bool = False,
+    progress: bool = True,
+) -> ArtifactManifest:
     """Export a checkpoint directory, .gguf file or built-in model name to an artifact at ``out``."""
     started = time.perf_counter()
     if precision not in PRECISIONS:
@@ -163,8 +188,9 @@ def export_model(src: str | os.PathLike, out: str | os.PathLike, *, precision: s
     bars = _Bars(progress)
 
     source = WeightSource(checkpoint)
-    builder = DecoderBuilder(spec, arch, source, precision=precision, lm_head_precision=lm_head_precision,
-                             max_model_len=max_len)
+    builder = DecoderBuilder(
+        spec, arch, source, precision=precision, lm_head_precision=lm_head_precision, max_model_len=max_len
+    )
     model, jobs = builder.build()  # checks every tensor's name and shape before any data moves
     with bars.stage("build", 1) as bar:  # shown once done, so a bad checkpoint prints one error line
         bar.set_postfix_str(f"{len(model.graph.node)} nodes, {len(jobs)} weight jobs")
@@ -189,12 +215,22 @@ def export_model(src: str | os.PathLike, out: str | os.PathLike, *, precision: s
             onnx.save_model(model, str(tmp / MODEL_FILE))
             _copy_side_files(folder, tmp, raw)
             manifest = ArtifactManifest(
-                architecture=spec.model_type, num_layers=spec.num_layers, hidden_size=spec.hidden_size,
-                num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, head_size=spec.head_size,
-                vocab_size=spec.vocab_size, max_model_len=max_len, weight_precision=precision,
-                lm_head_precision=lm_head_precision, num_parameters=source.num_parameters(),
-                weight_bytes=weights.bytes, source=label, source_fingerprint=fingerprint,
-                eos_token_ids=list(spec.eos_token_ids))
+                architecture=spec.model_type,
+                num_layers=spec.num_layers,
+                hidden_size=spec.hidden_size,
+                num_heads=spec.num_heads,
+                num_kv_heads=spec.num_kv_heads,
+                head_size=spec.head_size,
+                vocab_size=spec.vocab_size,
+                max_model_len=max_len,
+                weight_precision=precision,
+                lm_head_precision=lm_head_precision,
+                num_parameters=source.num_parameters(),
+                weight_bytes=weights.bytes,
+                source=label,
+                source_fingerprint=fingerprint,
+                eos_token_ids=list(spec.eos_token_ids),
+            )
             save_manifest(tmp, manifest)
             bar.update()
         export_peak = peak_rss_bytes()

@@ -25,6 +25,7 @@ Every block holds 32 consecutive weights of one output row (along K). Three ways
 
 ``accuracy_level`` 4 makes the CPU kernel quantise activations to int8 and use VNNI.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,8 +40,8 @@ _GRID_TOLERANCE = 1e-4  # of a block's step: GGUF dequantisation rounds in float
 
 @dataclass(frozen=True)
 class QuantizedWeight:
-    packed: np.ndarray       # uint8 [N, k_blocks, block_size * bits / 8]
-    scales: np.ndarray       # float32 [N, k_blocks]
+    packed: np.ndarray  # uint8 [N, k_blocks, block_size * bits / 8]
+    scales: np.ndarray  # float32 [N, k_blocks]
     zero_points: np.ndarray  # uint8 [N, ceil(k_blocks * bits / 8)]
     bits: int
     block_size: int = BLOCK_SIZE
@@ -68,8 +69,9 @@ def quantize(weight: np.ndarray, bits: int, block_size: int = BLOCK_SIZE, symmet
     return exact if exact is not None else round_to_nearest(weight, bits, block_size, symmetric)
 
 
-def round_to_nearest(weight: np.ndarray, bits: int, block_size: int = BLOCK_SIZE,
-                     symmetric: bool = False) -> QuantizedWeight:
+def round_to_nearest(
+    weight: np.ndarray, bits: int, block_size: int = BLOCK_SIZE, symmetric: bool = False
+) -> QuantizedWeight:
     """ORT's quantiser: asymmetric, or ``symmetric`` (zero point = the code midpoint, left out
     of the graph)."""
     from onnxruntime.capi._pybind_state import (
@@ -112,7 +114,7 @@ _ROWS = 4096  # rows per chunk: bounds the float temporaries of a large embeddin
 
 
 def _by_rows(fn, weight: np.ndarray, bits: int, block_size: int) -> QuantizedWeight | None:
-    parts = [fn(weight[r:r + _ROWS], bits, block_size) for r in range(0, weight.shape[0], _ROWS)]
+    parts = [fn(weight[r : r + _ROWS], bits, block_size) for r in range(0, weight.shape[0], _ROWS)]
     if any(p is None for p in parts):
         return None
 
@@ -171,8 +173,14 @@ def append_residual_blocks(q: QuantizedWeight) -> QuantizedWeight:
         raise ValueError("residual blocks are 4-bit")
     r = round_to_nearest(q.residual, 4, q.block_size)
     zero = np.concatenate([q.unpacked_zero_points(), r.unpacked_zero_points()], axis=1)
-    return QuantizedWeight(np.concatenate([q.packed, r.packed], axis=1), np.concatenate([q.scales, r.scales], axis=1),
-                           _pack(zero, 4), 4, q.block_size, residual_blocks=r.scales.shape[1])
+    return QuantizedWeight(
+        np.concatenate([q.packed, r.packed], axis=1),
+        np.concatenate([q.scales, r.scales], axis=1),
+        _pack(zero, 4),
+        4,
+        q.block_size,
+        residual_blocks=r.scales.shape[1],
+    )
 
 
 def on_offset_grid(rows: np.ndarray, bits: int = 4, block_size: int = BLOCK_SIZE) -> bool:
@@ -196,8 +204,8 @@ def dequantize(q: QuantizedWeight, k: int) -> np.ndarray:
     weight = weight.reshape(n, -1)
     if q.residual_blocks:
         main = k_blocks - q.residual_blocks
-        residual = weight[:, main * q.block_size:][:, :main]  # coefficient of block b's sum
-        weight = weight[:, :main * q.block_size] + np.repeat(residual, q.block_size, axis=1)
+        residual = weight[:, main * q.block_size :][:, :main]  # coefficient of block b's sum
+        weight = weight[:, : main * q.block_size] + np.repeat(residual, q.block_size, axis=1)
     elif q.residual is not None:
         weight = weight + np.repeat(q.residual, q.block_size, axis=1)
     return weight[:, :k]

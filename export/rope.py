@@ -11,6 +11,7 @@ uses row ``positions[t]``. Two position-dependent types are tabulated per row:
   context, long factors otherwise (vLLM's rule). The table is [short rows; long rows] and the graph
   adds ``long_offset`` to the positions when switching.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,9 +24,9 @@ from .config import RopeSpec
 
 @dataclass(frozen=True)
 class RopeTable:
-    cos: np.ndarray          # float32 [rows, rotary_dim / 2]
+    cos: np.ndarray  # float32 [rows, rotary_dim / 2]
     sin: np.ndarray
-    long_offset: int = 0     # longrope only: row of position 0 in the long half (0 = no switch)
+    long_offset: int = 0  # longrope only: row of position 0 in the long half (0 = no switch)
 
 
 def _exponents(dim: int) -> np.ndarray:

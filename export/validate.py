@@ -6,6 +6,7 @@ shuffled order, so block tables are never contiguous. ``teacher_forced_logits`` 
 ``greedy_generate`` are built on it; ``transformers_logits`` is the reference, and the only place
 in ``ortserve.export`` that imports torch.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -20,8 +21,16 @@ from ortserve.artifact import MODEL_FILE, load_manifest
 class PagedRunner:
     """An artifact's session plus a paged KV cache; sequences are ids, steps are flattened batches."""
 
-    def __init__(self, artifact: str | Path, *, block_size: int = 16, num_blocks: int = 64,
-                 threads: int = 0, seed: int = 0, options=None):
+    def __init__(
+        self,
+        artifact: str | Path,
+        *,
+        block_size: int = 16,
+        num_blocks: int = 64,
+        threads: int = 0,
+        seed: int = 0,
+        options=None,
+    ):
         """``options``: an ``onnxruntime.SessionOptions`` to use (profiling, spinning); the op
         library is registered on it, and ``threads`` is then ignored."""
         import onnxruntime as ort
@@ -33,8 +42,9 @@ class PagedRunner:
             options = ort.SessionOptions()
             options.intra_op_num_threads = threads
         ops.register(options)
-        self.session = ort.InferenceSession(str(Path(artifact) / MODEL_FILE), options,
-                                            providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(
+            str(Path(artifact) / MODEL_FILE), options, providers=["CPUExecutionProvider"]
+        )
         self.block_size = block_size
         self.free = [int(b) for b in np.random.default_rng(seed).permutation(num_blocks)]
         self.tables: dict[int, list[int]] = {}
@@ -43,8 +53,10 @@ class PagedRunner:
         shape = (num_blocks, m.num_kv_heads, block_size, m.head_size)
         self._caches = []  # (output name, OrtValue): ORT writes into these in place
         for layer in range(m.num_layers):
-            for name_in, name_out in ((m.key_cache_input(layer), m.key_cache_output(layer)),
-                                      (m.value_cache_input(layer), m.value_cache_output(layer))):
+            for name_in, name_out in (
+                (m.key_cache_input(layer), m.key_cache_output(layer)),
+                (m.value_cache_input(layer), m.value_cache_output(layer)),
+            ):
                 value = ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32))
                 self._caches.append((name_out, value))
                 self.binding.bind_ortvalue_input(name_in, value)
@@ -81,12 +93,15 @@ class PagedRunner:
         width = max(len(self.tables[seq]) for seq, _ in batch)
         tables = np.zeros((len(batch), width), np.int32)
         for row, (seq, _) in enumerate(batch):
-            tables[row, :len(self.tables[seq])] = self.tables[seq]
+            tables[row, : len(self.tables[seq])] = self.tables[seq]
         inputs = {
-            "input_ids": np.array(ids, np.int64), "positions": np.array(positions, np.int64),
-            "slot_mapping": np.array(slots, np.int64), "block_tables": tables,
+            "input_ids": np.array(ids, np.int64),
+            "positions": np.array(positions, np.int64),
+            "slot_mapping": np.array(slots, np.int64),
+            "block_tables": tables,
             "context_lens": np.array([self.lengths[seq] for seq, _ in batch], np.int32),
-            "query_start_loc": np.array(starts, np.int32), "logits_indices": np.array(logits_rows, np.int64),
+            "query_start_loc": np.array(starts, np.int32),
+            "logits_indices": np.array(logits_rows, np.int64),
         }
         for name, value in inputs.items():
             self.binding.bind_cpu_input(name, value)
@@ -96,7 +111,7 @@ class PagedRunner:
         out, row = [], 0
         for _, tokens in batch:
             count = len(tokens) if all_logits else 1
-            out.append(logits[row:row + count] if all_logits else logits[row])
+            out.append(logits[row : row + count] if all_logits else logits[row])
             row += count
         return out
 
@@ -105,8 +120,14 @@ class PagedRunner:
         self.lengths.pop(seq, None)
 
 
-def teacher_forced_logits(runner: PagedRunner, sequences: Sequence[Sequence[int]], prompt_lens: Sequence[int],
-                          *, prefill_chunk: int = 0, stagger: bool = False) -> list[np.ndarray]:
+def teacher_forced_logits(
+    runner: PagedRunner,
+    sequences: Sequence[Sequence[int]],
+    prompt_lens: Sequence[int],
+    *,
+    prefill_chunk: int = 0,
+    stagger: bool = False,
+) -> list[np.ndarray]:
     """Logits at every position of each sequence: prompts prefilled (in chunks of ``prefill_chunk``
     if set), the rest decoded one token per step; with ``stagger`` sequence i joins at step i, so
     steps mix one sequence's prefill with another's decodes. Returns [len(seq), vocab] each."""
@@ -119,7 +140,7 @@ def teacher_forced_logits(runner: PagedRunner, sequences: Sequence[Sequence[int]
                 continue
             remaining = prompt_lens[i] - cursors[i]
             count = (min(prefill_chunk, remaining) if prefill_chunk else remaining) if remaining > 0 else 1
-            batch.append((i, seq[cursors[i]:cursors[i] + count]))
+            batch.append((i, seq[cursors[i] : cursors[i] + count]))
         for (i, tokens), logits in zip(batch, runner.step(batch, all_logits=True)):
             results[i].append(logits)
             cursors[i] += len(tokens)
@@ -129,8 +150,9 @@ def teacher_forced_logits(runner: PagedRunner, sequences: Sequence[Sequence[int]
     return [np.concatenate(r) for r in results]
 
 
-def greedy_generate(runner: PagedRunner, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                    stop_ids: Sequence[int] = ()) -> list[list[int]]:
+def greedy_generate(
+    runner: PagedRunner, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop_ids: Sequence[int] = ()
+) -> list[list[int]]:
     """Greedy continuations of all prompts, batched: one prefill step, then one decode step per token."""
     outputs: list[list[int]] = [[] for _ in prompts]
     logits = runner.step([(i, list(p)) for i, p in enumerate(prompts)])
@@ -179,8 +201,10 @@ class ValidationReport:
 
     def summary(self) -> str:
         limit = f" (tolerance {self.tolerance:g})" if self.tolerance is not None else ""
-        return (f"max |logit diff| {self.max_abs_diff:.2e} vs transformers fp32{limit}, "
-                f"top-1 agreement {self.top1_agreement:.1%} over {self.positions} teacher-forced positions")
+        return (
+            f"max |logit diff| {self.max_abs_diff:.2e} vs transformers fp32{limit}, "
+            f"top-1 agreement {self.top1_agreement:.1%} over {self.positions} teacher-forced positions"
+        )
 
 
 def random_sequences(vocab_size: int, lengths: Sequence[int], seed: int = 0) -> list[list[int]]:
@@ -209,12 +233,19 @@ def text_sequences(artifact: str | Path, lengths: Sequence[int]) -> list[list[in
     if len(ids) < sum(lengths):
         return None
     starts = np.cumsum([0, *lengths[:-1]])
-    return [ids[s:s + n] for s, n in zip(starts, lengths)]
+    return [ids[s : s + n] for s, n in zip(starts, lengths)]
 
 
-def validate_artifact(artifact: str | Path, checkpoint: str | Path, *, prompt_lens: Sequence[int] = (41, 23),
-                      decode_steps: int = 4, tolerance: float | None = 1e-3, seed: int = 0,
-                      block_size: int = 16) -> ValidationReport:
+def validate_artifact(
+    artifact: str | Path,
+    checkpoint: str | Path,
+    *,
+    prompt_lens: Sequence[int] = (41, 23),
+    decode_steps: int = 4,
+    tolerance: float | None = 1e-3,
+    seed: int = 0,
+    block_size: int = 16,
+) -> ValidationReport:
     """Two sequences of different lengths: prefill, then ``decode_steps`` decodes each, on shuffled
     blocks; logits at every position compared with transformers on the same tokens (slices of an
     English passage when the artifact has a tokenizer, else random tokens)."""

@@ -5,6 +5,7 @@ how. The weights stage runs the jobs one by one, appending each array to ``model
 keeping only a small ``TensorProto`` that points into the file, so at most one layer's tensors
 are in memory at any time.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -18,8 +19,8 @@ from .checkpoint import Checkpoint
 from .errors import ExportError
 
 DATA_FILE = "model.onnx.data"
-_ALIGN = 64                   # every tensor starts on a cache line;
-_PAGE_ALIGN_ABOVE = 1 << 20   # large ones on a page, so ORT can mmap them
+_ALIGN = 64  # every tensor starts on a cache line;
+_PAGE_ALIGN_ABOVE = 1 << 20  # large ones on a page, so ORT can mmap them
 
 
 @dataclass
@@ -45,8 +46,12 @@ class WeightFile:
         self._file.write(b"\0" * (offset - self._file.tell()))
         self._file.write(memoryview(array).cast("B"))
         self.bytes += array.nbytes
-        tensor = onnx.TensorProto(name=name, data_type=onnx.helper.np_dtype_to_tensor_dtype(array.dtype),
-                                  dims=array.shape, data_location=onnx.TensorProto.EXTERNAL)
+        tensor = onnx.TensorProto(
+            name=name,
+            data_type=onnx.helper.np_dtype_to_tensor_dtype(array.dtype),
+            dims=array.shape,
+            data_location=onnx.TensorProto.EXTERNAL,
+        )
         for key, value in (("location", self.name), ("offset", str(offset)), ("length", str(array.nbytes))):
             tensor.external_data.add(key=key, value=value)
         return tensor
@@ -71,8 +76,10 @@ class WeightSource:
         if transpose:
             actual = actual[::-1]
         if tuple(actual) != tuple(shape):
-            raise ExportError(f"tensor '{name}' has shape {list(actual)} but config.json implies {list(shape)}; "
-                              "the checkpoint does not match its config")
+            raise ExportError(
+                f"tensor '{name}' has shape {list(actual)} but config.json implies {list(shape)}; "
+                "the checkpoint does not match its config"
+            )
         self.used.add(name)
         return name
 

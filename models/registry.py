@@ -3,6 +3,7 @@
 Which architectures export is the exporter's business (``ortserve.export``); a recipe here only
 says how to obtain a checkpoint the exporter accepts.
 """
+
 from __future__ import annotations
 
 import importlib.metadata

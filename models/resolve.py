@@ -13,6 +13,7 @@ its checkpoint's stamp plus a hash of the installed exporter's source. When a st
 matches (a new wheel, an edited file, an upgraded ortserve) the entry is made again, so a stale
 one is never served.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -68,9 +69,7 @@ def prepare_checkpoint(name_or_gguf_path: str | Path, *, progress: bool = True) 
     return entry
 
 
-def resolve_model(
-    name_or_path: str | Path | None, *, precision: str = "fp32", progress: bool = True
-) -> Path:
+def resolve_model(name_or_path: str | Path | None, *, precision: str = "fp32", progress: bool = True) -> Path:
     """The artifact directory to serve.
 
     - ``None``: the default built-in model (``DEFAULT_MODEL``).

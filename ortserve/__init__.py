@@ -3,6 +3,7 @@
 ``from ortserve import LLM, SamplingParams`` loads them on first use, so ``import ortserve``
 stays cheap (no onnxruntime, no transformers).
 """
+
 from pathlib import Path
 
 __version__ = "0.1.0"

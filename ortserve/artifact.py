@@ -6,6 +6,7 @@ Graph I/O names: inputs ``input_ids``, ``positions``, ``slot_mapping``, ``block_
 ``context_lens``, ``query_start_loc``, ``logits_indices``, ``key_cache.{l}``, ``value_cache.{l}``;
 outputs ``logits``, ``key_cache_out.{l}``, ``value_cache_out.{l}``.
 """
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """`ortserve` command line: one subcommand per module, imported only when it runs."""
+
 from __future__ import annotations
 
 import argparse

@@ -3,6 +3,7 @@
 The answer streams to stdout as it is generated; the engine's start-up block and a one-line
 summary (tokens, time, tokens/s) go to stderr.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--stop", action="append", default=None, help="a stop string (repeatable)")
-    parser.add_argument("--no-chat", dest="chat", action="store_false",
-                        help="send the prompt as raw text instead of a user message through the chat template")
+    parser.add_argument(
+        "--no-chat",
+        dest="chat",
+        action="store_false",
+        help="send the prompt as raw text instead of a user message through the chat template",
+    )
     parser.add_argument("--system", default=None, help="a system message (chat mode)")
     add_engine_arguments(parser)
 
@@ -38,12 +43,18 @@ def run(args: argparse.Namespace) -> int:
 
     prompt = " ".join(args.prompt)
     try:
-        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                                top_k=args.top_k, seed=args.seed, stop=args.stop)
+        params = SamplingParams(
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            seed=args.seed,
+            stop=args.stop,
+        )
         engine = LLMEngine.from_config(EngineConfig.from_args(args))
         prompts = ChatPrompts(engine.tokenizer)
         if args.chat and prompts.has_chat_template:
-            messages = ([{"role": "system", "content": args.system}] if args.system else [])
+            messages = [{"role": "system", "content": args.system}] if args.system else []
             messages.append({"role": "user", "content": prompt})
             token_ids = prompts.chat_token_ids(messages)
         else:
@@ -65,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.write("\n")
     after = elapsed - ((first or started) - started)
     decode = (generated - 1) / after if first and generated > 1 and after > 0 else 0.0
-    print(f"[{len(token_ids)} prompt tokens, {generated} generated, finish {finish}; "
-          f"first token {((first or started) - started) * 1000:.0f} ms, {decode:.1f} tokens/s after]", file=sys.stderr)
+    print(
+        f"[{len(token_ids)} prompt tokens, {generated} generated, finish {finish}; "
+        f"first token {((first or started) - started) * 1000:.0f} ms, {decode:.1f} tokens/s after]",
+        file=sys.stderr,
+    )
     return 0 if finish != "error" else 1

@@ -4,6 +4,7 @@ The engine runs in the caller's process and thread (pinned to the engine's first
 ``threads_bind="nobind"``), driven by the same ``LLMEngine`` loop as the server's engine process.
 Results have vLLM's shape: ``outputs[i].outputs[j].text``.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -73,30 +74,45 @@ class LLM:
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer
 
-    def generate(self, prompts: Prompt | list[Prompt], sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: Prompt | list[Prompt],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
         """Complete each prompt (text, or token ids); outputs in the order of the prompts."""
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         batch = [(p, self.prompts.encode(p)) if isinstance(p, str) else (None, list(p)) for p in prompts]
         return self._run(batch, sampling_params, use_tqdm)
 
-    def chat(self, messages: list[Message] | list[list[Message]],
-             sampling_params: SamplingParams | list[SamplingParams] | None = None, use_tqdm: bool = True,
-             add_generation_prompt: bool = True, chat_template_kwargs: dict[str, Any] | None = None
-             ) -> list[RequestOutput]:
+    def chat(
+        self,
+        messages: list[Message] | list[list[Message]],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[RequestOutput]:
         """Answer one conversation (a list of {"role", "content"} messages) or a list of them,
         through the model's chat template."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         batch = []
         for conversation in conversations:
-            text = self.prompts.render_chat(conversation, add_generation_prompt,  # type: ignore[arg-type]
-                                            template_kwargs=chat_template_kwargs)
+            text = self.prompts.render_chat(
+                conversation,
+                add_generation_prompt,  # type: ignore[arg-type]
+                template_kwargs=chat_template_kwargs,
+            )
             batch.append((text, self.prompts.encode(text, add_special_tokens=False)))
         return self._run(batch, sampling_params, use_tqdm)
 
-    def _run(self, batch: list[tuple[str | None, list[int]]],
-             sampling_params: SamplingParams | list[SamplingParams] | None, use_tqdm: bool) -> list[RequestOutput]:
+    def _run(
+        self,
+        batch: list[tuple[str | None, list[int]]],
+        sampling_params: SamplingParams | list[SamplingParams] | None,
+        use_tqdm: bool,
+    ) -> list[RequestOutput]:
         from tqdm.auto import tqdm
 
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
@@ -109,8 +125,9 @@ class LLM:
             for (text, ids), params in zip(batch, sampling_params):
                 request_id = str(next(self._ids))
                 engine.add_request(request_id, ids, params)
-                results[request_id] = RequestOutput(request_id, text, ids,
-                                                    [CompletionOutput(i) for i in range(params.n)])
+                results[request_id] = RequestOutput(
+                    request_id, text, ids, [CompletionOutput(i) for i in range(params.n)]
+                )
             with tqdm(total=len(results), desc="Processed prompts", disable=not use_tqdm, dynamic_ncols=True) as bar:
                 started, generated = time.perf_counter(), 0
                 for delta in engine.run():
@@ -119,8 +136,9 @@ class LLM:
                     generated += sum(len(d.token_ids) for d in delta.samples)
                     if result.finished:
                         bar.update(1)
-                        bar.set_postfix_str(f"output {generated / (time.perf_counter() - started):.1f} tok/s",
-                                            refresh=False)
+                        bar.set_postfix_str(
+                            f"output {generated / (time.perf_counter() - started):.1f} tok/s", refresh=False
+                        )
         except BaseException:
             engine.abort_requests([r for r, out in results.items() if not out.finished])
             for _ in engine.run():

@@ -9,6 +9,7 @@ the HTTP request models derive their pydantic/OpenAPI constraints from the same 
 Every failure is an ``InvalidParameter`` (a ValueError) whose ``param`` names the field and whose
 message says the allowed range, so the server answers 400 naming the parameter.
 """
+
 from __future__ import annotations
 
 import math
@@ -43,8 +44,12 @@ class Bound:
     def holds(self, value: float) -> bool:
         if isinstance(value, float) and not math.isfinite(value):
             return False
-        return ((self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
-                and (self.le is None or value <= self.le) and (self.lt is None or value < self.lt))
+        return (
+            (self.ge is None or value >= self.ge)
+            and (self.gt is None or value > self.gt)
+            and (self.le is None or value <= self.le)
+            and (self.lt is None or value < self.lt)
+        )
 
     def describe(self) -> str:
         low = f"[{_num(self.ge)}" if self.ge is not None else f"({_num(self.gt)}" if self.gt is not None else "(-inf"
@@ -99,8 +104,9 @@ def check_size(param: str, items: Any) -> None:
     if rule.max_length is not None:
         for item in items or ():
             if len(item) > rule.max_length:
-                raise InvalidParameter(param, f"{param} entries must be at most {rule.max_length} "
-                                              f"characters, got one of {len(item)}")
+                raise InvalidParameter(
+                    param, f"{param} entries must be at most {rule.max_length} characters, got one of {len(item)}"
+                )
 
 
 @dataclass
@@ -133,8 +139,20 @@ class SamplingParams:
             self.logit_bias = {_token_id_key(k): float(v) for k, v in self.logit_bias.items()}
         if self.top_k == -1:
             self.top_k = 0
-        for name in ("n", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
-                     "frequency_penalty", "repetition_penalty", "max_tokens", "min_tokens", "logprobs"):
+        for name in (
+            "n",
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "seed",
+            "presence_penalty",
+            "frequency_penalty",
+            "repetition_penalty",
+            "max_tokens",
+            "min_tokens",
+            "logprobs",
+        ):
             check(name, getattr(self, name))
         check_size("logit_bias", self.logit_bias)
         for token_id, bias in (self.logit_bias or {}).items():
@@ -145,8 +163,9 @@ class SamplingParams:
         for token_id in self.stop_token_ids or ():
             check("stop_token_ids", token_id, "token_id")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise InvalidParameter("min_tokens", f"min_tokens must be <= max_tokens ({self.max_tokens}), "
-                                                 f"got {self.min_tokens}")
+            raise InvalidParameter(
+                "min_tokens", f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}"
+            )
 
     @property
     def greedy(self) -> bool:
@@ -154,8 +173,7 @@ class SamplingParams:
 
     @property
     def needs_penalties(self) -> bool:
-        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
-                or self.repetition_penalty != 1.0)
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
 
 def _token_id_key(key: int | str) -> int:
@@ -179,8 +197,9 @@ class PromptLimits:
     def check_token_ids(self, token_ids: list[int], param: str) -> None:
         bad = next((t for t in token_ids if not 0 <= t < self.vocab_size), None)
         if bad is not None:
-            raise InvalidParameter(param, f"{param} holds token id {bad}, outside the vocabulary "
-                                          f"[0, {self.vocab_size})")
+            raise InvalidParameter(
+                param, f"{param} holds token id {bad}, outside the vocabulary [0, {self.vocab_size})"
+            )
 
     def completion_budget(self, prompt_len: int, max_tokens: int | None, param: str = "prompt") -> int:
         """The tokens this prompt may generate: ``max_tokens``, or all the room left if None."""
@@ -189,14 +208,18 @@ class PromptLimits:
             raise InvalidParameter(param, f"{param} is empty: at least one token is needed")
         if prompt_len >= limit:
             raise InvalidParameter(
-                param, f"{param} is too long: {prompt_len} tokens, and this model's maximum context "
-                       f"length is {limit} tokens (prompt + completion; --max-model-len)")
+                param,
+                f"{param} is too long: {prompt_len} tokens, and this model's maximum context "
+                f"length is {limit} tokens (prompt + completion; --max-model-len)",
+            )
         room = limit - prompt_len
         if max_tokens is not None and max_tokens > room:
             raise InvalidParameter(
-                "max_tokens", f"max_tokens is too large: {max_tokens} completion tokens + {prompt_len} "
-                              f"prompt tokens exceed this model's maximum context length of {limit} "
-                              f"tokens; at most {room} fit")
+                "max_tokens",
+                f"max_tokens is too large: {max_tokens} completion tokens + {prompt_len} "
+                f"prompt tokens exceed this model's maximum context length of {limit} "
+                f"tokens; at most {room} fit",
+            )
         return room if max_tokens is None else max_tokens
 
     def check(self, prompt_token_ids: list[int], params: SamplingParams, param: str = "prompt") -> int:

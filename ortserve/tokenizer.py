@@ -6,6 +6,7 @@ conversations through the chat template (the artifact's, or a ``--chat-template`
 refuses message content that spells a special token, so a user cannot forge a turn of another
 role, unless that was explicitly allowed.
 """
+
 from __future__ import annotations
 
 import os
@@ -88,32 +89,50 @@ class ChatPrompts:
             found = next((t for t in self.special_tokens if t and t in content), None)
             if found is not None:
                 raise InvalidParameter(
-                    "messages", f"messages[{i}].content contains the special token {found!r}, which "
-                                f"could forge a turn; remove it (or start the server with "
-                                f"--allow-special-tokens-in-content)")
+                    "messages",
+                    f"messages[{i}].content contains the special token {found!r}, which "
+                    f"could forge a turn; remove it (or start the server with "
+                    f"--allow-special-tokens-in-content)",
+                )
 
-    def render_chat(self, conversation: list[Message], add_generation_prompt: bool = True,
-                    continue_final_message: bool = False, template_kwargs: dict[str, Any] | None = None,
-                    chat_template: str | None = None) -> str:
+    def render_chat(
+        self,
+        conversation: list[Message],
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        template_kwargs: dict[str, Any] | None = None,
+        chat_template: str | None = None,
+    ) -> str:
         """The conversation through the chat template, as text (its special tokens included)."""
         if not self.has_chat_template and chat_template is None:
-            raise InvalidParameter("messages", "this model has no chat template: start the server "
-                                               "with --chat-template FILE, or use /v1/completions")
+            raise InvalidParameter(
+                "messages",
+                "this model has no chat template: start the server with --chat-template FILE, or use /v1/completions",
+            )
         if continue_final_message and conversation[-1].get("role") != "assistant":
-            raise InvalidParameter("continue_final_message", "continue_final_message needs the last "
-                                                             "message to be the assistant's")
+            raise InvalidParameter(
+                "continue_final_message", "continue_final_message needs the last message to be the assistant's"
+            )
         self.check_content(conversation)
         try:
             text = self.tokenizer.apply_chat_template(
-                conversation, tokenize=False, add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message, chat_template=chat_template,
-                **(template_kwargs or {}))
+                conversation,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                chat_template=chat_template,
+                **(template_kwargs or {}),
+            )
         except Exception as exc:  # jinja raises on conversations the template refuses
             raise InvalidParameter("messages", f"the chat template refused messages: {exc}") from exc
         return str(text)
 
-    def chat_token_ids(self, conversation: list[Message], add_generation_prompt: bool = True,
-                       continue_final_message: bool = False, template_kwargs: dict[str, Any] | None = None,
-                       ) -> list[int]:
+    def chat_token_ids(
+        self,
+        conversation: list[Message],
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int]:
         text = self.render_chat(conversation, add_generation_prompt, continue_final_message, template_kwargs)
         return self.encode(text, add_special_tokens=False)  # the template wrote BOS and role markers

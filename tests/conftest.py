@@ -12,6 +12,7 @@ None of them skips. A missing prerequisite fails the test with the command that 
 - ``report_figure``: record a measured figure (a time, an RSS, an agreement); all figures are
   printed together at the end of the run, so CI logs show them without ``-s``.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -77,8 +78,10 @@ def require(module: str, fix: str):
 
 
 def _export_model():
-    return require("ortserve.export", "the exporter (export/, ortserve.export.export_model) must be installed: "
-                   'pip install -e ".[test]"').export_model
+    return require(
+        "ortserve.export",
+        'the exporter (export/, ortserve.export.export_model) must be installed: pip install -e ".[test]"',
+    ).export_model
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ Qwen2's pre-tokenizer (see make_qwen_shape.py) is, by construction, a combinatio
 
     python convert_gguf.py CONVERT_HF_TO_GGUF.py --pre-fallback qwen2 -- HF_DIR --outtype f32 --outfile OUT
 """
+
 from __future__ import annotations
 
 import runpy

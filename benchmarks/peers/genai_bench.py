@@ -10,6 +10,7 @@ Output length is pinned with min_length = max_length (random weights may emit EO
 Definitions match `ortserve bench serve`: TTFT = start to first token; decode tok/s =
 (tokens - 1) / (end - first token); output throughput = all generated tokens / wall time.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,9 @@ def generator_run(model, prompts: list[list[int]], output_len: int) -> dict:
     """One og.Generator over a static batch; every sequence gets exactly output_len new tokens."""
     params = og.GeneratorParams(model)
     prompt_len = len(prompts[0])
-    params.set_search_options(do_sample=False, batch_size=len(prompts),
-                              max_length=prompt_len + output_len, min_length=prompt_len + output_len)
+    params.set_search_options(
+        do_sample=False, batch_size=len(prompts), max_length=prompt_len + output_len, min_length=prompt_len + output_len
+    )
     start = time.perf_counter()
     generator = og.Generator(model, params)
     generator.append_tokens(np.asarray(prompts, dtype=np.int32))  # prefill happens here
@@ -38,10 +40,16 @@ def generator_run(model, prompts: list[list[int]], output_len: int) -> dict:
     end = time.perf_counter()
     del generator
     batch = len(prompts)
-    return {"batch": batch, "prompt_len": prompt_len, "output_len": steps, "ttft_s": first - start,
-            "total_s": end - start, "decode_tok_s_per_seq": (steps - 1) / (end - first) if steps > 1 else None,
-            "output_throughput": batch * steps / (end - start),
-            "prompt_tok_s": batch * prompt_len / (first - start)}
+    return {
+        "batch": batch,
+        "prompt_len": prompt_len,
+        "output_len": steps,
+        "ttft_s": first - start,
+        "total_s": end - start,
+        "decode_tok_s_per_seq": (steps - 1) / (end - first) if steps > 1 else None,
+        "output_throughput": batch * steps / (end - start),
+        "prompt_tok_s": batch * prompt_len / (first - start),
+    }
 
 
 def engine_run(model, prompts: list[list[int]], output_len: int, concurrency: int) -> dict:
@@ -83,10 +91,16 @@ def engine_run(model, prompts: list[list[int]], output_len: int, concurrency: in
                     submit()
     end = time.perf_counter()
     n = range(len(prompts))
-    return {"concurrency": concurrency, "num_prompts": len(prompts), "prompt_len": len(prompts[0]),
-            "output_lens": [tokens.get(i, 0) for i in n], "ttfts_s": [first.get(i) for i in n],
-            "e2els_s": [done.get(i) for i in n], "total_s": end - start,
-            "output_throughput": sum(tokens.values()) / (end - start)}
+    return {
+        "concurrency": concurrency,
+        "num_prompts": len(prompts),
+        "prompt_len": len(prompts[0]),
+        "output_lens": [tokens.get(i, 0) for i in n],
+        "ttfts_s": [first.get(i) for i in n],
+        "e2els_s": [done.get(i) for i in n],
+        "total_s": end - start,
+        "output_throughput": sum(tokens.values()) / (end - start),
+    }
 
 
 def main() -> int:

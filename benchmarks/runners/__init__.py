@@ -8,6 +8,7 @@
 Peers run in the peers venv (benchmarks/peers/setup.sh) as subprocesses; ortserve runs from the
 main environment. Servers listen on 127.0.0.1 only.
 """
+
 from runners import genai, hf, llamacpp, ortserve_runner
 
 RUNNERS = {m.SYSTEM: m for m in (ortserve_runner, llamacpp, genai.Static, genai.Engine, hf)}

@@ -1,4 +1,5 @@
 """What every runner shares: workloads, models, paths, records, server processes, the bench."""
+
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -37,12 +38,15 @@ class Workload:
     prefix_len: int = 0
 
 
-WORKLOADS = {w.name: w for w in [
-    Workload("decode", "decode", 128, 128, 1, 3),
-    Workload("prefill", "prefill", 512, 1, 1, 3),
-    *[Workload(f"serve-c{c}", "serve", 128, 128, c, max(4, 2 * c)) for c in (1, 4, 16, 32)],
-    Workload("shared-prefix", "shared-prefix", 512, 32, 4, 16, prefix_len=448),
-]}
+WORKLOADS = {
+    w.name: w
+    for w in [
+        Workload("decode", "decode", 128, 128, 1, 3),
+        Workload("prefill", "prefill", 512, 1, 1, 3),
+        *[Workload(f"serve-c{c}", "serve", 128, 128, c, max(4, 2 * c)) for c in (1, 4, 16, 32)],
+        Workload("shared-prefix", "shared-prefix", 512, 32, 4, 16, prefix_len=448),
+    ]
+}
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,10 @@ def load_model(name: str) -> Model:
     if name == "qwen2.5-0.5b-shape":
         out = RESULTS / "models" / "qwen2.5-0.5b-shape"
         if not (out / "config.json").is_file():
-            run_logged([sys.executable, str(BENCH_DIR / "make_qwen_shape.py"), "--out", str(out)], RESULTS / "logs" / "make_qwen_shape.log")
+            run_logged(
+                [sys.executable, str(BENCH_DIR / "make_qwen_shape.py"), "--out", str(out)],
+                RESULTS / "logs" / "make_qwen_shape.log",
+            )
         return Model(name, out)
     raise SystemExit(f"unknown model {name!r}: smollm2-135m or qwen2.5-0.5b-shape")
 
@@ -73,12 +80,21 @@ MODELS = ("smollm2-135m", "qwen2.5-0.5b-shape")
 
 # ---- records -------------------------------------------------------------------------------
 
+
 def record_path(model: str, system: str, precision: str, workload: str) -> Path:
     return RECORDS / model / f"{system}--{precision}" / f"{workload}.json"
 
 
-def record(model: str, system: str, precision: str, workload: Workload, metrics: dict, command: str,
-           raw: Path | None = None, notes: str = "") -> dict:
+def record(
+    model: str,
+    system: str,
+    precision: str,
+    workload: Workload,
+    metrics: dict,
+    command: str,
+    raw: Path | None = None,
+    notes: str = "",
+) -> dict:
     """Save one result. A decode result also gets the read bandwidth measured right after it: on a
     shared host it swings by 2x with the neighbours' load, and the roofline must use the same."""
     if workload.kind == "decode":
@@ -86,11 +102,19 @@ def record(model: str, system: str, precision: str, workload: Workload, metrics:
 
         bw = membw.measure(0.5, [1, 2], 3)["threads"]
         metrics["bandwidth_GBps"] = max(v for t in bw.values() for k, v in t.items() if k.startswith("read"))
-    rec = dict(model=model, system=system, precision=precision, workload=workload.name,
-               workload_spec=asdict(workload), metrics=metrics, command=command,
-               raw=str(raw.relative_to(BENCH_DIR)) if raw else None, notes=notes,
-               neighbour_cpu_share=round(METER.share(), 3),
-               when=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    rec = dict(
+        model=model,
+        system=system,
+        precision=precision,
+        workload=workload.name,
+        workload_spec=asdict(workload),
+        metrics=metrics,
+        command=command,
+        raw=str(raw.relative_to(BENCH_DIR)) if raw else None,
+        notes=notes,
+        neighbour_cpu_share=round(METER.share(), 3),
+        when=datetime.now(UTC).isoformat(timespec="seconds"),
+    )
     path = record_path(model, system, precision, workload.name)
     path.parent.mkdir(parents=True, exist_ok=True)
     if KEEP_BEST and path.is_file():  # a repeat round: keep the better attempt, remember them all
@@ -109,8 +133,12 @@ def record(model: str, system: str, precision: str, workload: Workload, metrics:
 METER = Meter()
 
 # The number a repeat round compares attempts by; set KEEP_BEST for rounds after the first.
-PRIMARY = {"decode": "decode_tok_s", "prefill": "prompt_tok_s", "serve": "output_throughput",
-           "shared-prefix": "output_throughput"}
+PRIMARY = {
+    "decode": "decode_tok_s",
+    "prefill": "prompt_tok_s",
+    "serve": "output_throughput",
+    "shared-prefix": "output_throughput",
+}
 KEEP_BEST = False
 
 
@@ -128,17 +156,23 @@ def wait_idle(max_load: float, timeout: float) -> float:
 
 # ---- processes -----------------------------------------------------------------------------
 
-def run_logged(argv: list[str], log: Path, env: dict | None = None, timeout: float | None = None,
-               ok_codes: tuple[int, ...] = (0,)) -> None:
+
+def run_logged(
+    argv: list[str], log: Path, env: dict | None = None, timeout: float | None = None, ok_codes: tuple[int, ...] = (0,)
+) -> None:
     """Run argv to completion, output to log; raise with the log's tail on failure."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as f:
         f.write("$ " + shlex.join(argv) + "\n")
         f.flush()
-        code = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                              timeout=timeout).returncode
+        code = subprocess.run(
+            argv, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, timeout=timeout
+        ).returncode
     if code not in ok_codes:
-        raise RuntimeError(f"{shlex.join(argv[:3])}... exited {code}; last lines of {log}:\n" + "".join(log.read_text().splitlines(True)[-15:]))
+        raise RuntimeError(
+            f"{shlex.join(argv[:3])}... exited {code}; last lines of {log}:\n"
+            + "".join(log.read_text().splitlines(True)[-15:])
+        )
 
 
 def free_port() -> int:
@@ -160,13 +194,17 @@ class Server:
         self._log = open(log, "w")
         self._log.write("$ " + self.command + "\n")
         self._log.flush()
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env={**os.environ, **(env or {})})
+        self.proc = subprocess.Popen(
+            argv, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **(env or {})}
+        )
         deadline = time.monotonic() + ready_timeout
         while True:
             if self.proc.poll() is not None:
                 self.stop()
-                raise RuntimeError(f"server exited ({self.proc.returncode}); see {log}:\n" + "".join(log.read_text().splitlines(True)[-15:]))
+                raise RuntimeError(
+                    f"server exited ({self.proc.returncode}); see {log}:\n"
+                    + "".join(log.read_text().splitlines(True)[-15:])
+                )
             try:
                 if httpx.get(self.base_url + "/health", timeout=5).status_code == 200:
                     return
@@ -196,15 +234,43 @@ class Server:
 
 # ---- the serving benchmark -----------------------------------------------------------------
 
-def bench_serve(base_url: str, model_name: str, model: Model, workload: Workload, out: Path,
-                backend: str = "openai", seed: int = 0) -> tuple[dict, str]:
+
+def bench_serve(
+    base_url: str, model_name: str, model: Model, workload: Workload, out: Path, backend: str = "openai", seed: int = 0
+) -> tuple[dict, str]:
     """`ortserve bench serve` for one workload; returns (its JSON record, the command)."""
-    argv = [sys.executable, "-m", "ortserve.cli", "bench", "serve", "--base-url", base_url, "--model", model_name,
-            "--backend", backend, "--tokenizer", str(model.tokenizer_dir),
-            "--dataset", "shared-prefix" if workload.kind == "shared-prefix" else "random",
-            "--num-prompts", str(workload.num_prompts), "--max-concurrency", str(workload.concurrency),
-            "--input-len", str(workload.input_len), "--output-len", str(workload.output_len),
-            "--percentiles", "50,99", "--seed", str(seed), "--disable-tqdm", "--result-json", str(out)]
+    argv = [
+        sys.executable,
+        "-m",
+        "ortserve.cli",
+        "bench",
+        "serve",
+        "--base-url",
+        base_url,
+        "--model",
+        model_name,
+        "--backend",
+        backend,
+        "--tokenizer",
+        str(model.tokenizer_dir),
+        "--dataset",
+        "shared-prefix" if workload.kind == "shared-prefix" else "random",
+        "--num-prompts",
+        str(workload.num_prompts),
+        "--max-concurrency",
+        str(workload.concurrency),
+        "--input-len",
+        str(workload.input_len),
+        "--output-len",
+        str(workload.output_len),
+        "--percentiles",
+        "50,99",
+        "--seed",
+        str(seed),
+        "--disable-tqdm",
+        "--result-json",
+        str(out),
+    ]
     if workload.kind == "shared-prefix":
         argv += ["--prefix-len", str(workload.prefix_len)]
     out.unlink(missing_ok=True)
@@ -217,11 +283,16 @@ def bench_serve(base_url: str, model_name: str, model: Model, workload: Workload
 def serve_metrics(bench: dict, workload: Workload) -> dict:
     """The numbers RESULTS.md reports, from one `ortserve bench serve` record."""
     m = {
-        "completed": bench["completed"], "failed": bench["failed"],
-        "output_throughput": bench["output_throughput"], "total_token_throughput": bench["total_token_throughput"],
-        "ttft_p50_ms": bench["median_ttft_ms"], "ttft_p99_ms": bench["p99_ttft_ms"],
-        "tpot_p50_ms": bench["median_tpot_ms"], "itl_p50_ms": bench["median_itl_ms"],
-        "e2el_p50_ms": bench["median_e2el_ms"], "mean_input_len": float(np.mean(bench["input_lens"])),
+        "completed": bench["completed"],
+        "failed": bench["failed"],
+        "output_throughput": bench["output_throughput"],
+        "total_token_throughput": bench["total_token_throughput"],
+        "ttft_p50_ms": bench["median_ttft_ms"],
+        "ttft_p99_ms": bench["p99_ttft_ms"],
+        "tpot_p50_ms": bench["median_tpot_ms"],
+        "itl_p50_ms": bench["median_itl_ms"],
+        "e2el_p50_ms": bench["median_e2el_ms"],
+        "mean_input_len": float(np.mean(bench["input_lens"])),
         "server_counters_delta": bench.get("server_counters_delta", {}),
     }
     if workload.kind in ("decode", "prefill"):
@@ -233,6 +304,7 @@ def serve_metrics(bench: dict, workload: Workload) -> dict:
 
 # ---- prompts for in-process peers ------------------------------------------------------------
 
+
 def token_prompts(model: Model, workload: Workload, seed: int = 0) -> list[list[int]]:
     """The same kind of prompts `ortserve bench serve` sends, as token ids."""
     from ortserve.bench.dataset import PromptMaker, load_tokenizer
@@ -241,7 +313,9 @@ def token_prompts(model: Model, workload: Workload, seed: int = 0) -> list[list[
     rng = np.random.default_rng(seed)
     if workload.kind == "shared-prefix":
         prefix = maker.tokens(workload.prefix_len, rng)
-        return [prefix + maker.tokens(workload.input_len - workload.prefix_len, rng) for _ in range(workload.num_prompts)]
+        return [
+            prefix + maker.tokens(workload.input_len - workload.prefix_len, rng) for _ in range(workload.num_prompts)
+        ]
     return [maker.tokens(workload.input_len, rng) for _ in range(workload.num_prompts)]
 
 

@@ -3,10 +3,25 @@ llama-cpp-python sdist, quantise it with llama-quantize (q8_0, q4_0), and serve 
 native llama-server of the same build, one server per workload with --parallel = its
 concurrency. llama-cpp-python's own server has no parallel slots (one request at a time), so it
 would not be a fair serving peer."""
+
 from __future__ import annotations
 
-from runners.common import (BENCH_DIR, LLAMA_BIN, PEER_MODELS, PEERS_PY, PEERS_VENV, RESULTS, Model, Server, WORKLOADS,
-                            bench_serve, free_port, record, run_logged, serve_metrics)
+from runners.common import (
+    BENCH_DIR,
+    LLAMA_BIN,
+    PEER_MODELS,
+    PEERS_PY,
+    PEERS_VENV,
+    RESULTS,
+    WORKLOADS,
+    Model,
+    Server,
+    bench_serve,
+    free_port,
+    record,
+    run_logged,
+    serve_metrics,
+)
 
 SYSTEM = "llama.cpp"
 PRECISIONS = ("fp32", "int8", "int4")
@@ -27,13 +42,28 @@ def gguf(model: Model, precision: str):
     f32 = folder / f"{model.name}-f32.gguf"
     if not f32.is_file():
         folder.mkdir(parents=True, exist_ok=True)
-        run_logged([str(PEERS_PY), str(BENCH_DIR / "peers" / "convert_gguf.py"), str(convert_script()), "--pre-fallback",
-                    "qwen2", "--", str(model.hf_dir), "--outtype", "f32", "--outfile", str(f32)],
-                   RESULTS / "logs" / f"gguf-{model.name}-f32.log")
+        run_logged(
+            [
+                str(PEERS_PY),
+                str(BENCH_DIR / "peers" / "convert_gguf.py"),
+                str(convert_script()),
+                "--pre-fallback",
+                "qwen2",
+                "--",
+                str(model.hf_dir),
+                "--outtype",
+                "f32",
+                "--outfile",
+                str(f32),
+            ],
+            RESULTS / "logs" / f"gguf-{model.name}-f32.log",
+        )
     out = folder / f"{model.name}-{GGUF_TYPE[precision]}.gguf"
     if not out.is_file():
-        run_logged([str(LLAMA_BIN / "llama-quantize"), str(f32), str(out), GGUF_TYPE[precision].upper(), "2"],
-                   RESULTS / "logs" / f"gguf-{model.name}-{GGUF_TYPE[precision]}.log")
+        run_logged(
+            [str(LLAMA_BIN / "llama-quantize"), str(f32), str(out), GGUF_TYPE[precision].upper(), "2"],
+            RESULTS / "logs" / f"gguf-{model.name}-{GGUF_TYPE[precision]}.log",
+        )
     return out
 
 
@@ -42,13 +72,38 @@ def run(model: Model, precision: str, workloads: list[str]):
     for name in workloads:
         w = WORKLOADS[name]
         port = free_port()
-        argv = [str(LLAMA_BIN / "llama-server"), "-m", str(path), "--host", "127.0.0.1", "--port", str(port),
-                "-t", "2", "-tb", "2", "--parallel", str(w.concurrency), "-c", str(CTX_PER_SLOT * w.concurrency),
-                "--metrics", "--alias", model.name]
+        argv = [
+            str(LLAMA_BIN / "llama-server"),
+            "-m",
+            str(path),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "-t",
+            "2",
+            "-tb",
+            "2",
+            "--parallel",
+            str(w.concurrency),
+            "-c",
+            str(CTX_PER_SLOT * w.concurrency),
+            "--metrics",
+            "--alias",
+            model.name,
+        ]
         log = RESULTS / "logs" / f"llama-server-{model.name}-{precision}-{name}.log"
         raw = RESULTS / "raw" / model.name / f"{SYSTEM}--{precision}" / f"{name}.json"
         raw.parent.mkdir(parents=True, exist_ok=True)
         with Server(argv, port, log) as server:
             bench, cmd = bench_serve(server.base_url, model.name, model, w, raw, backend="llama.cpp")
-        yield record(model.name, SYSTEM, precision, w, serve_metrics(bench, w), f"{server.command} & {cmd}", raw,
-                     notes=f"GGUF {GGUF_TYPE[precision]} (llama-quantize default tensor types)")
+        yield record(
+            model.name,
+            SYSTEM,
+            precision,
+            w,
+            serve_metrics(bench, w),
+            f"{server.command} & {cmd}",
+            raw,
+            notes=f"GGUF {GGUF_TYPE[precision]} (llama-quantize default tensor types)",
+        )

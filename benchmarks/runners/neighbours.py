@@ -1,6 +1,7 @@
 """How much CPU other tenants took while a part ran: all busy CPU time on the machine (/proc/stat)
 minus what this process tree used (itself, its reaped children, its live descendants).
 On a shared host this says which rows a neighbour slowed down."""
+
 from __future__ import annotations
 
 import os

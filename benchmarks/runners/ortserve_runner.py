@@ -1,10 +1,11 @@
 """ortserve: `ortserve export` the checkpoint at each precision, `ortserve serve` it, and measure
 every workload with `ortserve bench serve` against the one server."""
+
 from __future__ import annotations
 
 import sys
 
-from runners.common import RESULTS, Model, Server, WORKLOADS, bench_serve, free_port, record, run_logged, serve_metrics
+from runners.common import RESULTS, WORKLOADS, Model, Server, bench_serve, free_port, record, run_logged, serve_metrics
 
 SYSTEM = "ortserve"
 PRECISIONS = ("fp32", "int8", "int4")
@@ -14,16 +15,38 @@ WORKLOADS_SUPPORTED = tuple(WORKLOADS)
 def artifact(model: Model, precision: str):
     out = RESULTS / "artifacts" / f"{model.name}-{precision}"
     if not (out / "ortserve.json").is_file():
-        run_logged([sys.executable, "-m", "ortserve.cli", "export", str(model.hf_dir), "-o", str(out),
-                    "--precision", precision, "--quiet"], RESULTS / "logs" / f"export-{model.name}-{precision}.log")
+        run_logged(
+            [
+                sys.executable,
+                "-m",
+                "ortserve.cli",
+                "export",
+                str(model.hf_dir),
+                "-o",
+                str(out),
+                "--precision",
+                precision,
+                "--quiet",
+            ],
+            RESULTS / "logs" / f"export-{model.name}-{precision}.log",
+        )
     return out
 
 
 def run(model: Model, precision: str, workloads: list[str]):
     art = artifact(model, precision)
     port = free_port()
-    argv = [sys.executable, "-m", "ortserve.cli", "serve", str(art), "--port", str(port),
-            "--served-model-name", model.name]
+    argv = [
+        sys.executable,
+        "-m",
+        "ortserve.cli",
+        "serve",
+        str(art),
+        "--port",
+        str(port),
+        "--served-model-name",
+        model.name,
+    ]
     log = RESULTS / "logs" / f"ortserve-{model.name}-{precision}.log"
     with Server(argv, port, log) as server:
         for name in workloads:

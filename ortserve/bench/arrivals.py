@@ -4,6 +4,7 @@ As in `vllm bench serve`, inter-arrival gaps are gamma(shape=burstiness, scale=1
 (burstiness 1 = exponential = Poisson arrivals), accumulated, then rescaled so the last arrival
 lands exactly at num_requests / rate, which keeps throughput stable across seeds.
 """
+
 from __future__ import annotations
 
 import math

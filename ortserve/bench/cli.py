@@ -1,4 +1,5 @@
 """`ortserve bench SUBCOMMAND`: one benchmark per subcommand (today: serve)."""
+
 from __future__ import annotations
 
 import argparse

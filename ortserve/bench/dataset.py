@@ -10,9 +10,11 @@ tokens falls back to random ids, decoded, re-encoded and trimmed until the lengt
   and ends with input_len - prefix_len random ones, so a server with prefix caching skips most
   of the prefill after the first request of each prefix.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import numpy as np
 
 from ortserve.bench.tokenizer import Tokenizer, load_tokenizer  # noqa: F401  (re-exported)
@@ -39,7 +41,8 @@ class PromptMaker:
         ids = list(range(self.tokenizer.vocab_size))
         texts = self.tokenizer.decode_batch([[i] for i in ids])
         candidates = [
-            (i, t) for i, t in zip(ids, texts)
+            (i, t)
+            for i, t in zip(ids, texts)
             if len(t) >= 3 and t[0] == " " and t[1:].isascii() and t[1:].isalpha() and len(t) <= 13
         ]
         encoded = self._encode([t for _, t in candidates]) if candidates else []

@@ -10,6 +10,7 @@ request throughput = completed / duration, output throughput = output tokens / d
 total token throughput = (input + output tokens) / duration.
 Percentiles are numpy's (linear interpolation); every list is empty-safe (reports 0).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -41,7 +42,7 @@ class Distribution:
     percentiles_ms: dict[str, float]  # "p99" -> value
 
     @classmethod
-    def of(cls, seconds: list[float], percentiles: list[float]) -> "Distribution":
+    def of(cls, seconds: list[float], percentiles: list[float]) -> Distribution:
         values = np.asarray(seconds if seconds else [0.0], dtype=np.float64) * 1000.0
         return cls(
             mean_ms=float(values.mean()),
@@ -81,9 +82,7 @@ def tpot_of(output: RequestOutput) -> float | None:
 
 def peak_concurrency(outputs: list[RequestOutput]) -> int:
     """Most requests in flight at once, over half-open intervals [start, start + latency)."""
-    events = sorted(
-        [(o.start_time, 1) for o in outputs] + [(o.start_time + o.latency, -1) for o in outputs]
-    )
+    events = sorted([(o.start_time, 1) for o in outputs] + [(o.start_time + o.latency, -1) for o in outputs])
     current = peak = 0
     for _, delta in events:  # a departure (-1) sorts before an arrival (+1) at the same instant
         current += delta

@@ -1,4 +1,5 @@
 """The result table (laid out like `vllm bench serve`'s) and the JSON record (same key names)."""
+
 from __future__ import annotations
 
 import json
@@ -14,10 +15,11 @@ _SECTIONS = (
 )
 
 
-def format_table(m: BenchmarkMetrics, max_concurrency: int | None, request_rate: float,
-                 server_delta: dict[str, float]) -> str:
+def format_table(
+    m: BenchmarkMetrics, max_concurrency: int | None, request_rate: float, server_delta: dict[str, float]
+) -> str:
     rows = [f"{' Serving Benchmark Result ':=^50}"]
-    row = lambda label, value: rows.append(f"{label:<40} {value:<10}")  # noqa: E731
+    row = lambda label, value: rows.append(f"{label:<40} {value:<10}")
     row("Successful requests:", m.completed)
     row("Failed requests:", m.failed)
     if max_concurrency:
@@ -46,8 +48,9 @@ def format_table(m: BenchmarkMetrics, max_concurrency: int | None, request_rate:
     return "\n".join(rows)
 
 
-def result_record(m: BenchmarkMetrics, outputs: list[RequestOutput], config: dict,
-                  server_delta: dict[str, float]) -> dict:
+def result_record(
+    m: BenchmarkMetrics, outputs: list[RequestOutput], config: dict, server_delta: dict[str, float]
+) -> dict:
     record = dict(config)
     record.update(
         duration=m.duration_s,
@@ -82,4 +85,3 @@ def write_json(path: str | Path, record: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1))
-

@@ -4,6 +4,7 @@ Every server-sent event whose `choices` is non-empty counts as a token chunk (ev
 text): the first sets TTFT, each later one appends an ITL gap, the last one ends E2EL. A final
 `usage` event, when the server sends one, gives the exact prompt and completion token counts.
 """
+
 from __future__ import annotations
 
 import json

@@ -4,13 +4,14 @@ Flow: build prompts (dataset.py) -> one untimed test request (a prompt of its ow
 server's counters -> send every prompt at its arrival time (arrivals.py), at most
 --max-concurrency in flight -> read the counters again -> metrics.py -> report.py.
 """
+
 from __future__ import annotations
 
 import argparse
 import asyncio
 import math
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from ortserve.bench import dataset, server_metrics
@@ -25,12 +26,19 @@ HELP = "benchmark a running OpenAI-compatible server (metrics as `vllm bench ser
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root, without /v1")
     p.add_argument("--endpoint", default="/v1/completions")
-    p.add_argument("--backend", choices=BACKENDS, default="openai",
-                   help="llama.cpp adds its own field names (n_predict, cache_prompt)")
+    p.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="openai",
+        help="llama.cpp adds its own field names (n_predict, cache_prompt)",
+    )
     p.add_argument("--model", default=None, help="model name sent in requests (default: first of /v1/models)")
-    p.add_argument("--tokenizer", default=None,
-                   help="local HF tokenizer dir, to build exact-length prompts and count output tokens "
-                        "(default: --model, when that is a directory)")
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="local HF tokenizer dir, to build exact-length prompts and count output tokens "
+        "(default: --model, when that is a directory)",
+    )
     p.add_argument("--dataset", choices=("random", "shared-prefix"), default="random")
     p.add_argument("--num-prompts", type=int, default=100)
     p.add_argument("--input-len", type=int, default=128)
@@ -64,12 +72,19 @@ def _requests(args, tokenizer) -> tuple[dataset.SampleRequest, list[dataset.Samp
     test = dataset.random_requests(maker, 1, args.input_len, args.output_len, seed=args.seed + 1_000_003)[0]
     if args.dataset == "random":
         return test, dataset.random_requests(maker, args.num_prompts, args.input_len, args.output_len, args.seed)
-    return test, dataset.shared_prefix_requests(maker, args.num_prompts, args.input_len, args.output_len,
-                                                args.prefix_len, args.num_prefixes, args.seed)
+    return test, dataset.shared_prefix_requests(
+        maker, args.num_prompts, args.input_len, args.output_len, args.prefix_len, args.num_prefixes, args.seed
+    )
 
 
-async def _run_all(client, specs: list[RequestSpec], offsets: list[float], max_concurrency: int | None,
-                   count_tokens, disable_tqdm: bool) -> tuple[list[RequestOutput], float]:
+async def _run_all(
+    client,
+    specs: list[RequestSpec],
+    offsets: list[float],
+    max_concurrency: int | None,
+    count_tokens,
+    disable_tqdm: bool,
+) -> tuple[list[RequestOutput], float]:
     from tqdm import tqdm
 
     gate = asyncio.Semaphore(max_concurrency or len(specs) or 1)
@@ -103,22 +118,37 @@ async def run_benchmark(args) -> dict:
     percentiles = [float(p) for p in args.percentiles.split(",") if p]
 
     limits = httpx.Limits(max_connections=args.max_concurrency or None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(args.timeout, connect=30.0), limits=limits) as client, \
-            httpx.AsyncClient(timeout=30.0) as side:  # /metrics and /v1/models: off the request connections
+    async with (
+        httpx.AsyncClient(timeout=httpx.Timeout(args.timeout, connect=30.0), limits=limits) as client,
+        httpx.AsyncClient(timeout=30.0) as side,
+    ):  # /metrics and /v1/models: off the request connections
         model = args.model or await _first_model(side, base_url)
-        spec = lambda r: RequestSpec(  # noqa: E731
-            url=base_url + args.endpoint, model=model, prompt=r.prompt, prompt_len=r.prompt_len,
-            output_len=r.output_len, backend=args.backend, ignore_eos=not args.no_ignore_eos)
+        spec = lambda r: RequestSpec(
+            url=base_url + args.endpoint,
+            model=model,
+            prompt=r.prompt,
+            prompt_len=r.prompt_len,
+            output_len=r.output_len,
+            backend=args.backend,
+            ignore_eos=not args.no_ignore_eos,
+        )
         test = await send(client, spec(test_request), count_tokens)
         if not test.success:
             raise SystemExit(f"test request to {base_url + args.endpoint} failed: {test.error}")
         if args.num_warmups:
-            await _run_all(client, [spec(test_request)] * args.num_warmups, [0.0] * args.num_warmups,
-                           args.max_concurrency, count_tokens, True)
+            await _run_all(
+                client,
+                [spec(test_request)] * args.num_warmups,
+                [0.0] * args.num_warmups,
+                args.max_concurrency,
+                count_tokens,
+                True,
+            )
         before = await server_metrics.settled_counters(side, base_url)
         offsets = arrival_offsets(len(requests), args.request_rate, args.burstiness, args.seed)
-        outputs, duration = await _run_all(client, [spec(r) for r in requests], offsets,
-                                           args.max_concurrency, count_tokens, args.disable_tqdm)
+        outputs, duration = await _run_all(
+            client, [spec(r) for r in requests], offsets, args.max_concurrency, count_tokens, args.disable_tqdm
+        )
         after = await server_metrics.settled_counters(side, base_url)
 
     metrics = calculate_metrics(outputs, duration, percentiles)
@@ -127,13 +157,22 @@ async def run_benchmark(args) -> dict:
     for err in [o.error for o in outputs if not o.success][:5]:
         print(f"failed request: {err}")
     config = dict(
-        date=datetime.now(timezone.utc).isoformat(timespec="seconds"), backend=args.backend,
-        base_url=base_url, endpoint=args.endpoint, model=model, tokenizer=str(tokenizer_dir),
-        dataset=args.dataset, num_prompts=args.num_prompts, input_len=args.input_len,
-        output_len=args.output_len, prefix_len=args.prefix_len if args.dataset == "shared-prefix" else None,
+        date=datetime.now(UTC).isoformat(timespec="seconds"),
+        backend=args.backend,
+        base_url=base_url,
+        endpoint=args.endpoint,
+        model=model,
+        tokenizer=str(tokenizer_dir),
+        dataset=args.dataset,
+        num_prompts=args.num_prompts,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        prefix_len=args.prefix_len if args.dataset == "shared-prefix" else None,
         num_prefixes=args.num_prefixes if args.dataset == "shared-prefix" else None,
         request_rate=args.request_rate if math.isfinite(args.request_rate) else "inf",
-        burstiness=args.burstiness, max_concurrency=args.max_concurrency, seed=args.seed,
+        burstiness=args.burstiness,
+        max_concurrency=args.max_concurrency,
+        seed=args.seed,
         ignore_eos=not args.no_ignore_eos,
     )
     record = result_record(metrics, outputs, config, server_delta)

@@ -1,5 +1,6 @@
 """A server's Prometheus counters, read before and after a run so the bench can show the
 server's own view of the same work (ortserve:prompt_tokens_total, vllm:generation_tokens_total...)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -40,8 +41,9 @@ async def fetch_counters(client: httpx.AsyncClient, base_url: str) -> dict[str, 
     return parse_counters(response.text)
 
 
-async def settled_counters(client: httpx.AsyncClient, base_url: str, wait: float = 0.5,
-                           limit: float = 10.0) -> dict[str, float] | None:
+async def settled_counters(
+    client: httpx.AsyncClient, base_url: str, wait: float = 0.5, limit: float = 10.0
+) -> dict[str, float] | None:
     """The counters once two reads `wait` seconds apart agree: a server may publish its last
     step's statistics a moment after the last response ends."""
     current = await fetch_counters(client, base_url)

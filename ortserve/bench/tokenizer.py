@@ -3,6 +3,7 @@
 With a tokenizer.json it is loaded by the `tokenizers` library alone (fast to import); otherwise
 through transformers' AutoTokenizer. Both answer the same three calls.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

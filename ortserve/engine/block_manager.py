@@ -12,6 +12,7 @@ block state and of every Sequence's ``block_table``.
 - The n samples of a request share the full blocks of their prompt: sample 0 computes it, the
   others take its blocks as computed blocks (``find_computed_blocks``).
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -65,7 +66,8 @@ class BlockManager:
         held = [b.block_id for b in self.blocks if b.ref_count != 0]
         assert not held, f"blocks still referenced with no request alive: {held[:10]}"
         assert self.num_free_blocks + self.num_cached_idle_blocks == self.num_blocks, (
-            f"free {self.num_free_blocks} + cached-idle {self.num_cached_idle_blocks} != total {self.num_blocks}")
+            f"free {self.num_free_blocks} + cached-idle {self.num_cached_idle_blocks} != total {self.num_blocks}"
+        )
         assert not self.num_registered, f"sequences still tracked: {list(self.num_registered)[:5]}"
         for block_hash, block_id in self.cached.items():
             assert self.blocks[block_id].block_hash == block_hash, f"prefix index points at block {block_id} wrongly"
@@ -85,8 +87,12 @@ class BlockManager:
                 hits.append(block_id)
         leader = seq.request.sequences[0]
         if seq is not leader:
-            shared = min(max_blocks, (seq.num_prompt_tokens - 1) // self.block_size,
-                         leader.num_computed_tokens // self.block_size, len(leader.block_table))
+            shared = min(
+                max_blocks,
+                (seq.num_prompt_tokens - 1) // self.block_size,
+                leader.num_computed_tokens // self.block_size,
+                len(leader.block_table),
+            )
             if shared > len(hits):
                 return leader.block_table[:shared]
         return hits

@@ -7,6 +7,7 @@ an option is written once.
 Defaults were picked from measurements on the 2-core AVX-512 machine with SmolLM2-135M
 (see benchmarks/bench_offline.py and the numbers quoted next to each default).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,26 +50,33 @@ class EngineConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
-    model: str | None = Field(None, description="artifact directory or built-in model name "
-                                                "(default: the embedded SmolLM2)")
+    model: str | None = Field(
+        None, description="artifact directory or built-in model name (default: the embedded SmolLM2)"
+    )
     precision: Precision = Field("fp32", description="weight precision when MODEL is a built-in name")
     chat_template: str | None = Field(None, description="a chat template (file or Jinja text) replacing the model's")
     block_size: int = Field(DEFAULT_BLOCK_SIZE, ge=1, le=256, description="tokens per KV block")
     kv_cache_space: float | None = Field(
-        default_factory=lambda: _env_float(KVCACHE_SPACE_ENV), gt=0,
+        default_factory=lambda: _env_float(KVCACHE_SPACE_ENV),
+        gt=0,
         description=f"KV cache size in GiB (env {KVCACHE_SPACE_ENV}; default "
-                    f"{DEFAULT_KV_CACHE_SPACE_GIB:g} or what fits in memory)",
-        json_schema_extra={"metavar": "GiB"})
+        f"{DEFAULT_KV_CACHE_SPACE_GIB:g} or what fits in memory)",
+        json_schema_extra={"metavar": "GiB"},
+    )
     max_num_seqs: int = Field(DEFAULT_MAX_NUM_SEQS, ge=1, description="most sequences in one step")
     max_num_batched_tokens: int = Field(DEFAULT_MAX_NUM_BATCHED_TOKENS, ge=1, description="most tokens in one step")
-    max_model_len: int | None = Field(None, ge=1, description="longest prompt + output in tokens "
-                                                               "(default: the model's, capped by the KV cache)")
-    threads_bind: str = Field(default_factory=lambda: os.environ.get(THREADS_BIND_ENV) or "auto",
-                              description=f"cores for the engine: a CPU list like 0-3, 'auto' or 'nobind' "
-                                          f"(env {THREADS_BIND_ENV}; default auto)")
+    max_model_len: int | None = Field(
+        None, ge=1, description="longest prompt + output in tokens (default: the model's, capped by the KV cache)"
+    )
+    threads_bind: str = Field(
+        default_factory=lambda: os.environ.get(THREADS_BIND_ENV) or "auto",
+        description=f"cores for the engine: a CPU list like 0-3, 'auto' or 'nobind' "
+        f"(env {THREADS_BIND_ENV}; default auto)",
+    )
     reserved_cpus: int = Field(0, ge=0, description="with --threads-bind auto, leave this many cores to other work")
-    enable_prefix_caching: bool = Field(True, description="disable prefix caching",
-                                        json_schema_extra={"flag": "--no-prefix-caching"})
+    enable_prefix_caching: bool = Field(
+        True, description="disable prefix caching", json_schema_extra={"flag": "--no-prefix-caching"}
+    )
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineConfig:
@@ -91,8 +99,15 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
         kind, choices = _scalar_type(info.annotation)
         if default is not None and info.default_factory is None:
             help_text += f" (default {default})"
-        group.add_argument(flag, dest=name, type=kind, choices=choices, default=None,
-                           metavar=str(extra["metavar"]) if "metavar" in extra else None, help=help_text)
+        group.add_argument(
+            flag,
+            dest=name,
+            type=kind,
+            choices=choices,
+            default=None,
+            metavar=str(extra["metavar"]) if "metavar" in extra else None,
+            help=help_text,
+        )
     return parser
 
 

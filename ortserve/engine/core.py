@@ -12,6 +12,7 @@ Faults are contained: a step whose model run raises ends the requests of that ba
 finish reason "error" and the core goes on; a sampler failure is retried row by row, so only
 the rows that fail alone end.
 """
+
 from __future__ import annotations
 
 import logging
@@ -26,8 +27,8 @@ import numpy as np
 from ortserve.artifact import ArtifactManifest, is_artifact, load_manifest
 from ortserve.engine.block_manager import BlockManager
 from ortserve.engine.config import DEFAULT_KV_CACHE_SPACE_GIB, EngineConfig
-from ortserve.engine.memory import GIB, KVCachePlan, MemoryCheckError, plan_kv_cache
 from ortserve.engine.ipc import EngineCoreOutput, EngineInfo, EngineRequest, StatsUpdate, TokenLogprob
+from ortserve.engine.memory import GIB, KVCachePlan, MemoryCheckError, plan_kv_cache
 from ortserve.engine.sampler import Sampler
 from ortserve.engine.scheduler import ScheduledBatch, Scheduler
 from ortserve.engine.sequence import Request
@@ -70,9 +71,13 @@ class EngineCore:
         return self.artifact_dir  # the exporter copies the tokenizer files into the artifact
 
     def info(self) -> EngineInfo:
-        return EngineInfo(artifact_dir=str(self.artifact_dir), max_model_len=self.max_model_len,
-                          vocab_size=self.manifest.vocab_size, max_num_seqs=self.config.max_num_seqs,
-                          engine_cores=list(self.threads.cores) if self.threads.bind else [])
+        return EngineInfo(
+            artifact_dir=str(self.artifact_dir),
+            max_model_len=self.max_model_len,
+            vocab_size=self.manifest.vocab_size,
+            max_num_seqs=self.config.max_num_seqs,
+            engine_cores=list(self.threads.cores) if self.threads.bind else [],
+        )
 
     # -- requests ------------------------------------------------------------------------------
     def add_request(self, request: EngineRequest) -> None:
@@ -101,7 +106,7 @@ class EngineCore:
         if batch:
             try:
                 logits = self.runner.execute(batch)
-            except Exception:  # noqa: BLE001 - contained: this batch's requests fail, the core goes on
+            except Exception:
                 logger.exception("the model run failed; ending the %d requests of this step", len(batch.seqs))
                 return outputs + self._fail(dict.fromkeys(s.request.request_id for s in batch.seqs))
             tokens, logprobs, failed = self._sample(logits, batch)
@@ -112,23 +117,24 @@ class EngineCore:
         self._step_seconds += time.perf_counter() - started
         return outputs
 
-    def _sample(self, logits: np.ndarray, batch: ScheduledBatch
-                ) -> tuple[list[int], list[TokenLogprob | None] | None, list[str]]:
+    def _sample(
+        self, logits: np.ndarray, batch: ScheduledBatch
+    ) -> tuple[list[int], list[TokenLogprob | None] | None, list[str]]:
         """The batch's tokens; if the sampler raises, each row alone, and the requests whose rows
         still raise are returned to be failed (their rows get a placeholder token first)."""
         seqs = batch.sampling
         try:
             batch_tokens, batch_logprobs = self.sampler.sample(logits, seqs)
             return batch_tokens, batch_logprobs, []
-        except Exception:  # noqa: BLE001 - find the rows that fail alone
+        except Exception:
             logger.exception("sampling a batch of %d rows failed; retrying row by row", len(seqs))
         tokens: list[int] = []
         rows: list[TokenLogprob | None] = []
         failed: list[str] = []
         for i, seq in enumerate(seqs):
             try:
-                token, row = self.sampler.sample(logits[i:i + 1].copy(), [seq])
-            except Exception:  # noqa: BLE001
+                token, row = self.sampler.sample(logits[i : i + 1].copy(), [seq])
+            except Exception:
                 logger.exception("sampling request %s failed", seq.request.request_id)
                 token, row = [0], None
                 failed.append(seq.request.request_id)
@@ -147,14 +153,24 @@ class EngineCore:
         """Gauges now, and what the counters gained since the previous call."""
         counters, last = self.scheduler.counters, self._reported
         now = StatsUpdate(
-            prefix_queries=counters.prefix_queries, prefix_hits=counters.prefix_hits,
-            num_preemptions=counters.num_preemptions, prompt_tokens=counters.prompt_tokens,
-            generation_tokens=counters.generation_tokens, num_steps=self._num_steps,
-            step_seconds=self._step_seconds, model_seconds=self.runner.model_seconds)
+            prefix_queries=counters.prefix_queries,
+            prefix_hits=counters.prefix_hits,
+            num_preemptions=counters.num_preemptions,
+            prompt_tokens=counters.prompt_tokens,
+            generation_tokens=counters.generation_tokens,
+            num_steps=self._num_steps,
+            step_seconds=self._step_seconds,
+            model_seconds=self.runner.model_seconds,
+        )
         update = StatsUpdate(
-            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
-            kv_usage=self.block_manager.usage, ttft=counters.ttft, tpot=counters.tpot, e2e=counters.e2e,
-            **{name: getattr(now, name) - getattr(last, name) for name in CUMULATIVE})
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_usage=self.block_manager.usage,
+            ttft=counters.ttft,
+            tpot=counters.tpot,
+            e2e=counters.e2e,
+            **{name: getattr(now, name) - getattr(last, name) for name in CUMULATIVE},
+        )
         counters.ttft, counters.tpot, counters.e2e = [], [], []
         self._reported = now
         return update
@@ -172,8 +188,16 @@ class EngineCore:
         self._reported = StatsUpdate()
 
 
-CUMULATIVE = ("prefix_queries", "prefix_hits", "num_preemptions", "prompt_tokens", "generation_tokens",
-              "num_steps", "step_seconds", "model_seconds")
+CUMULATIVE = (
+    "prefix_queries",
+    "prefix_hits",
+    "num_preemptions",
+    "prompt_tokens",
+    "generation_tokens",
+    "num_steps",
+    "step_seconds",
+    "model_seconds",
+)
 
 
 def resolve_artifact(config: EngineConfig) -> Path:
@@ -190,7 +214,8 @@ def settle_max_model_len(config: EngineConfig, manifest: ArtifactManifest, kv: K
     if config.max_model_len is not None and config.max_model_len > manifest.max_model_len:
         raise MemoryCheckError(
             f"--max-model-len {config.max_model_len} is more than the model's maximum of "
-            f"{manifest.max_model_len} tokens; use --max-model-len {manifest.max_model_len} or less")
+            f"{manifest.max_model_len} tokens; use --max-model-len {manifest.max_model_len} or less"
+        )
     wanted = config.max_model_len or manifest.max_model_len
     if wanted <= kv.num_tokens:
         return wanted
@@ -199,9 +224,14 @@ def settle_max_model_len(config: EngineConfig, manifest: ArtifactManifest, kv: K
         raise MemoryCheckError(
             f"--max-model-len {wanted} needs {need:.3g} GiB of KV cache but --kv-cache-space gives "
             f"{kv.total_bytes / GIB:.3g} GiB ({kv.num_tokens} tokens); raise --kv-cache-space to "
-            f"{need * 1.01:.3g} or use --max-model-len {kv.num_tokens} or less")
-    logger.warning("max_model_len lowered from %d to %d: the KV cache (--kv-cache-space %.3g GiB) holds no more",
-                   wanted, kv.num_tokens, kv.total_bytes / GIB)
+            f"{need * 1.01:.3g} or use --max-model-len {kv.num_tokens} or less"
+        )
+    logger.warning(
+        "max_model_len lowered from %d to %d: the KV cache (--kv-cache-space %.3g GiB) holds no more",
+        wanted,
+        kv.num_tokens,
+        kv.total_bytes / GIB,
+    )
     return kv.num_tokens
 
 
@@ -226,18 +256,31 @@ def startup_report(core: EngineCore, load_seconds: float) -> str:
 
     m, kv, config, threads = core.manifest, core.kv_plan, core.config, core.threads
     per_token = m.kv_bytes_per_token()
-    return "\n".join([
-        "ortserve engine ready",
-        (f"  model     {core.artifact_dir} ({m.architecture}, {m.num_parameters / 1e6:.0f}M parameters, "
-         f"{m.weight_precision} weights {m.weight_bytes / GIB:.2f} GiB), loaded in {load_seconds:.1f} s"),
-        (f"  platform  {platform.system()} {platform.machine()}, {cpu_description()}, "
-         f"{os.cpu_count()} CPUs online; onnxruntime {onnxruntime.__version__}, numpy {np.__version__}"),
-        f"  threads   {threads.describe()}",
-        (f"  KV cache  {kv.num_blocks} blocks x {kv.block_size} tokens = {kv.num_tokens} tokens, "
-         f"{kv.total_bytes / GIB:.2f} GiB ({per_token / 1024:.1f} KiB per token; {m.num_layers} layers x "
-         f"{m.num_kv_heads} KV heads x {m.head_size}, {m.kv_cache_dtype})"),
-        (f"  limits    max_model_len {core.max_model_len}; maximum concurrency for {core.max_model_len} tokens "
-         f"per request: {kv.num_tokens / core.max_model_len:.2f}x"),
-        (f"  scheduler max_num_seqs {config.max_num_seqs}, max_num_batched_tokens {config.max_num_batched_tokens}, "
-         f"prefix caching {'on' if config.enable_prefix_caching else 'off'}"),
-    ])
+    return "\n".join(
+        [
+            "ortserve engine ready",
+            (
+                f"  model     {core.artifact_dir} ({m.architecture}, {m.num_parameters / 1e6:.0f}M parameters, "
+                f"{m.weight_precision} weights {m.weight_bytes / GIB:.2f} GiB), loaded in {load_seconds:.1f} s"
+            ),
+            (
+                f"  platform  {platform.system()} {platform.machine()}, {cpu_description()}, "
+                f"{os.cpu_count()} CPUs online; onnxruntime {onnxruntime.__version__}, numpy {np.__version__}"
+            ),
+            f"  threads   {threads.describe()}",
+            (
+                f"  KV cache  {kv.num_blocks} blocks x {kv.block_size} tokens = {kv.num_tokens} tokens, "
+                f"{kv.total_bytes / GIB:.2f} GiB ({per_token / 1024:.1f} KiB per token; {m.num_layers} layers x "
+                f"{m.num_kv_heads} KV heads x {m.head_size}, {m.kv_cache_dtype})"
+            ),
+            (
+                f"  limits    max_model_len {core.max_model_len}; maximum concurrency for {core.max_model_len} tokens "
+                f"per request: {kv.num_tokens / core.max_model_len:.2f}x"
+            ),
+            (
+                f"  scheduler max_num_seqs {config.max_num_seqs}, "
+                f"max_num_batched_tokens {config.max_num_batched_tokens}, "
+                f"prefix caching {'on' if config.enable_prefix_caching else 'off'}"
+            ),
+        ]
+    )

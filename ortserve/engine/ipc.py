@@ -8,6 +8,7 @@ This module imports nothing heavy, so the HTTP process can use it without onnxru
 - engine -> API: ``EngineReady`` once, then one ``StepResult`` per step (request deltas, the
   stats that changed, and per-request errors), or ``EngineFailed`` before the process exits.
 """
+
 from __future__ import annotations
 
 import enum

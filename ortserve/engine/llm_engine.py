@@ -6,6 +6,7 @@ stop string finished, and returns one ``RequestDelta`` per request that changed.
 ``LLM``, ``ortserve generate`` and the server's engine process all drive this class; nothing
 else steps the core.
 """
+
 from __future__ import annotations
 
 import logging

@@ -5,6 +5,7 @@ machine's memory is shared with the OS and other processes. The check runs befor
 built, so a budget that cannot fit fails in a second with a message naming the flag and a value
 that would fit, instead of the OOM killer ending the process later.
 """
+
 from __future__ import annotations
 
 import math
@@ -50,8 +51,13 @@ class KVCachePlan:
         return self.num_blocks * self.block_size
 
 
-def plan_kv_cache(manifest: ArtifactManifest, block_size: int, kv_cache_space: float | None,
-                  default_space: float, available: int | None = None) -> KVCachePlan:
+def plan_kv_cache(
+    manifest: ArtifactManifest,
+    block_size: int,
+    kv_cache_space: float | None,
+    default_space: float,
+    available: int | None = None,
+) -> KVCachePlan:
     """Blocks for the budget; raises MemoryCheckError when weights + KV exceed available memory."""
     available = available_memory() if available is None else available
     bytes_per_block = manifest.kv_bytes_per_token() * block_size
@@ -63,25 +69,32 @@ def plan_kv_cache(manifest: ArtifactManifest, block_size: int, kv_cache_space: f
             raise MemoryCheckError(
                 f"the model needs about {fixed / GIB:.2f} GiB (weights {manifest.weight_bytes / GIB:.2f} GiB plus "
                 f"runtime) and only {available / GIB:.2f} GiB is available, leaving nothing for the KV cache; "
-                f"free memory, or use a smaller precision (--precision int4)")
+                f"free memory, or use a smaller precision (--precision int4)"
+            )
     else:
         budget = int(kv_cache_space * GIB)
         if budget > room:
             fits = _round_down_gib(room * 0.9)
-            hint = (f"use --kv-cache-space {fits:g} or less" if fits > 0
-                    else "free memory or use a smaller model or precision")
+            hint = (
+                f"use --kv-cache-space {fits:g} or less"
+                if fits > 0
+                else "free memory or use a smaller model or precision"
+            )
             raise MemoryCheckError(
                 f"--kv-cache-space {kv_cache_space:g} GiB does not fit: the model needs about "
                 f"{fixed / GIB:.2f} GiB (weights {manifest.weight_bytes / GIB:.2f} GiB plus runtime) and "
-                f"{available / GIB:.2f} GiB is available; {hint}")
+                f"{available / GIB:.2f} GiB is available; {hint}"
+            )
     num_blocks = budget // bytes_per_block
     if num_blocks < 1:
         raise MemoryCheckError(
             f"--kv-cache-space {budget / GIB:.3g} GiB holds no {block_size}-token block "
             f"({bytes_per_block} bytes each); use --kv-cache-space "
-            f"{_round_up_gib(bytes_per_block * 64):g} or more")
-    return KVCachePlan(num_blocks=num_blocks, block_size=block_size, bytes_per_block=bytes_per_block,
-                       budget_bytes=budget)
+            f"{_round_up_gib(bytes_per_block * 64):g} or more"
+        )
+    return KVCachePlan(
+        num_blocks=num_blocks, block_size=block_size, bytes_per_block=bytes_per_block, budget_bytes=budget
+    )
 
 
 def _round_down_gib(nbytes: float) -> float:

@@ -15,6 +15,7 @@ Inputs, for B sequences with q_b new tokens each (T = sum q_b):
   block_tables[B, max blocks], context_lens[B] = num_computed_b + q_b,
   query_start_loc[B+1] = prefix sums of q_b, logits_indices[N] = last row of each sampling sequence.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -32,13 +33,20 @@ from ortserve.engine.threads import ThreadPlan
 
 
 class ModelRunner:
-    def __init__(self, artifact_dir: Path, manifest: ArtifactManifest, kv_plan: KVCachePlan,
-                 threads: ThreadPlan, max_num_seqs: int):
+    def __init__(
+        self,
+        artifact_dir: Path,
+        manifest: ArtifactManifest,
+        kv_plan: KVCachePlan,
+        threads: ThreadPlan,
+        max_num_seqs: int,
+    ):
         self.manifest = manifest
         self.block_size = kv_plan.block_size
         self.num_blocks = kv_plan.num_blocks
-        self.session = ort.InferenceSession(str(Path(artifact_dir) / MODEL_FILE),
-                                            session_options(threads), providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(
+            str(Path(artifact_dir) / MODEL_FILE), session_options(threads), providers=["CPUExecutionProvider"]
+        )
         shape = (kv_plan.num_blocks, manifest.num_kv_heads, kv_plan.block_size, manifest.head_size)
         # np.zeros maps pages lazily: memory is committed as blocks are first written.
         self.kv_caches = [np.zeros(shape, np.float32) for _ in range(2 * manifest.num_layers)]
@@ -46,9 +54,9 @@ class ModelRunner:
         self.binding = self.session.io_binding()
         for layer in range(manifest.num_layers):
             for value, name_in, name_out in (
-                    (self._kv_values[2 * layer], manifest.key_cache_input(layer), manifest.key_cache_output(layer)),
-                    (self._kv_values[2 * layer + 1], manifest.value_cache_input(layer),
-                     manifest.value_cache_output(layer))):
+                (self._kv_values[2 * layer], manifest.key_cache_input(layer), manifest.key_cache_output(layer)),
+                (self._kv_values[2 * layer + 1], manifest.value_cache_input(layer), manifest.value_cache_output(layer)),
+            ):
                 self.binding.bind_ortvalue_input(name_in, value)
                 self.binding.bind_ortvalue_output(name_out, value)
         self.logits = np.empty((max_num_seqs, manifest.vocab_size), np.float32)
@@ -61,8 +69,9 @@ class ModelRunner:
         num_rows = inputs["logits_indices"].size
         for name, value in inputs.items():
             self.binding.bind_cpu_input(name, value)
-        self.binding.bind_output("logits", "cpu", 0, np.float32, [num_rows, self.manifest.vocab_size],
-                                 self.logits.ctypes.data)
+        self.binding.bind_output(
+            "logits", "cpu", 0, np.float32, [num_rows, self.manifest.vocab_size], self.logits.ctypes.data
+        )
         self._inputs = inputs
         start = time.perf_counter()
         self.session.run_with_iobinding(self.binding)
@@ -78,17 +87,23 @@ class ModelRunner:
         query_start_loc = np.zeros(num_seqs + 1, np.int64)
         np.cumsum(q_lens, out=query_start_loc[1:])
         context_lens = starts + q_lens
-        ids = np.concatenate([np.frombuffer(s.token_ids[c:c + n], np.int64)
-                              for s, c, n in zip(seqs, starts.tolist(), batch.num_new_tokens)])
+        ids = np.concatenate(
+            [
+                np.frombuffer(s.token_ids[c : c + n], np.int64)
+                for s, c, n in zip(seqs, starts.tolist(), batch.num_new_tokens)
+            ]
+        )
         row_of_token = np.repeat(np.arange(num_seqs), q_lens)
         positions = np.arange(ids.size, dtype=np.int64) - (query_start_loc[:-1] - starts)[row_of_token]
         tables = [s.block_table for s in seqs]
         num_table_blocks = np.fromiter(map(len, tables), np.int64, num_seqs)
         block_tables = np.zeros((num_seqs, int(num_table_blocks.max())), np.int32)
         block_tables[np.arange(block_tables.shape[1]) < num_table_blocks[:, None]] = list(
-            itertools.chain.from_iterable(tables))
-        slot_mapping = (block_tables[row_of_token, positions // block_size].astype(np.int64) * block_size
-                        + positions % block_size)
+            itertools.chain.from_iterable(tables)
+        )
+        slot_mapping = (
+            block_tables[row_of_token, positions // block_size].astype(np.int64) * block_size + positions % block_size
+        )
         num_tokens = np.fromiter((s.num_tokens for s in seqs), np.int64, num_seqs)
         logits_indices = query_start_loc[1:][context_lens == num_tokens] - 1
         return {

@@ -13,6 +13,7 @@ Stop strings: the text is cut at the first stop string (kept if ``include_stop_s
 The longest tail that could still grow into a stop string is held back, so a client never sees
 text that is later cut. Only a window of the last characters is searched, never the whole text.
 """
+
 from __future__ import annotations
 
 import logging
@@ -31,8 +32,9 @@ logger = logging.getLogger("ortserve.engine")
 class IncrementalDetokenizer:
     def __init__(self, tokenizer: Any, prompt_token_ids: list[int], skip_special_tokens: bool):
         self._backend = getattr(tokenizer, "backend_tokenizer", tokenizer)  # a tokenizers.Tokenizer
-        self._stream = DecodeStream(ids=list(prompt_token_ids[-INITIAL_WINDOW:]),
-                                    skip_special_tokens=skip_special_tokens)
+        self._stream = DecodeStream(
+            ids=list(prompt_token_ids[-INITIAL_WINDOW:]), skip_special_tokens=skip_special_tokens
+        )
 
     def add(self, token_ids: list[int]) -> str:
         """The text the new ids complete (possibly "")."""
@@ -74,8 +76,9 @@ class OutputProcessor:
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
-    def process_outputs(self, outputs: list[EngineCoreOutput]
-                        ) -> tuple[list[RequestDelta], list[str | tuple[str, int]]]:
+    def process_outputs(
+        self, outputs: list[EngineCoreOutput]
+    ) -> tuple[list[RequestDelta], list[str | tuple[str, int]]]:
         """One RequestDelta per request that changed, and what to abort in the core: a request
         id, or (request id, sample index) when only one of n samples hit a stop string. A request
         whose processing raises ends alone, with ``error`` set; the others go on."""
@@ -94,7 +97,7 @@ class OutputProcessor:
                 delta = deltas[request_id] = RequestDelta(request_id, [], num_prompt_tokens=output.num_prompt_tokens)
             try:
                 sample_delta, stopped = self._update(state, sample, output)
-            except Exception:  # noqa: BLE001 - contained: this request fails, the engine goes on
+            except Exception:
                 logger.exception("processing the output of request %s failed", request_id)
                 del self.requests[request_id]
                 delta.finished, delta.error = True, "internal error while processing this request's output"
@@ -116,11 +119,18 @@ class OutputProcessor:
         """Apply one core output; the sample's delta, and True when a stop string finished it."""
         params = state.params
         ids = output.new_token_ids
-        delta = SampleDelta(sample.index, token_ids=list(ids),
-                            logprobs=list(output.new_logprobs or ()) if params.logprobs is not None else None)
+        delta = SampleDelta(
+            sample.index,
+            token_ids=list(ids),
+            logprobs=list(output.new_logprobs or ()) if params.logprobs is not None else None,
+        )
         text_ids = ids
-        if (output.finish_reason == "stop" and not isinstance(output.stop_reason, str)
-                and not params.include_stop_str_in_output and ids):
+        if (
+            output.finish_reason == "stop"
+            and not isinstance(output.stop_reason, str)
+            and not params.include_stop_str_in_output
+            and ids
+        ):
             text_ids = ids[:-1]  # the EOS or stop token: no text, as vLLM
         new_text = sample.detokenizer.add(text_ids) if text_ids else ""
         finishing = output.finish_reason is not None
@@ -132,15 +142,17 @@ class OutputProcessor:
             hit = _find_stop(sample.window, len(new_text) + sample.held, params.stop, params.include_stop_str_in_output)
             if hit is not None:
                 stop, cut = hit
-                delta.text = sample.window[sent:max(cut, sent)]
+                delta.text = sample.window[sent : max(cut, sent)]
                 delta.finish_reason, delta.stop_reason = "stop", stop
                 sample.finished = True
                 return delta, True
-            keep = 0 if finishing or params.include_stop_str_in_output else _partial_stop_len(sample.window, params.stop)
+            keep = (
+                0 if finishing or params.include_stop_str_in_output else _partial_stop_len(sample.window, params.stop)
+            )
             end = max(len(sample.window) - keep, sent)
             delta.text = sample.window[sent:end]
             sample.held = len(sample.window) - end
-            sample.window = sample.window[max(0, end - state.longest_stop):]  # bounded: stops + held
+            sample.window = sample.window[max(0, end - state.longest_stop) :]  # bounded: stops + held
         if finishing:
             delta.finish_reason, delta.stop_reason = output.finish_reason, output.stop_reason
             sample.finished = True

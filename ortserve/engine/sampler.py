@@ -15,6 +15,7 @@ Penalties, as in vLLM: repetition divides positive logits and multiplies negativ
 token seen in the prompt or output; frequency subtracts ``f * count`` and presence ``p`` for every
 token in the output.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -162,7 +163,7 @@ class Sampler:
         """A reused buffer for the weights (a fresh 6 MB array per step costs page faults)."""
         if self._buffer is None or self._buffer.shape[0] < shape[0] or self._buffer.shape[1] != shape[1]:
             self._buffer = np.empty((max(shape[0], 1), shape[1]), np.float32)
-        return self._buffer[:shape[0]]
+        return self._buffer[: shape[0]]
 
 
 def _nan_argmax(row: np.ndarray) -> int:
@@ -175,7 +176,7 @@ def _keep_nucleus(w: np.ndarray, top_p: np.ndarray) -> np.ndarray:
     a third of a full sort); rows whose nucleus is wider fall back to a full sort."""
     total = w.sum(axis=1, dtype=np.float64)
     k = min(TOP_P_CANDIDATES, w.shape[1])
-    candidates = np.partition(w, w.shape[1] - k, axis=1)[:, w.shape[1] - k:] if k < w.shape[1] else w
+    candidates = np.partition(w, w.shape[1] - k, axis=1)[:, w.shape[1] - k :] if k < w.shape[1] else w
     desc = -np.sort(-candidates, axis=1)
     wide = desc.sum(axis=1, dtype=np.float64) < top_p * total
     threshold = np.empty(len(w), w.dtype)

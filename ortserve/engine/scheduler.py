@@ -15,6 +15,7 @@ last token. Each step fills a token budget (``max_num_batched_tokens``) under a 
 Samples 1..n-1 of a request enter the waiting queue when sample 0 has its prompt in the cache,
 and share its prompt blocks.
 """
+
 from __future__ import annotations
 
 import time
@@ -105,12 +106,14 @@ class Scheduler:
             batch.seqs.append(seq)
             batch.num_new_tokens.append(num_new)
             budget -= num_new
-        batch.sampling = [s for s, n in zip(batch.seqs, batch.num_new_tokens)
-                          if s.num_computed_tokens + n == s.num_tokens]
+        batch.sampling = [
+            s for s, n in zip(batch.seqs, batch.num_new_tokens) if s.num_computed_tokens + n == s.num_tokens
+        ]
         return batch
 
-    def update(self, batch: ScheduledBatch, sampled: list[int],
-               logprobs: list[TokenLogprob | None] | None) -> list[EngineCoreOutput]:
+    def update(
+        self, batch: ScheduledBatch, sampled: list[int], logprobs: list[TokenLogprob | None] | None
+    ) -> list[EngineCoreOutput]:
         """Account the computed tokens, append the sampled ones, finish what stops."""
         block_manager = self.block_manager
         for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
@@ -134,14 +137,25 @@ class Scheduler:
             if reason is not None:
                 self._finish(seq, reason, stop_reason)
                 any_finished = True
-            outputs.append(EngineCoreOutput(
-                request.request_id, seq.index, [token], None if logprob is None else [logprob],
-                reason, stop_reason, seq.num_prompt_tokens, seq.num_cached_tokens))
+            outputs.append(
+                EngineCoreOutput(
+                    request.request_id,
+                    seq.index,
+                    [token],
+                    None if logprob is None else [logprob],
+                    reason,
+                    stop_reason,
+                    seq.num_prompt_tokens,
+                    seq.num_cached_tokens,
+                )
+            )
         if any_finished:
             self.running = [s for s in self.running if s.status is SequenceStatus.RUNNING]
         return outputs
 
-    def abort(self, request_id: str, index: int | None = None, reason: FinishReason = "abort") -> list[EngineCoreOutput]:
+    def abort(
+        self, request_id: str, index: int | None = None, reason: FinishReason = "abort"
+    ) -> list[EngineCoreOutput]:
         """End a request (or one of its samples) now; its blocks go back at once. ``reason`` is
         "abort", or "error" when processing the request failed."""
         request = self.requests.get(request_id)
@@ -156,16 +170,20 @@ class Scheduler:
             else:
                 self.waiting.remove(seq)
             self._finish(seq, reason, None)
-            outputs.append(EngineCoreOutput(request_id, seq.index, [], None, reason, None,
-                                            seq.num_prompt_tokens, seq.num_cached_tokens))
+            outputs.append(
+                EngineCoreOutput(
+                    request_id, seq.index, [], None, reason, None, seq.num_prompt_tokens, seq.num_cached_tokens
+                )
+            )
         if not request.forked:
             if index is None or index > 0:  # samples not forked yet end before they start
                 for i in range(1, request.n) if index is None else [index]:
                     if i not in request.aborted_indices:
                         request.aborted_indices.add(i)
                         request.num_finished += 1
-                        outputs.append(EngineCoreOutput(request_id, i, [], None, reason, None,
-                                                        len(request.prompt_token_ids), 0))
+                        outputs.append(
+                            EngineCoreOutput(request_id, i, [], None, reason, None, len(request.prompt_token_ids), 0)
+                        )
                 self._maybe_retire(request)
             if index == 0:  # sample 0 will not compute the prompt for the others: they do it
                 self.waiting.extend(request.fork())

@@ -5,6 +5,7 @@ so prefill, chunked prefill, decode and recompute after preemption are one rule:
 computes some of ``token_ids[num_computed_tokens:]``. The scheduler alone changes ``status``
 and the token counts; the block manager alone changes ``block_table``.
 """
+
 from __future__ import annotations
 
 import enum
@@ -50,8 +51,9 @@ class Request:
         bias = params.logit_bias or {}
         self.bias_ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
         self.bias_values = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
-        self.prompt_uniques = (np.unique(np.asarray(self.prompt_token_ids, dtype=np.int64))
-                               if params.repetition_penalty != 1.0 else None)
+        self.prompt_uniques = (
+            np.unique(np.asarray(self.prompt_token_ids, dtype=np.int64)) if params.repetition_penalty != 1.0 else None
+        )
 
     @property
     def n(self) -> int:
@@ -63,8 +65,9 @@ class Request:
 
     def fork(self) -> list[Sequence]:
         """The samples 1..n-1, made once sample 0 has its prompt in the cache."""
-        forks = [Sequence(self, i, _rng(self.params.seed, i)) for i in range(1, self.n)
-                 if i not in self.aborted_indices]
+        forks = [
+            Sequence(self, i, _rng(self.params.seed, i)) for i in range(1, self.n) if i not in self.aborted_indices
+        ]
         self.sequences.extend(forks)
         self.forked = True
         return forks
@@ -76,9 +79,23 @@ def _rng(seed: int | None, index: int) -> np.random.Generator:
 
 
 class Sequence:
-    __slots__ = ("block_hashes", "block_table", "finish_reason", "index", "is_prefilled", "last_token_time",
-                 "num_cached_tokens", "num_computed_tokens", "num_prompt_tokens", "output_counts", "request", "rng",
-                 "status", "stop_reason", "token_ids")
+    __slots__ = (
+        "block_hashes",
+        "block_table",
+        "finish_reason",
+        "index",
+        "is_prefilled",
+        "last_token_time",
+        "num_cached_tokens",
+        "num_computed_tokens",
+        "num_prompt_tokens",
+        "output_counts",
+        "request",
+        "rng",
+        "status",
+        "stop_reason",
+        "token_ids",
+    )
 
     def __init__(self, request: Request, index: int, rng: np.random.Generator):
         self.request = request
@@ -98,8 +115,10 @@ class Sequence:
         self.is_prefilled = False  # has sampled its first token at least once
 
     def __repr__(self) -> str:
-        return (f"Sequence({self.request.request_id}#{self.index}, tokens={len(self.token_ids)}, "
-                f"computed={self.num_computed_tokens}, blocks={len(self.block_table)}, {self.status.value})")
+        return (
+            f"Sequence({self.request.request_id}#{self.index}, tokens={len(self.token_ids)}, "
+            f"computed={self.num_computed_tokens}, blocks={len(self.block_table)}, {self.status.value})"
+        )
 
     @property
     def params(self) -> SamplingParams:
@@ -115,7 +134,7 @@ class Sequence:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens:].tolist()
+        return self.token_ids[self.num_prompt_tokens :].tolist()
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
@@ -130,7 +149,7 @@ class Sequence:
         while len(hashes) < num_blocks:
             i = len(hashes)
             h = hashlib.sha256(hashes[-1] if hashes else b"")
-            h.update(self.token_ids[i * block_size:(i + 1) * block_size].tobytes())
+            h.update(self.token_ids[i * block_size : (i + 1) * block_size].tobytes())
             hashes.append(h.digest())
         return hashes[:num_blocks]
 

@@ -5,11 +5,11 @@ The plan gives ONNX Runtime ``intra_op_num_threads = len(cores)``; the engine's 
 and the pool's other threads to ``cores[1:]`` through the session config key
 ``session.intra_op_thread_affinities`` (1-based logical processor ids, one entry per thread).
 """
+
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,8 +38,10 @@ class ThreadPlan:
     def describe(self) -> str:
         if not self.bind:
             return f"{self.num_threads} intra-op threads, not pinned (--threads-bind nobind)"
-        return (f"{self.num_threads} intra-op threads pinned to cores {format_cpu_list(self.cores)} "
-                f"(engine thread on core {self.cores[0]})")
+        return (
+            f"{self.num_threads} intra-op threads pinned to cores {format_cpu_list(self.cores)} "
+            f"(engine thread on core {self.cores[0]})"
+        )
 
 
 def parse_cpu_list(text: str) -> list[int]:
@@ -114,14 +116,16 @@ def plan_threads(threads_bind: str = "auto", reserved_cpus: int = 0) -> ThreadPl
         if reserved_cpus >= len(cores):
             raise ThreadsBindError(
                 f"--reserved-cpus {reserved_cpus} leaves no core for the engine: --threads-bind auto "
-                f"found {len(cores)} physical cores ({format_cpu_list(cores)}); use at most {len(cores) - 1}")
+                f"found {len(cores)} physical cores ({format_cpu_list(cores)}); use at most {len(cores) - 1}"
+            )
         return ThreadPlan(cores=tuple(cores[: len(cores) - reserved_cpus]), bind=True)
     cores = parse_cpu_list(mode)
     missing = sorted(set(cores) - set(allowed))
     if missing:
         raise ThreadsBindError(
             f"--threads-bind {threads_bind!r} names cores {format_cpu_list(missing)} that this process may not "
-            f"use; available: {format_cpu_list(allowed)}")
+            f"use; available: {format_cpu_list(allowed)}"
+        )
     return ThreadPlan(cores=tuple(cores), bind=True)
 
 

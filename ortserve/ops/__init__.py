@@ -3,6 +3,7 @@
 The C++ sources live in the repository's ``contrib_ops/``; the build installs the compiled
 library and the reference (``paged_attention_reference.py``) into this package.
 """
+
 from __future__ import annotations
 
 from importlib import metadata

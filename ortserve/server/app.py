@@ -1,5 +1,6 @@
 """The Litestar app: controllers, dependencies (the engine client and the services), error
 handlers, metrics, and the engine's life cycle tied to the app's."""
+
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
@@ -13,10 +14,10 @@ from litestar.plugins.pydantic import PydanticPlugin
 
 from ortserve import __version__
 
+from .auth import require_api_key
 from .chat import ChatService
 from .completions import CompletionsService
 from .controllers import OpenAIController, OpsController, TokenizerController
-from .auth import require_api_key
 from .engine_client import EngineClient
 from .errors import EXCEPTION_HANDLERS
 from .metrics import ServerMetrics
@@ -49,22 +50,26 @@ def create_app(client: EngineClient, settings: ServerSettings) -> Litestar:
 
     return Litestar(
         route_handlers=[OpenAIController, TokenizerController, OpsController],
-        dependencies={name: Provide(_constant(value), use_cache=True, sync_to_thread=False)
-                      for name, value in singletons.items()},
+        dependencies={
+            name: Provide(_constant(value), use_cache=True, sync_to_thread=False) for name, value in singletons.items()
+        },
         exception_handlers=EXCEPTION_HANDLERS,
         request_max_body_size=settings.max_request_body_bytes,
         plugins=[PydanticPlugin(validate_strict=True)],  # types as the schema states them: true is not 1
         lifespan=[engine_lifespan],
         state=State({"settings": settings}),  # read by the API-key guard
-        openapi_config=OpenAPIConfig(title="ortserve", version=__version__,
-                                     description="OpenAI-compatible LLM serving on CPU",
-                                     openapi_router=Router("/schema", route_handlers=[], guards=[require_api_key]),
-                                     render_plugins=[RequestSchemasFromPydantic()]),
+        openapi_config=OpenAPIConfig(
+            title="ortserve",
+            version=__version__,
+            description="OpenAI-compatible LLM serving on CPU",
+            openapi_router=Router("/schema", route_handlers=[], guards=[require_api_key]),
+            render_plugins=[RequestSchemasFromPydantic()],
+        ),
         logging_config=None,
     )
 
 
-def _constant(value: object):  # noqa: ANN202
+def _constant(value: object):
     def provide() -> object:
         return value
 

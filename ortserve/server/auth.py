@@ -1,5 +1,6 @@
 """The API key (``--api-key``): a Litestar guard on every route but /health, as vLLM and OpenAI
 do it (``Authorization: Bearer KEY``); /metrics is open only with --public-metrics."""
+
 from __future__ import annotations
 
 import hmac

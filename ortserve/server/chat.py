@@ -1,5 +1,6 @@
 """POST /v1/chat/completions: messages -> chat template -> engine -> a ChatCompletionResponse or
 its SSE stream of chunks. Templates render and prompts tokenize off the event loop."""
+
 from __future__ import annotations
 
 import asyncio
@@ -39,13 +40,21 @@ class ChatService:
         self.model_name = settings.served_model_name
         self.sandbox = sandbox
 
-    async def create(self, body: ChatCompletionRequest, request: Request
-                     ) -> ChatCompletionResponse | EventStream | None:
-        prompts, limits = self.client.check_ready()
+    async def create(
+        self, body: ChatCompletionRequest, request: Request
+    ) -> ChatCompletionResponse | EventStream | None:
+        _, limits = self.client.check_ready()
         body.check()
         token_ids = await self.render(body)
-        params = sampling_params(body, limits, token_ids, max_tokens=body.requested_max_tokens(),
-                                 default_max_tokens=None, logprobs=body.logprobs_count(), prompt_param="messages")
+        params = sampling_params(
+            body,
+            limits,
+            token_ids,
+            max_tokens=body.requested_max_tokens(),
+            default_max_tokens=None,
+            logprobs=body.logprobs_count(),
+            prompt_param="messages",
+        )
         log = RequestLog(random_id("chatcmpl"), "chat", prompt_tokens=len(token_ids))
         stream = self.client.submit(log.request_id, token_ids, params)
         if body.stream:
@@ -61,19 +70,25 @@ class ChatService:
         conversation = [m.conversation_entry() for m in body.messages]
         if template is not None:
             if not self.settings.trust_request_chat_template:
-                raise BadRequest("'chat_template' in the request is refused: this server uses the model's "
-                                 "own (start it with --trust-request-chat-template to allow it)", "chat_template")
+                raise BadRequest(
+                    "'chat_template' in the request is refused: this server uses the model's "
+                    "own (start it with --trust-request-chat-template to allow it)",
+                    "chat_template",
+                )
             with as_bad_request():
                 prompts.check_content(conversation)
-            text = await self.sandbox.render(str(template), conversation, body.add_generation_prompt,
-                                             body.continue_final_message, kwargs)
+            text = await self.sandbox.render(
+                str(template), conversation, body.add_generation_prompt, body.continue_final_message, kwargs
+            )
             return await asyncio.to_thread(prompts.encode, text, False)
         with as_bad_request(type(body).model_fields):
-            return await asyncio.to_thread(prompts.chat_token_ids, conversation, body.add_generation_prompt,
-                                           body.continue_final_message, kwargs)
+            return await asyncio.to_thread(
+                prompts.chat_token_ids, conversation, body.add_generation_prompt, body.continue_final_message, kwargs
+            )
 
-    async def _collect(self, log: RequestLog, body: ChatCompletionRequest, token_ids: list[int],
-                       stream: RequestStream) -> ChatCompletionResponse:
+    async def _collect(
+        self, log: RequestLog, body: ChatCompletionRequest, token_ids: list[int], stream: RequestStream
+    ) -> ChatCompletionResponse:
         prompts, _ = self.client.check_ready()
         totals = SampleTotals(body.n)
         try:
@@ -85,18 +100,33 @@ class ChatService:
             raise
         choices = []
         for index, out in enumerate(totals.samples):
-            logprobs = (chat_logprobs(prompts, out.token_ids, out.logprobs)
-                        if body.logprobs and out.logprobs is not None else None)
-            choices.append(ChatChoice(index=index, message=AssistantMessage(content=out.text),
-                                      logprobs=logprobs, finish_reason=finish_reason(out.finish_reason),
-                                      stop_reason=out.stop_reason))
+            logprobs = (
+                chat_logprobs(prompts, out.token_ids, out.logprobs)
+                if body.logprobs and out.logprobs is not None
+                else None
+            )
+            choices.append(
+                ChatChoice(
+                    index=index,
+                    message=AssistantMessage(content=out.text),
+                    logprobs=logprobs,
+                    finish_reason=finish_reason(out.finish_reason),
+                    stop_reason=out.stop_reason,
+                )
+            )
         log.completion_tokens = totals.num_generated
         log.done(200)
-        return ChatCompletionResponse(id=log.request_id, created=now(), model=self.model_name, choices=choices,
-                                      usage=Usage.of(len(token_ids), totals.num_generated, totals.num_cached_tokens))
+        return ChatCompletionResponse(
+            id=log.request_id,
+            created=now(),
+            model=self.model_name,
+            choices=choices,
+            usage=Usage.of(len(token_ids), totals.num_generated, totals.num_cached_tokens),
+        )
 
-    async def _stream(self, log: RequestLog, body: ChatCompletionRequest, token_ids: list[int],
-                      stream: RequestStream) -> AsyncIterator[str]:
+    async def _stream(
+        self, log: RequestLog, body: ChatCompletionRequest, token_ids: list[int], stream: RequestStream
+    ) -> AsyncIterator[str]:
         prompts, _ = self.client.check_ready()
         created = now()
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -105,8 +135,9 @@ class ChatService:
 
         def chunk(choice: ChatChunkChoice) -> str:
             usage = Usage.of(len(token_ids), totals.num_generated) if continuous else None
-            return ChatCompletionChunk(id=log.request_id, created=created, model=self.model_name,
-                                       choices=[choice], usage=usage).model_dump_json()
+            return ChatCompletionChunk(
+                id=log.request_id, created=created, model=self.model_name, choices=[choice], usage=usage
+            ).model_dump_json()
 
         status: Any = 200
         try:
@@ -118,15 +149,28 @@ class ChatService:
                     for out in delta.samples:
                         if not out.text and out.finish_reason is None and not body.logprobs:
                             continue
-                        logprobs = (chat_logprobs(prompts, out.token_ids, out.logprobs)
-                                    if body.logprobs and out.logprobs is not None else None)
-                        yield chunk(ChatChunkChoice(
-                            index=out.index, delta=DeltaMessage(content=out.text or None), logprobs=logprobs,
-                            finish_reason=finish_reason(out.finish_reason), stop_reason=out.stop_reason))
+                        logprobs = (
+                            chat_logprobs(prompts, out.token_ids, out.logprobs)
+                            if body.logprobs and out.logprobs is not None
+                            else None
+                        )
+                        yield chunk(
+                            ChatChunkChoice(
+                                index=out.index,
+                                delta=DeltaMessage(content=out.text or None),
+                                logprobs=logprobs,
+                                finish_reason=finish_reason(out.finish_reason),
+                                stop_reason=out.stop_reason,
+                            )
+                        )
             if include_usage:
-                yield ChatCompletionChunk(id=log.request_id, created=created, model=self.model_name, choices=[],
-                                          usage=Usage.of(len(token_ids), totals.num_generated,
-                                                         totals.num_cached_tokens)).model_dump_json()
+                yield ChatCompletionChunk(
+                    id=log.request_id,
+                    created=created,
+                    model=self.model_name,
+                    choices=[],
+                    usage=Usage.of(len(token_ids), totals.num_generated, totals.num_cached_tokens),
+                ).model_dump_json()
         except Exception as exc:  # noqa: BLE001 - the status line is sent; report in-band
             status = "error"
             yield error_event(exc, log.request_id)

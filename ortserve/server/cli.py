@@ -6,6 +6,7 @@ TCP_NODELAY (inherited from the listening socket). SIGTERM drains: stop acceptin
 requests finish within --drain-timeout, then end the streams still open with an error event and
 [DONE], and exit 0.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,42 +24,79 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     from .settings import DEFAULT_MAX_QUEUED_TOKENS, DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_MAX_WAITING_REQUESTS
 
-    parser.add_argument("model_arg", nargs="?", metavar="MODEL", default=None,
-                        help="artifact directory or built-in model name (default: the embedded "
-                             "SmolLM2-135M-Instruct, exported on first run and cached)")
+    parser.add_argument(
+        "model_arg",
+        nargs="?",
+        metavar="MODEL",
+        default=None,
+        help="artifact directory or built-in model name (default: the embedded "
+        "SmolLM2-135M-Instruct, exported on first run and cached)",
+    )
     http = parser.add_argument_group("http")
     http.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     http.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0 = any free)")
-    http.add_argument("--api-key", default=None,
-                      help="require 'Authorization: Bearer KEY' on /v1 and tokenizer routes "
-                           "(env ORTSERVE_API_KEY)")
-    http.add_argument("--served-model-name", default=None,
-                      help="the name clients put in 'model' (default: MODEL as given)")
-    http.add_argument("--max-waiting-requests", type=int, default=DEFAULT_MAX_WAITING_REQUESTS,
-                      help="answer 429 when more sequences than this would wait for the engine "
-                           f"(default {DEFAULT_MAX_WAITING_REQUESTS})")
-    http.add_argument("--max-queued-tokens", type=int, default=DEFAULT_MAX_QUEUED_TOKENS,
-                      help="answer 429 when the prompt tokens of requests not yet started would pass this "
-                           f"(default {DEFAULT_MAX_QUEUED_TOKENS})")
-    http.add_argument("--engine-timeout", type=float, default=60.0,
-                      help="seconds without engine progress, with requests pending, before /health is 503 "
-                           "(default 60)")
-    http.add_argument("--max-engine-restarts", type=int, default=5,
-                      help="restarts of a dead engine allowed within 5 minutes before the server stops (default 5)")
-    http.add_argument("--trust-request-chat-template", action="store_true",
-                      help="accept a chat template in the request (rendered in a sandboxed worker)")
-    http.add_argument("--allow-special-tokens-in-content", action="store_true",
-                      help="let chat message content contain special-token strings (can forge turns)")
+    http.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on /v1 and tokenizer routes (env ORTSERVE_API_KEY)",
+    )
+    http.add_argument(
+        "--served-model-name", default=None, help="the name clients put in 'model' (default: MODEL as given)"
+    )
+    http.add_argument(
+        "--max-waiting-requests",
+        type=int,
+        default=DEFAULT_MAX_WAITING_REQUESTS,
+        help="answer 429 when more sequences than this would wait for the engine "
+        f"(default {DEFAULT_MAX_WAITING_REQUESTS})",
+    )
+    http.add_argument(
+        "--max-queued-tokens",
+        type=int,
+        default=DEFAULT_MAX_QUEUED_TOKENS,
+        help="answer 429 when the prompt tokens of requests not yet started would pass this "
+        f"(default {DEFAULT_MAX_QUEUED_TOKENS})",
+    )
+    http.add_argument(
+        "--engine-timeout",
+        type=float,
+        default=60.0,
+        help="seconds without engine progress, with requests pending, before /health is 503 (default 60)",
+    )
+    http.add_argument(
+        "--max-engine-restarts",
+        type=int,
+        default=5,
+        help="restarts of a dead engine allowed within 5 minutes before the server stops (default 5)",
+    )
+    http.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="accept a chat template in the request (rendered in a sandboxed worker)",
+    )
+    http.add_argument(
+        "--allow-special-tokens-in-content",
+        action="store_true",
+        help="let chat message content contain special-token strings (can forge turns)",
+    )
     http.add_argument("--public-metrics", action="store_true", help="serve /metrics without the API key")
-    http.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_REQUEST_BODY_BYTES,
-                      help=f"answer 413 above this body size (default {DEFAULT_MAX_REQUEST_BODY_BYTES})")
-    http.add_argument("--drain-timeout", type=float, default=30.0,
-                      help="on SIGTERM, seconds to let in-flight requests finish (default 30)")
+    http.add_argument(
+        "--max-request-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_REQUEST_BODY_BYTES,
+        help=f"answer 413 above this body size (default {DEFAULT_MAX_REQUEST_BODY_BYTES})",
+    )
+    http.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGTERM, seconds to let in-flight requests finish (default 30)",
+    )
     http.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_engine_arguments(parser)
 
 
-def run(args: argparse.Namespace, factory=None) -> int:  # noqa: ANN001 - tests pass a stand-in engine
+def run(args: argparse.Namespace, factory=None) -> int:
     import os
 
     from ortserve.tokenizer import block_torch_import
@@ -73,8 +111,7 @@ def run(args: argparse.Namespace, factory=None) -> int:  # noqa: ANN001 - tests 
 
     if args.model_arg is not None:
         if args.model not in (None, args.model_arg):
-            print(f"error: MODEL {args.model_arg!r} and --model {args.model!r} disagree; give one",
-                  file=sys.stderr)
+            print(f"error: MODEL {args.model_arg!r} and --model {args.model!r} disagree; give one", file=sys.stderr)
             return 2
         args.model = args.model_arg
     try:
@@ -91,14 +128,25 @@ def run(args: argparse.Namespace, factory=None) -> int:  # noqa: ANN001 - tests 
         trust_request_chat_template=args.trust_request_chat_template,
         public_metrics=args.public_metrics,
     )
-    supervision = Supervision(max_waiting_requests=args.max_waiting_requests, max_queued_tokens=args.max_queued_tokens,
-                              engine_timeout=args.engine_timeout, max_restarts=args.max_engine_restarts,
-                              allow_special_tokens_in_content=args.allow_special_tokens_in_content)
+    supervision = Supervision(
+        max_waiting_requests=args.max_waiting_requests,
+        max_queued_tokens=args.max_queued_tokens,
+        engine_timeout=args.engine_timeout,
+        max_restarts=args.max_engine_restarts,
+        allow_special_tokens_in_content=args.allow_special_tokens_in_content,
+    )
     return asyncio.run(serve(config, settings, supervision, args.host, args.port, args.log_level, factory))
 
 
-async def serve(config, settings, supervision, host: str, port: int, log_level: str = "info",  # noqa: ANN001
-                factory=None) -> int:  # noqa: ANN001
+async def serve(
+    config,
+    settings,
+    supervision,
+    host: str,
+    port: int,
+    log_level: str = "info",
+    factory=None,
+) -> int:
     """Run the server until SIGTERM/SIGINT or an engine failure; the process exit code."""
     import uvicorn
 
@@ -110,9 +158,17 @@ async def serve(config, settings, supervision, host: str, port: int, log_level: 
     client = EngineClient(config, supervision, factory=factory or build_llm_engine)
     app = create_app(client, settings)
     # uvicorn cuts what is left at timeout_graceful_shutdown; we end the streams a moment before.
-    server = uvicorn.Server(uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=settings.drain_timeout + 2,
-        lifespan="on", access_log=log_level == "debug"))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level=log_level,
+            timeout_graceful_shutdown=settings.drain_timeout + 2,
+            lifespan="on",
+            access_log=log_level == "debug",
+        )
+    )
     failures: list[str] = []
 
     def on_failure(message: str) -> None:
@@ -128,15 +184,19 @@ async def serve(config, settings, supervision, host: str, port: int, log_level: 
         await asyncio.sleep(settings.drain_timeout)
         if client.num_in_flight:
             logging.getLogger("ortserve.server").warning(
-                "--drain-timeout %g s passed: ending %d requests", settings.drain_timeout, client.num_in_flight)
+                "--drain-timeout %g s passed: ending %d requests", settings.drain_timeout, client.num_in_flight
+            )
             client.fail_all(EngineUnavailable("the server is shutting down (--drain-timeout passed)"))
 
     drainer = asyncio.ensure_future(drain())
     sock = listening_socket(server.config)
     bound_host, bound_port = sock.getsockname()[:2]
-    print(f"ortserve: listening on http://{bound_host}:{bound_port} "
-          f"(model {settings.served_model_name!r} loading; GET /health is 503 until ready; "
-          f"OpenAPI at /schema)", flush=True)
+    print(
+        f"ortserve: listening on http://{bound_host}:{bound_port} "
+        f"(model {settings.served_model_name!r} loading; GET /health is 503 until ready; "
+        f"OpenAPI at /schema)",
+        flush=True,
+    )
     # uvicorn re-raises a handled SIGTERM after shutdown; with this no-op it stays a clean exit 0.
     signal.signal(signal.SIGTERM, lambda *_: None)
     try:
@@ -150,7 +210,7 @@ async def serve(config, settings, supervision, host: str, port: int, log_level: 
     return 0
 
 
-def listening_socket(config) -> socket.socket:  # noqa: ANN001 - a uvicorn.Config
+def listening_socket(config) -> socket.socket:
     """The bound, listening socket: connections queue from now on, before uvicorn accepts, and
     accepted sockets inherit TCP_NODELAY (no ~40 ms delayed-ACK stall per keep-alive request)."""
     sock = config.bind_socket()
@@ -159,13 +219,15 @@ def listening_socket(config) -> socket.socket:  # noqa: ANN001 - a uvicorn.Confi
     return sock
 
 
-async def _announce_ready(client, settings) -> None:  # noqa: ANN001
+async def _announce_ready(client, settings) -> None:
     await client.ready.wait()
     info = client.info
     http_cores = keep_off_engine_cores(info.engine_cores)
-    print(f"ortserve: ready: {settings.served_model_name!r} from {info.artifact_dir} "
-          f"(max_model_len {info.max_model_len}; HTTP on cores {http_cores or 'shared with the engine'})",
-          flush=True)
+    print(
+        f"ortserve: ready: {settings.served_model_name!r} from {info.artifact_dir} "
+        f"(max_model_len {info.max_model_len}; HTTP on cores {http_cores or 'shared with the engine'})",
+        flush=True,
+    )
 
 
 def keep_off_engine_cores(engine_cores: list[int]) -> list[int]:

@@ -1,5 +1,6 @@
 """POST /v1/completions: prompts -> engine requests -> a CompletionResponse or its SSE stream.
 Prompts tokenize off the event loop."""
+
 from __future__ import annotations
 
 import asyncio
@@ -35,14 +36,22 @@ class CompletionsService:
         self.client = client
         self.model_name = model_name
 
-    async def create(self, body: CompletionRequest, request: Request
-                     ) -> CompletionResponse | EventStream | None:
+    async def create(self, body: CompletionRequest, request: Request) -> CompletionResponse | EventStream | None:
         prompts, limits = self.client.check_ready()
         body.check()
         batch = await asyncio.to_thread(self._tokenize, prompts, body)
-        params = [sampling_params(body, limits, p.token_ids, max_tokens=body.max_tokens,
-                                  default_max_tokens=DEFAULT_MAX_TOKENS, logprobs=body.logprobs,
-                                  prompt_param="prompt") for p in batch]
+        params = [
+            sampling_params(
+                body,
+                limits,
+                p.token_ids,
+                max_tokens=body.max_tokens,
+                default_max_tokens=DEFAULT_MAX_TOKENS,
+                logprobs=body.logprobs,
+                prompt_param="prompt",
+            )
+            for p in batch
+        ]
         log = RequestLog(random_id("cmpl"), "completions", prompt_tokens=sum(len(p.token_ids) for p in batch))
         streams: list[RequestStream] = []
         try:
@@ -67,8 +76,9 @@ class CompletionsService:
                     batch.append(_Prompt(list(prompt), prompts.decode(prompt) if body.echo else ""))
         return batch
 
-    async def _collect(self, log: RequestLog, body: CompletionRequest, batch: list[_Prompt],
-                       streams: list[RequestStream]) -> CompletionResponse:
+    async def _collect(
+        self, log: RequestLog, body: CompletionRequest, batch: list[_Prompt], streams: list[RequestStream]
+    ) -> CompletionResponse:
         prompts, _ = self.client.check_ready()
         totals = [SampleTotals(body.n) for _ in batch]
         try:
@@ -82,19 +92,34 @@ class CompletionsService:
         for i, prompt_totals in enumerate(totals):
             for j, out in enumerate(prompt_totals.samples):
                 prefix = batch[i].text if body.echo else ""
-                logprobs = (completion_logprobs(prompts, out.token_ids, out.logprobs, len(prefix))
-                            if body.logprobs is not None and out.logprobs is not None else None)
-                choices.append(CompletionChoice(index=i * body.n + j, text=prefix + out.text, logprobs=logprobs,
-                                                finish_reason=finish_reason(out.finish_reason),
-                                                stop_reason=out.stop_reason))
+                logprobs = (
+                    completion_logprobs(prompts, out.token_ids, out.logprobs, len(prefix))
+                    if body.logprobs is not None and out.logprobs is not None
+                    else None
+                )
+                choices.append(
+                    CompletionChoice(
+                        index=i * body.n + j,
+                        text=prefix + out.text,
+                        logprobs=logprobs,
+                        finish_reason=finish_reason(out.finish_reason),
+                        stop_reason=out.stop_reason,
+                    )
+                )
         generated = sum(t.num_generated for t in totals)
         log.completion_tokens = generated
         log.done(200)
-        return CompletionResponse(id=log.request_id, created=now(), model=self.model_name, choices=choices,
-                                  usage=Usage.of(log.prompt_tokens, generated, sum(t.num_cached_tokens for t in totals)))
+        return CompletionResponse(
+            id=log.request_id,
+            created=now(),
+            model=self.model_name,
+            choices=choices,
+            usage=Usage.of(log.prompt_tokens, generated, sum(t.num_cached_tokens for t in totals)),
+        )
 
-    async def _stream(self, log: RequestLog, body: CompletionRequest, batch: list[_Prompt],
-                      streams: list[RequestStream]) -> AsyncIterator[str]:
+    async def _stream(
+        self, log: RequestLog, body: CompletionRequest, batch: list[_Prompt], streams: list[RequestStream]
+    ) -> AsyncIterator[str]:
         prompts, _ = self.client.check_ready()
         created = now()
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -124,16 +149,29 @@ class CompletionsService:
                             offset = len(sample.text) - len(out.text)
                             logprobs = completion_logprobs(prompts, out.token_ids, out.logprobs, offset)
                         chunk = CompletionResponse(
-                            id=log.request_id, created=created, model=self.model_name,
-                            choices=[CompletionChoice(index=index, text=text, logprobs=logprobs,
-                                                      finish_reason=finish_reason(out.finish_reason),
-                                                      stop_reason=out.stop_reason)],
-                            usage=Usage.of(log.prompt_tokens, generated()) if continuous else None)
+                            id=log.request_id,
+                            created=created,
+                            model=self.model_name,
+                            choices=[
+                                CompletionChoice(
+                                    index=index,
+                                    text=text,
+                                    logprobs=logprobs,
+                                    finish_reason=finish_reason(out.finish_reason),
+                                    stop_reason=out.stop_reason,
+                                )
+                            ],
+                            usage=Usage.of(log.prompt_tokens, generated()) if continuous else None,
+                        )
                         yield chunk.model_dump_json()
             if include_usage:
-                yield CompletionResponse(id=log.request_id, created=created, model=self.model_name, choices=[],
-                                         usage=Usage.of(log.prompt_tokens, generated(),
-                                                        sum(t.num_cached_tokens for t in totals))).model_dump_json()
+                yield CompletionResponse(
+                    id=log.request_id,
+                    created=created,
+                    model=self.model_name,
+                    choices=[],
+                    usage=Usage.of(log.prompt_tokens, generated(), sum(t.num_cached_tokens for t in totals)),
+                ).model_dump_json()
         except Exception as exc:  # noqa: BLE001 - the status line is sent; report in-band
             status = "error"
             yield error_event(exc, log.request_id)

@@ -1,4 +1,5 @@
 """The HTTP routes, as Litestar controllers: declarations only; the work is in the services."""
+
 from __future__ import annotations
 
 import asyncio
@@ -45,22 +46,31 @@ ERROR_STATUSES = {
     500: "Internal error; the message gives an id that the server log has the details for",
     503: "Model loading, or the engine restarting after a failure; retry after Retry-After seconds",
 }
-ERRORS = {status: ResponseSpec(ErrorResponse, description=text, generate_examples=False)
-          for status, text in ERROR_STATUSES.items()}
+ERRORS = {
+    status: ResponseSpec(ErrorResponse, description=text, generate_examples=False)
+    for status, text in ERROR_STATUSES.items()
+}
 
 
 def generation_responses(body: type, chunk: type) -> dict[int, ResponseSpec]:
     """The 200 of a generation route: JSON, or with stream=true an SSE stream of chunks."""
-    return {200: ResponseSpec(body, generate_examples=False,
-                              description=f"{body.__name__}; with stream=true, text/event-stream "
-                                          f"events of {chunk.__name__} ending with 'data: [DONE]'"),
-            **ERRORS}
+    return {
+        200: ResponseSpec(
+            body,
+            generate_examples=False,
+            description=f"{body.__name__}; with stream=true, text/event-stream "
+            f"events of {chunk.__name__} ending with 'data: [DONE]'",
+        ),
+        **ERRORS,
+    }
 
 
 def check_model(settings: ServerSettings, model: str | None) -> None:
     if model is not None and model not in settings.model_names():
-        raise ModelNotFound(f"The model '{model}' does not exist; this server serves "
-                            f"'{settings.served_model_name}' (GET /v1/models)", "model")
+        raise ModelNotFound(
+            f"The model '{model}' does not exist; this server serves '{settings.served_model_name}' (GET /v1/models)",
+            "model",
+        )
 
 
 class OpenAIController(Controller):
@@ -70,20 +80,28 @@ class OpenAIController(Controller):
     guards = [require_api_key]
     tags = ["OpenAI"]
 
-    @post("/completions", status_code=200, summary="Create a completion",
-          responses=generation_responses(CompletionResponse, CompletionResponse))
-    async def create_completion(self, data: CompletionRequest, request: Request,
-                                completions: CompletionsService, settings: ServerSettings
-                                ) -> CompletionResponse | EventStream | Response[bytes]:
+    @post(
+        "/completions",
+        status_code=200,
+        summary="Create a completion",
+        responses=generation_responses(CompletionResponse, CompletionResponse),
+    )
+    async def create_completion(
+        self, data: CompletionRequest, request: Request, completions: CompletionsService, settings: ServerSettings
+    ) -> CompletionResponse | EventStream | Response[bytes]:
         check_model(settings, data.model)
         result = await completions.create(data, request)
         return result if result is not None else Response(b"", status_code=CLIENT_GONE)
 
-    @post("/chat/completions", status_code=200, summary="Create a chat completion",
-          responses=generation_responses(ChatCompletionResponse, ChatCompletionChunk))
-    async def create_chat_completion(self, data: ChatCompletionRequest, request: Request,
-                                     chat: ChatService, settings: ServerSettings
-                                     ) -> ChatCompletionResponse | EventStream | Response[bytes]:
+    @post(
+        "/chat/completions",
+        status_code=200,
+        summary="Create a chat completion",
+        responses=generation_responses(ChatCompletionResponse, ChatCompletionChunk),
+    )
+    async def create_chat_completion(
+        self, data: ChatCompletionRequest, request: Request, chat: ChatService, settings: ServerSettings
+    ) -> ChatCompletionResponse | EventStream | Response[bytes]:
         check_model(settings, data.model)
         result = await chat.create(data, request)
         return result if result is not None else Response(b"", status_code=CLIENT_GONE)
@@ -91,9 +109,16 @@ class OpenAIController(Controller):
     @get("/models", summary="List the served models", responses=ERRORS)
     async def list_models(self, client: EngineClient, settings: ServerSettings) -> ModelList:
         info = client.info
-        return ModelList(data=[ModelCard(id=settings.served_model_name, created=settings.started_at,
-                                         root=info.artifact_dir if info else None,
-                                         max_model_len=info.max_model_len if info else None)])
+        return ModelList(
+            data=[
+                ModelCard(
+                    id=settings.served_model_name,
+                    created=settings.started_at,
+                    root=info.artifact_dir if info else None,
+                    max_model_len=info.max_model_len if info else None,
+                )
+            ]
+        )
 
 
 class TokenizerController(Controller):
@@ -102,24 +127,27 @@ class TokenizerController(Controller):
     tags = ["Tokenizer"]
     guards = [require_api_key]
 
-    @post("/tokenize", status_code=200, summary="Token ids of a prompt or of chat messages",
-          responses=ERRORS)
-    async def tokenize(self, data: TokenizeRequest, client: EngineClient,
-                       settings: ServerSettings) -> TokenizeResponse:
+    @post("/tokenize", status_code=200, summary="Token ids of a prompt or of chat messages", responses=ERRORS)
+    async def tokenize(self, data: TokenizeRequest, client: EngineClient, settings: ServerSettings) -> TokenizeResponse:
         check_model(settings, data.model)
         data.check()
         prompts, limits = client.check_ready()
         with as_bad_request(TokenizeRequest.model_fields):
             if data.messages is not None:
-                tokens = await asyncio.to_thread(prompts.chat_token_ids, [m.conversation_entry() for m in data.messages],
-                                                 data.add_generation_prompt, data.continue_final_message)
+                tokens = await asyncio.to_thread(
+                    prompts.chat_token_ids,
+                    [m.conversation_entry() for m in data.messages],
+                    data.add_generation_prompt,
+                    data.continue_final_message,
+                )
             else:
                 tokens = await asyncio.to_thread(prompts.encode, data.prompt or "", data.add_special_tokens)
         return TokenizeResponse(count=len(tokens), max_model_len=limits.max_model_len, tokens=tokens)
 
     @post("/detokenize", status_code=200, summary="Text of token ids", responses=ERRORS)
-    async def detokenize(self, data: DetokenizeRequest, client: EngineClient,
-                         settings: ServerSettings) -> DetokenizeResponse:
+    async def detokenize(
+        self, data: DetokenizeRequest, client: EngineClient, settings: ServerSettings
+    ) -> DetokenizeResponse:
         check_model(settings, data.model)
         prompts, limits = client.check_ready()
         with as_bad_request(DetokenizeRequest.model_fields):
@@ -127,9 +155,13 @@ class TokenizerController(Controller):
         return DetokenizeResponse(prompt=await asyncio.to_thread(prompts.decode, data.tokens))
 
 
-HEALTH = {"loading": "the model is still loading", "stalled": "the engine made no progress for --engine-timeout "
-          "seconds with requests pending", "restarting": "the engine is restarting after a failure",
-          "failed": "the engine is not running", "stopped": "the server is shutting down"}
+HEALTH = {
+    "loading": "the model is still loading",
+    "stalled": "the engine made no progress for --engine-timeout seconds with requests pending",
+    "restarting": "the engine is restarting after a failure",
+    "failed": "the engine is not running",
+    "stopped": "the server is shutting down",
+}
 
 
 class OpsController(Controller):
@@ -147,7 +179,11 @@ class OpsController(Controller):
     async def version(self) -> dict[str, str]:
         return {"version": __version__}
 
-    @get("/metrics", summary="Prometheus metrics", media_type=CONTENT_TYPE_LATEST,
-         guards=[require_api_key_unless_public_metrics])
+    @get(
+        "/metrics",
+        summary="Prometheus metrics",
+        media_type=CONTENT_TYPE_LATEST,
+        guards=[require_api_key_unless_public_metrics],
+    )
     async def metrics(self, metrics: ServerMetrics) -> Response[bytes]:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)

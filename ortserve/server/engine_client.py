@@ -11,6 +11,7 @@
   the server stops with one log line. If the engine makes no progress for ``engine_timeout``
   seconds while work is pending, /health is 503 ("stalled") and a metric counts it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -18,7 +19,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -81,9 +82,13 @@ class _Engine:
 
 
 class EngineClient:
-    def __init__(self, config: Any, supervision: Supervision | None = None,
-                 factory: EngineFactory = build_llm_engine,
-                 tokenizer_loader: Callable[..., Any] = load_tokenizer) -> None:
+    def __init__(
+        self,
+        config: Any,
+        supervision: Supervision | None = None,
+        factory: EngineFactory = build_llm_engine,
+        tokenizer_loader: Callable[..., Any] = load_tokenizer,
+    ) -> None:
         self.config = config
         self.supervision = supervision or Supervision()
         self.factory = factory
@@ -103,6 +108,7 @@ class EngineClient:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._last_progress = time.monotonic()
         self._watchdog: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Future[None]] = set()
 
     # --- life cycle --------------------------------------------------------------------------
 
@@ -155,8 +161,7 @@ class EngineClient:
         self.check_ready()
         self._admit(len(prompt_token_ids), params.n)
         assert self._engine is not None
-        request = self._requests[request_id] = _InFlight(asyncio.Queue(), params.n,
-                                                         len(prompt_token_ids) * params.n)
+        request = self._requests[request_id] = _InFlight(asyncio.Queue(), params.n, len(prompt_token_ids) * params.n)
         self._engine.outgoing.put(AddRequest(EngineRequest(request_id, prompt_token_ids, params)))
         return RequestStream(self, request_id, request.outputs)
 
@@ -166,13 +171,19 @@ class EngineClient:
         in_flight = sum(r.num_seqs for r in self._requests.values())
         waiting = in_flight + num_seqs - info.max_num_seqs
         if waiting > limits.max_waiting_requests:
-            raise Overloaded(f"the server is overloaded: {in_flight} sequences are in flight and at most "
-                             f"{limits.max_waiting_requests} may wait beyond the {info.max_num_seqs} that run "
-                             f"(--max-waiting-requests); retry later", headers=RETRY_AFTER)
+            raise Overloaded(
+                f"the server is overloaded: {in_flight} sequences are in flight and at most "
+                f"{limits.max_waiting_requests} may wait beyond the {info.max_num_seqs} that run "
+                f"(--max-waiting-requests); retry later",
+                headers=RETRY_AFTER,
+            )
         queued = sum(r.prompt_tokens for r in self._requests.values() if not r.started)
         if queued and queued + prompt_tokens * num_seqs > limits.max_queued_tokens:
-            raise Overloaded(f"the server is overloaded: {queued} prompt tokens are queued and "
-                             f"--max-queued-tokens is {limits.max_queued_tokens}; retry later", headers=RETRY_AFTER)
+            raise Overloaded(
+                f"the server is overloaded: {queued} prompt tokens are queued and "
+                f"--max-queued-tokens is {limits.max_queued_tokens}; retry later",
+                headers=RETRY_AFTER,
+            )
 
     def abort(self, request_id: str) -> None:
         if self._requests.pop(request_id, None) is None:
@@ -202,7 +213,7 @@ class EngineClient:
         if isinstance(message, StepResult):
             self._on_step(message)
         elif isinstance(message, EngineReady):
-            asyncio.ensure_future(self._on_ready(message.info))
+            self._keep(self._on_ready(message.info))
         elif isinstance(message, EngineFailed):
             logger.error("engine %s: %s", message.code.value, message.message)
             if message.code is ErrorCode.STARTUP:
@@ -211,8 +222,9 @@ class EngineClient:
     async def _on_ready(self, info: EngineInfo) -> None:
         if self.prompts is None:
             try:
-                tokenizer = await asyncio.to_thread(self.tokenizer_loader, info.artifact_dir,
-                                                    getattr(self.config, "chat_template", None))
+                tokenizer = await asyncio.to_thread(
+                    self.tokenizer_loader, info.artifact_dir, getattr(self.config, "chat_template", None)
+                )
             except Exception as exc:  # noqa: BLE001 - reported like any start-up failure
                 self._fail(f"loading the tokenizer from {info.artifact_dir} failed: {exc}")
                 return
@@ -226,8 +238,11 @@ class EngineClient:
 
     def _on_step(self, result: StepResult) -> None:
         for error in result.errors:
-            bad = BadRequest(error.message) if error.code is ErrorCode.INVALID_REQUEST else \
-                EngineFailure(f"internal error (request {error.request_id})")
+            bad = (
+                BadRequest(error.message)
+                if error.code is ErrorCode.INVALID_REQUEST
+                else EngineFailure(f"internal error (request {error.request_id})")
+            )
             self._finish(error.request_id, bad)
         for delta in result.deltas:
             request = self._requests.get(delta.request_id)
@@ -273,15 +288,24 @@ class EngineClient:
         now = time.monotonic()
         self._restarts = [t for t in self._restarts if now - t < self.supervision.restart_window] + [now]
         if self.state == "loading" or len(self._restarts) > self.supervision.max_restarts:
-            self._fail(f"the engine process died {len(self._restarts)} times in "
-                       f"{self.supervision.restart_window:g} s (--max-engine-restarts "
-                       f"{self.supervision.max_restarts}); giving up" if self.state != "loading"
-                       else f"the engine process exited during start-up (exit code {code})")
+            self._fail(
+                f"the engine process died {len(self._restarts)} times in "
+                f"{self.supervision.restart_window:g} s (--max-engine-restarts "
+                f"{self.supervision.max_restarts}); giving up"
+                if self.state != "loading"
+                else f"the engine process exited during start-up (exit code {code})"
+            )
             return
         self.state = "restarting"
         self.num_restarts += 1
         engine.outgoing.put(None)
-        asyncio.ensure_future(self._spawn())
+        self._keep(self._spawn())
+
+    def _keep(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` as a task that is referenced until it ends (the loop keeps only weak ones)."""
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _watch(self) -> None:
         """Flag an engine that makes no progress while requests are pending."""
@@ -291,8 +315,11 @@ class EngineClient:
             idle = time.monotonic() - self._last_progress
             if self.state == "ready" and self._requests and idle > timeout:
                 self.state = "stalled"
-                logger.error("the engine made no progress for %.0f s with %d requests pending "
-                             "(--engine-timeout)", idle, len(self._requests))
+                logger.error(
+                    "the engine made no progress for %.0f s with %d requests pending (--engine-timeout)",
+                    idle,
+                    len(self._requests),
+                )
                 for observer in self.observers:
                     observer.observe_engine_event("stall")
             elif not self._requests:
@@ -327,8 +354,7 @@ class RequestStream:
     """One request's deltas, until it finishes. Closing it early (an exception, a cancelled
     task, ``aclose()``) aborts the request in the engine."""
 
-    def __init__(self, client: EngineClient, request_id: str,
-                 outputs: asyncio.Queue[RequestDelta | Exception]) -> None:
+    def __init__(self, client: EngineClient, request_id: str, outputs: asyncio.Queue[RequestDelta | Exception]) -> None:
         self.client = client
         self.request_id = request_id
         self.outputs = outputs

@@ -8,6 +8,7 @@ process died) ends the loop too. A request that cannot be served gets a ``Reques
 exception in the loop itself is reported as ``EngineFailed`` and the process exits (the HTTP
 process restarts it).
 """
+
 from __future__ import annotations
 
 import logging
@@ -55,7 +56,7 @@ def run_engine_process(config: Any, inbox: Connection, outbox: Connection, facto
     channel = engine_side()
     try:
         engine = factory(config)
-    except BaseException as exc:  # noqa: BLE001 - every start-up failure must reach the user
+    except BaseException as exc:
         logger.exception("engine start-up failed")
         message = str(exc) if isinstance(exc, (ValueError, RuntimeError, OSError, ImportError)) else "see the log"
         _send_quietly(outbox, channel.encode(EngineFailed(ErrorCode.STARTUP, message or type(exc).__name__)))
@@ -63,7 +64,7 @@ def run_engine_process(config: Any, inbox: Connection, outbox: Connection, facto
     outbox.send_bytes(channel.encode(EngineReady(engine.info())))
     try:
         EngineLoop(engine, inbox, outbox).run()
-    except BaseException:  # noqa: BLE001
+    except BaseException:
         logger.exception("the engine loop failed")
         _send_quietly(outbox, channel.encode(EngineFailed(ErrorCode.CRASHED, "the engine loop failed")))
         sys.exit(1)
@@ -144,9 +145,12 @@ class EngineProcess:
         inbox_reader, self._inbox = ctx.Pipe(duplex=False)
         self._outbox, outbox_writer = ctx.Pipe(duplex=False)
         self.channel = api_side()
-        self.process = ctx.Process(target=run_engine_process, name="ortserve-engine",
-                                   args=(config, inbox_reader, outbox_writer, factory),
-                                   daemon=False)  # it may start processes of its own
+        self.process = ctx.Process(
+            target=run_engine_process,
+            name="ortserve-engine",
+            args=(config, inbox_reader, outbox_writer, factory),
+            daemon=False,
+        )  # it may start processes of its own
         self.process.start()
         # Close our copies of the child's ends, so either side sees EOF when the other dies.
         inbox_reader.close()

@@ -4,6 +4,7 @@ Everything a client can get wrong maps to a 4xx whose message names the field; o
 bugs and a dead engine answer 5xx. No traceback, file path or exception class reaches a client:
 an unexpected error answers "internal error" with an id, and the details go to the log with it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -30,8 +31,9 @@ class APIError(Exception):
     type = "invalid_request_error"
     code: str | None = None
 
-    def __init__(self, message: str, param: str | None = None, *, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, message: str, param: str | None = None, *, code: str | None = None, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
@@ -39,8 +41,7 @@ class APIError(Exception):
         self.headers = headers
 
     def to_response(self) -> Response[ErrorResponse]:
-        return error_response(self.status_code, self.message, self.type, self.param, self.code,
-                              self.headers)
+        return error_response(self.status_code, self.message, self.type, self.param, self.code, self.headers)
 
 
 class BadRequest(APIError):
@@ -75,13 +76,19 @@ class EngineFailure(APIError):
     code = "engine_error"
 
 
-def error_response(status: int, message: str, type_: str | None = None, param: str | None = None,
-                   code: str | None = None, headers: dict[str, str] | None = None
-                   ) -> Response[ErrorResponse]:
+def error_response(
+    status: int,
+    message: str,
+    type_: str | None = None,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> Response[ErrorResponse]:
     if type_ is None:
         type_ = "invalid_request_error" if status < 500 else "internal_server_error"
-    body = ErrorResponse(error=ErrorInfo(message=message, type=type_, param=param,
-                                         code=code if code is not None else str(status)))
+    body = ErrorResponse(
+        error=ErrorInfo(message=message, type=type_, param=param, code=code if code is not None else str(status))
+    )
     return Response(body, status_code=status, headers=headers)
 
 
@@ -114,8 +121,12 @@ def handle_http_exception(_: Request, exc: HTTPException) -> Response[ErrorRespo
         message, param = _validation_message(exc)
         return error_response(400, message, param=param)
     if status == 413:
-        return error_response(413, "Request body too large; the limit is set by "
-                              "--max-request-body-bytes", param=None, code="request_too_large")
+        return error_response(
+            413,
+            "Request body too large; the limit is set by --max-request-body-bytes",
+            param=None,
+            code="request_too_large",
+        )
     if status >= 500:
         return error_response(status, internal_error_message(exc))
     detail = exc.detail or HTTPStatus(status).phrase

@@ -1,5 +1,6 @@
 """Logprobs in the two OpenAI formats, from the engine's per-token ``TokenLogprob``s
 (``logprob`` of the sampled token, ``top_logprobs`` as (token id, logprob), most likely first)."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -10,8 +11,9 @@ from ortserve.tokenizer import ChatPrompts
 from .responses import ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, TopLogprob
 
 
-def completion_logprobs(prompts: ChatPrompts, token_ids: Sequence[int], logprobs: Sequence[Any],
-                        text_offset: int = 0) -> CompletionLogprobs:
+def completion_logprobs(
+    prompts: ChatPrompts, token_ids: Sequence[int], logprobs: Sequence[Any], text_offset: int = 0
+) -> CompletionLogprobs:
     """/v1/completions: parallel lists; ``top_logprobs`` maps token text -> logprob and always
     holds the sampled token. ``text_offset`` is where the first token starts in the choice text."""
     out = CompletionLogprobs()
@@ -33,8 +35,9 @@ def chat_logprobs(prompts: ChatPrompts, token_ids: Sequence[int], logprobs: Sequ
     for token_id, entry in zip(token_ids, logprobs):
         top = [_top(prompts, t, lp) for t, lp in entry.top_logprobs]
         sampled = _top(prompts, token_id, entry.logprob)
-        content.append(ChatTokenLogprob(token=sampled.token, logprob=sampled.logprob,
-                                    bytes=sampled.bytes, top_logprobs=top))
+        content.append(
+            ChatTokenLogprob(token=sampled.token, logprob=sampled.logprob, bytes=sampled.bytes, top_logprobs=top)
+        )
     return ChatLogprobs(content=content)
 
 

@@ -3,11 +3,11 @@
 After each step the engine reports its gauges, what its counters gained, and the latencies of
 requests finished during the step (``StatsUpdate``). Engine deaths and stalls are counted here.
 """
+
 from __future__ import annotations
 
 from typing import Any
 
-from ortserve.engine.ipc import StatsUpdate
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -18,12 +18,33 @@ from prometheus_client import (
     generate_latest,
 )
 
+from ortserve.engine.ipc import StatsUpdate
+
 __all__ = ["CONTENT_TYPE_LATEST", "ServerMetrics"]
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 TPOT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
-E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-               120.0, 240.0, 480.0, 960.0)
+E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+)
 
 # StatsUpdate counter field -> metric name (Prometheus adds _total).
 COUNTERS = {
@@ -51,23 +72,37 @@ class ServerMetrics:
             return metric.labels(model_name=model_name)
 
         reg = self.registry
-        self.running = label(Gauge(f"{prefix}num_requests_running", "Requests in the running batch",
-                                   labels, registry=reg))
-        self.waiting = label(Gauge(f"{prefix}num_requests_waiting", "Requests waiting to run",
-                                   labels, registry=reg))
-        self.kv_usage = label(Gauge(f"{prefix}kv_cache_usage_perc",
-                                    "Fraction of KV-cache blocks in use (0 to 1)", labels, registry=reg))
-        self.counters = {field: label(Counter(f"{prefix}{name}", doc, labels, registry=reg))
-                         for field, (name, doc) in COUNTERS.items()}
-        self.histograms = {field: label(Histogram(f"{prefix}{name}", doc, labels, buckets=buckets,
-                                                  registry=reg))
-                           for field, (name, doc, buckets) in HISTOGRAMS.items()}
-        success = Counter(f"{prefix}request_success", "Finished requests by finish reason",
-                          ["model_name", "finished_reason"], registry=reg)
-        self.finished = {reason: success.labels(model_name=model_name, finished_reason=reason)
-                         for reason in ("stop", "length", "abort", "error")}
-        events = Counter(f"{prefix}engine_events", "Engine deaths (restarted) and stalls (no progress for "
-                         "--engine-timeout seconds with requests pending)", ["model_name", "event"], registry=reg)
+        self.running = label(
+            Gauge(f"{prefix}num_requests_running", "Requests in the running batch", labels, registry=reg)
+        )
+        self.waiting = label(Gauge(f"{prefix}num_requests_waiting", "Requests waiting to run", labels, registry=reg))
+        self.kv_usage = label(
+            Gauge(f"{prefix}kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0 to 1)", labels, registry=reg)
+        )
+        self.counters = {
+            field: label(Counter(f"{prefix}{name}", doc, labels, registry=reg))
+            for field, (name, doc) in COUNTERS.items()
+        }
+        self.histograms = {
+            field: label(Histogram(f"{prefix}{name}", doc, labels, buckets=buckets, registry=reg))
+            for field, (name, doc, buckets) in HISTOGRAMS.items()
+        }
+        success = Counter(
+            f"{prefix}request_success",
+            "Finished requests by finish reason",
+            ["model_name", "finished_reason"],
+            registry=reg,
+        )
+        self.finished = {
+            reason: success.labels(model_name=model_name, finished_reason=reason)
+            for reason in ("stop", "length", "abort", "error")
+        }
+        events = Counter(
+            f"{prefix}engine_events",
+            "Engine deaths (restarted) and stalls (no progress for --engine-timeout seconds with requests pending)",
+            ["model_name", "event"],
+            registry=reg,
+        )
         self.engine_events = {event: events.labels(model_name=model_name, event=event) for event in ("death", "stall")}
 
     def observe_stats(self, stats: StatsUpdate) -> None:

@@ -4,6 +4,7 @@ Litestar's generator drops the constraints of values nested in unions and lists 
 length, a token id's range) and a model's ``json_schema_extra``; pydantic's own JSON schema has
 them all, so every bound the server enforces is declared (schemathesis relies on it).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -14,8 +15,12 @@ from pydantic import BaseModel
 
 from .protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 
-REQUEST_MODELS: tuple[type[BaseModel], ...] = (CompletionRequest, ChatCompletionRequest, TokenizeRequest,
-                                               DetokenizeRequest)
+REQUEST_MODELS: tuple[type[BaseModel], ...] = (
+    CompletionRequest,
+    ChatCompletionRequest,
+    TokenizeRequest,
+    DetokenizeRequest,
+)
 
 
 class RequestSchemasFromPydantic(JsonRenderPlugin):

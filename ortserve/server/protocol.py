@@ -6,6 +6,7 @@ OpenAPI schema declares each bound the server enforces. Checks that span fields 
 ``check()``. Unknown fields are ignored, as OpenAI's SDKs send ``extra_body`` entries at the top
 level.
 """
+
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
@@ -49,12 +50,25 @@ Seed = bounded_int("seed")
 LogprobCount = bounded_int("logprobs")
 TOKEN_ID_KEY = r"^[0-9]{1,9}$"  # as sampling_params reads logit_bias keys
 LogitBias = Annotated[
-    dict[Annotated[str, Field(pattern=TOKEN_ID_KEY)],
-         Annotated[float, Field(**BOUNDS["logit_bias_value"].field_kwargs())]],
+    dict[
+        Annotated[str, Field(pattern=TOKEN_ID_KEY)],
+        Annotated[float, Field(**BOUNDS["logit_bias_value"].field_kwargs())],
+    ],
     Field(**BOUNDS["logit_bias"].field_kwargs()),
-    WithJsonSchema({"type": "object", "maxProperties": BOUNDS["logit_bias"].max_items, "additionalProperties": False,
-                    "patternProperties": {TOKEN_ID_KEY: {"type": "number", "minimum": BOUNDS["logit_bias_value"].ge,
-                                                        "maximum": BOUNDS["logit_bias_value"].le}}}),
+    WithJsonSchema(
+        {
+            "type": "object",
+            "maxProperties": BOUNDS["logit_bias"].max_items,
+            "additionalProperties": False,
+            "patternProperties": {
+                TOKEN_ID_KEY: {
+                    "type": "number",
+                    "minimum": BOUNDS["logit_bias_value"].ge,
+                    "maximum": BOUNDS["logit_bias_value"].le,
+                }
+            },
+        }
+    ),
 ]
 TokenIds = Annotated[list[TokenId], Field(min_length=1, max_length=MAX_PROMPT_TOKENS)]
 PromptText = Annotated[str, Field(min_length=1, max_length=MAX_PROMPT_CHARS)]
@@ -72,8 +86,10 @@ class StreamOptions(BaseModel):
 
 def requires(field: str, condition: dict[str, Any], then_field: str, value: Any) -> dict[str, Any]:
     """A JSON Schema rule: when ``field`` matches ``condition``, ``then_field`` must be ``value``."""
-    return {"if": {"properties": {field: condition}, "required": [field]},
-            "then": {"properties": {then_field: {"const": value}}, "required": [then_field]}}
+    return {
+        "if": {"properties": {field: condition}, "required": [field]},
+        "then": {"properties": {then_field: {"const": value}}, "required": [then_field]},
+    }
 
 
 STREAM_OPTIONS_NEED_STREAM = requires("stream_options", {"type": "object"}, "stream", True)
@@ -99,9 +115,11 @@ class SamplingRequest(BaseModel):
     repetition_penalty: float = bounded("repetition_penalty", 1.0)
     logit_bias: LogitBias | None = Field(None, description="Token id (as a decimal string) -> bias added to its logit")
     stop: StopString | Annotated[list[StopString], Field(max_length=BOUNDS["stop"].max_items)] | None = Field(
-        None, description="Strings that end a choice")
+        None, description="Strings that end a choice"
+    )
     stop_token_ids: Annotated[list[TokenId], Field(max_length=BOUNDS["stop_token_ids"].max_items)] | None = Field(
-        None, description="Token ids that end a choice")
+        None, description="Token ids that end a choice"
+    )
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     stream: bool = False
@@ -112,8 +130,7 @@ class SamplingRequest(BaseModel):
         """Cross-field checks; raises BadRequest naming the field. (Bounds that need the model
         are ``PromptLimits``'s, the same offline and over HTTP.)"""
         if self.stream_options is not None and not self.stream:
-            raise BadRequest("'stream_options' is only allowed when 'stream' is true",
-                             "stream_options")
+            raise BadRequest("'stream_options' is only allowed when 'stream' is true", "stream_options")
 
     def stop_list(self) -> list[str] | None:
         if self.stop is None:
@@ -124,13 +141,21 @@ class SamplingRequest(BaseModel):
     def sampling_kwargs(self) -> dict[str, Any]:
         """The SamplingParams fields both endpoints set the same way."""
         return dict(
-            n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-            min_p=self.min_p, seed=self.seed, presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
+            n=self.n,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            seed=self.seed,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
             logit_bias=dict(self.logit_bias) if self.logit_bias else None,
-            stop=self.stop_list(), stop_token_ids=list(self.stop_token_ids or []),
+            stop=self.stop_list(),
+            stop_token_ids=list(self.stop_token_ids or []),
             include_stop_str_in_output=self.include_stop_str_in_output,
-            min_tokens=self.min_tokens, ignore_eos=self.ignore_eos,
+            min_tokens=self.min_tokens,
+            ignore_eos=self.ignore_eos,
             skip_special_tokens=self.skip_special_tokens,
         )
 
@@ -138,9 +163,12 @@ class SamplingRequest(BaseModel):
 class CompletionRequest(SamplingRequest):
     """POST /v1/completions."""
 
-    prompt: (PromptText | Annotated[list[PromptText], Field(min_length=1, max_length=MAX_BATCH)] | TokenIds
-             | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_BATCH)]) = Field(
-        description="A string, a list of strings, token ids, or a list of token-id lists")
+    prompt: (
+        PromptText
+        | Annotated[list[PromptText], Field(min_length=1, max_length=MAX_BATCH)]
+        | TokenIds
+        | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_BATCH)]
+    ) = Field(description="A string, a list of strings, token ids, or a list of token-id lists")
     echo: bool = Field(False, description="Put the prompt before the generated text")
     logprobs: LogprobCount | None = Field(None, description="Alternatives to return per token (0 = sampled only)")
     suffix: str | None = Field(None, max_length=MAX_PROMPT_CHARS, description="Not supported")
@@ -150,8 +178,9 @@ class CompletionRequest(SamplingRequest):
         if self.suffix:
             raise BadRequest("'suffix' is not supported", "suffix")
         if self.echo and self.logprobs is not None:
-            raise BadRequest("'echo' with 'logprobs' would need prompt logprobs, which this "
-                             "server does not compute", "echo")
+            raise BadRequest(
+                "'echo' with 'logprobs' would need prompt logprobs, which this server does not compute", "echo"
+            )
         if isinstance(self.prompt, list) and not self.prompt:
             raise BadRequest("'prompt' must not be empty", "prompt")
 
@@ -198,11 +227,17 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(SamplingRequest):
     """POST /v1/chat/completions."""
 
-    model_config = ConfigDict(extra="ignore", strict=True, json_schema_extra={"allOf": [
-        STREAM_OPTIONS_NEED_STREAM,
-        requires("top_logprobs", {"type": "integer", "minimum": 1}, "logprobs", True),
-        requires("continue_final_message", {"const": True}, "add_generation_prompt", False),
-    ]})
+    model_config = ConfigDict(
+        extra="ignore",
+        strict=True,
+        json_schema_extra={
+            "allOf": [
+                STREAM_OPTIONS_NEED_STREAM,
+                requires("top_logprobs", {"type": "integer", "minimum": 1}, "logprobs", True),
+                requires("continue_final_message", {"const": True}, "add_generation_prompt", False),
+            ]
+        },
+    )
 
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     add_generation_prompt: bool = Field(True, description="End the prompt with the assistant's turn")
@@ -211,12 +246,16 @@ class ChatCompletionRequest(SamplingRequest):
     logprobs: bool = Field(False, description="Return the sampled tokens' logprobs")
     top_logprobs: LogprobCount | None = Field(None, description="Alternatives per token; needs logprobs=true")
     chat_template_kwargs: dict[str, Any] | None = Field(None, description="Extra template variables")
-    chat_template: str | None = Field(None, max_length=MAX_TEMPLATE_CHARS,
-                                      description="A template replacing the model's; refused unless the "
-                                                  "server runs with --trust-request-chat-template")
+    chat_template: str | None = Field(
+        None,
+        max_length=MAX_TEMPLATE_CHARS,
+        description="A template replacing the model's; refused unless the "
+        "server runs with --trust-request-chat-template",
+    )
     response_format: TextFormat | None = Field(None, description="Only {'type': 'text'} (structured outputs: not yet)")
     tools: Annotated[list[dict[str, Any]], Field(max_length=0)] | None = Field(
-        None, description="Tool calling is not supported yet: only an empty list")
+        None, description="Tool calling is not supported yet: only an empty list"
+    )
     tool_choice: Literal["none", "auto"] | None = None
 
     def check(self) -> None:
@@ -224,8 +263,7 @@ class ChatCompletionRequest(SamplingRequest):
         if self.top_logprobs and not self.logprobs:
             raise BadRequest("'top_logprobs' needs 'logprobs' set to true", "top_logprobs")
         if self.continue_final_message and self.add_generation_prompt:
-            raise BadRequest("'continue_final_message' needs 'add_generation_prompt' false",
-                             "continue_final_message")
+            raise BadRequest("'continue_final_message' needs 'add_generation_prompt' false", "continue_final_message")
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -237,11 +275,18 @@ class ChatCompletionRequest(SamplingRequest):
 class TokenizeRequest(BaseModel):
     """POST /tokenize: either a prompt or chat messages (exactly one: the schema's oneOf)."""
 
-    model_config = ConfigDict(strict=True, json_schema_extra={"oneOf": [
-        {"required": ["prompt"], "properties": {"prompt": {"type": "string"}, "messages": {"type": "null"}}},
-        {"required": ["messages"], "properties": {"messages": {"type": "array", "minItems": 1},
-                                                  "prompt": {"type": "null"}}},
-    ]})
+    model_config = ConfigDict(
+        strict=True,
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["prompt"], "properties": {"prompt": {"type": "string"}, "messages": {"type": "null"}}},
+                {
+                    "required": ["messages"],
+                    "properties": {"messages": {"type": "array", "minItems": 1}, "prompt": {"type": "null"}},
+                },
+            ]
+        },
+    )
 
     model: str | None = None
     prompt: PromptText | None = None

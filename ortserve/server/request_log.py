@@ -1,4 +1,5 @@
 """One log line per request (on by default): id, route, status, tokens in and out, latency."""
+
 from __future__ import annotations
 
 import logging
@@ -17,6 +18,12 @@ class RequestLog:
     completion_tokens: int = 0
 
     def done(self, status: int | str) -> None:
-        logger.info("%s %s status=%s prompt_tokens=%d completion_tokens=%d latency_ms=%.0f",
-                    self.request_id, self.route, status, self.prompt_tokens, self.completion_tokens,
-                    (time.monotonic() - self.started) * 1000)
+        logger.info(
+            "%s %s status=%s prompt_tokens=%d completion_tokens=%d latency_ms=%.0f",
+            self.request_id,
+            self.route,
+            status,
+            self.prompt_tokens,
+            self.completion_tokens,
+            (time.monotonic() - self.started) * 1000,
+        )

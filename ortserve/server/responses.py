@@ -1,4 +1,5 @@
 """Response bodies of the OpenAI API (and vLLM's /tokenize, /detokenize), as pydantic models."""
+
 from __future__ import annotations
 
 import time
@@ -48,12 +49,16 @@ class Usage(BaseModel):
 
     @classmethod
     def of(cls, prompt: int, completion: int, cached: int = 0) -> Usage:
-        return cls(prompt_tokens=prompt, completion_tokens=completion,
-                   total_tokens=prompt + completion,
-                   prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+        return cls(
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            total_tokens=prompt + completion,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
+        )
 
 
 # --- /v1/completions ---------------------------------------------------------------------------
+
 
 class CompletionLogprobs(BaseModel):
     text_offset: list[int] = Field(default_factory=list)
@@ -80,6 +85,7 @@ class CompletionResponse(BaseModel):
 
 
 # --- /v1/chat/completions ----------------------------------------------------------------------
+
 
 class TopLogprob(BaseModel):
     token: str
@@ -146,6 +152,7 @@ class ChatCompletionChunk(BaseModel):
 
 
 # --- models, tokenizer ------------------------------------------------------------------------
+
 
 class ModelCard(BaseModel):
     id: str

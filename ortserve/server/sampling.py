@@ -3,6 +3,7 @@
 Both raise ``InvalidParameter`` (the one validation layer, shared with the offline API); here it
 becomes a 400 naming the parameter.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -26,18 +27,28 @@ def as_bad_request(fields: Any = None) -> Iterator[None]:
         raise BadRequest(f"Invalid '{exc.param}': {exc}", param) from exc
 
 
-def sampling_params(request: SamplingRequest, limits: PromptLimits, prompt_token_ids: list[int],
-                    *, max_tokens: int | None, default_max_tokens: int | None, logprobs: int | None,
-                    prompt_param: str) -> SamplingParams:
+def sampling_params(
+    request: SamplingRequest,
+    limits: PromptLimits,
+    prompt_token_ids: list[int],
+    *,
+    max_tokens: int | None,
+    default_max_tokens: int | None,
+    logprobs: int | None,
+    prompt_param: str,
+) -> SamplingParams:
     """The request's SamplingParams, with max_tokens settled against the prompt's room."""
     with as_bad_request(type(request).model_fields):
         params = SamplingParams(max_tokens=max_tokens, logprobs=logprobs, **request.sampling_kwargs())
         room = limits.check(prompt_token_ids, params, prompt_param)
         if max_tokens is None:  # a new SamplingParams, so min_tokens is checked against the budget too
             if params.min_tokens > room:
-                raise InvalidParameter("min_tokens", f"min_tokens {params.min_tokens} is more than the {room} tokens "
-                                                     f"left in this model's maximum context length of "
-                                                     f"{limits.max_model_len}")
+                raise InvalidParameter(
+                    "min_tokens",
+                    f"min_tokens {params.min_tokens} is more than the {room} tokens "
+                    f"left in this model's maximum context length of "
+                    f"{limits.max_model_len}",
+                )
             wanted = room if default_max_tokens is None else max(default_max_tokens, params.min_tokens)
             params = replace(params, max_tokens=min(wanted, room))
     return params

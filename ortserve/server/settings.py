@@ -1,4 +1,5 @@
 """What the HTTP side is configured with (the engine's own flags are in EngineConfig)."""
+
 from __future__ import annotations
 
 import time

@@ -1,5 +1,6 @@
 """Async helpers for the HTTP handlers: merge several generation streams, and stop work when
 the HTTP client goes away."""
+
 from __future__ import annotations
 
 import asyncio

@@ -5,6 +5,7 @@ template can neither stall the event loop nor take the server's memory.
 A template that runs past ``timeout`` seconds gets its worker killed (a new one starts for the
 next request) and the request a 400.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -23,8 +24,14 @@ def _limit_memory() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
 
 
-def _render(template: str, conversation: list[dict[str, Any]], add_generation_prompt: bool,
-            continue_final_message: bool, kwargs: dict[str, Any], max_chars: int) -> str:
+def _render(
+    template: str,
+    conversation: list[dict[str, Any]],
+    add_generation_prompt: bool,
+    continue_final_message: bool,
+    kwargs: dict[str, Any],
+    max_chars: int,
+) -> str:
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
@@ -34,8 +41,12 @@ def _render(template: str, conversation: list[dict[str, Any]], add_generation_pr
 
     env.globals["raise_exception"] = raise_exception
     pieces, size = [], 0
-    for piece in env.from_string(template).generate(messages=conversation, add_generation_prompt=add_generation_prompt,
-                                                    continue_final_message=continue_final_message, **kwargs):
+    for piece in env.from_string(template).generate(
+        messages=conversation,
+        add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_final_message,
+        **kwargs,
+    ):
         size += len(piece)
         if size > max_chars:
             raise ValueError(f"the rendered prompt is longer than {max_chars} characters")
@@ -52,20 +63,29 @@ class TemplateSandbox:
     def _executor(self) -> concurrent.futures.ProcessPoolExecutor:
         if self._pool is None:
             self._pool = concurrent.futures.ProcessPoolExecutor(
-                max_workers=1, mp_context=mp.get_context("spawn"), initializer=_limit_memory)
+                max_workers=1, mp_context=mp.get_context("spawn"), initializer=_limit_memory
+            )
         return self._pool
 
-    async def render(self, template: str, conversation: list[dict[str, Any]], add_generation_prompt: bool,
-                     continue_final_message: bool, kwargs: dict[str, Any]) -> str:
+    async def render(
+        self,
+        template: str,
+        conversation: list[dict[str, Any]],
+        add_generation_prompt: bool,
+        continue_final_message: bool,
+        kwargs: dict[str, Any],
+    ) -> str:
         pool = self._executor()
-        future = pool.submit(_render, template, conversation, add_generation_prompt, continue_final_message,
-                             kwargs, self.max_chars)
+        future = pool.submit(
+            _render, template, conversation, add_generation_prompt, continue_final_message, kwargs, self.max_chars
+        )
         try:
             return await asyncio.wait_for(asyncio.wrap_future(future), self.timeout)
         except TimeoutError:
             self._kill()
-            raise BadRequest(f"the request's chat template did not finish within {self.timeout:g} s",
-                             "chat_template") from None
+            raise BadRequest(
+                f"the request's chat template did not finish within {self.timeout:g} s", "chat_template"
+            ) from None
         except concurrent.futures.process.BrokenProcessPool:
             self._kill()
             raise BadRequest("the request's chat template exhausted the sandbox's memory", "chat_template") from None

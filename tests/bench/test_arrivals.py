@@ -1,4 +1,5 @@
 """Request arrival times: Poisson by default, all at once for an infinite rate."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,5 +1,6 @@
 """benchmarks/compare.py remembers the runs behind its records (run.json), and RESULTS.md names
 them: a full --force run starts the list afresh, a partial run is appended to it."""
+
 from __future__ import annotations
 
 import json
@@ -7,8 +8,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import compare  # noqa: E402
-import report  # noqa: E402
+import compare
+import report
 
 
 def test_runs_are_listed_in_order_and_a_full_forced_run_starts_afresh(tmp_path, monkeypatch):
@@ -18,8 +19,10 @@ def test_runs_are_listed_in_order_and_a_full_forced_run_starts_afresh(tmp_path, 
     monkeypatch.setattr(sys, "argv", ["compare.py", "--force", "--models", "smollm2-135m"])
     compare.write_run("t1", ["smollm2-135m / llama.cpp int4: boom"], forced_all=False)
     runs = json.loads((tmp_path / "run.json").read_text())
-    assert [r["command"] for r in runs] == ["python benchmarks/compare.py --force",
-                                            "python benchmarks/compare.py --force --models smollm2-135m"]
+    assert [r["command"] for r in runs] == [
+        "python benchmarks/compare.py --force",
+        "python benchmarks/compare.py --force --models smollm2-135m",
+    ]
     assert runs[1]["failures"] == ["smollm2-135m / llama.cpp int4: boom"]
 
     results = tmp_path / "RESULTS.md"

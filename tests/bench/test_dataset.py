@@ -1,4 +1,5 @@
 """Benchmark prompts have exactly the requested token lengths (SmolLM2's real tokenizer)."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """`ortserve bench serve` against a live `ortserve serve` (SmolLM2-135M, fp32) on 127.0.0.1:
 its request and token counts must agree with the server's own /metrics counters."""
+
 from __future__ import annotations
 
 import json
@@ -24,9 +25,25 @@ LISTENING = re.compile(r"listening on (http://[\d.]+:\d+)")
 
 @pytest.fixture(scope="module")
 def server(smollm2_artifact: Path):
-    proc = subprocess.Popen([sys.executable, "-m", "ortserve.cli", "serve", str(smollm2_artifact), "--port", "0",
-                             "--served-model-name", "smol", "--kv-cache-space", "0.25"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ortserve.cli",
+            "serve",
+            str(smollm2_artifact),
+            "--port",
+            "0",
+            "--served-model-name",
+            "smol",
+            "--kv-cache-space",
+            "0.25",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
     try:
@@ -52,9 +69,28 @@ def server(smollm2_artifact: Path):
 
 
 def bench(url: str, tokenizer: Path, out: Path, *flags: str) -> dict:
-    code = ortserve_main(["bench", "serve", "--base-url", url, "--tokenizer", str(tokenizer), "--num-prompts", "6",
-                          "--max-concurrency", "3", "--input-len", "64", "--output-len", "16", "--disable-tqdm",
-                          "--result-json", str(out), *flags])
+    code = ortserve_main(
+        [
+            "bench",
+            "serve",
+            "--base-url",
+            url,
+            "--tokenizer",
+            str(tokenizer),
+            "--num-prompts",
+            "6",
+            "--max-concurrency",
+            "3",
+            "--input-len",
+            "64",
+            "--output-len",
+            "16",
+            "--disable-tqdm",
+            "--result-json",
+            str(out),
+            *flags,
+        ]
+    )
     assert code == 0
     return json.loads(out.read_text())
 
@@ -72,8 +108,17 @@ def test_bench_counts_agree_with_the_server_counters(server, smollm2_checkpoint,
 
 
 def test_shared_prefix_workload_hits_the_prefix_cache(server, smollm2_checkpoint, tmp_path):
-    record = bench(server, smollm2_checkpoint, tmp_path / "shared.json",
-                   "--dataset", "shared-prefix", "--prefix-len", "48", "--request-rate", "20")
+    record = bench(
+        server,
+        smollm2_checkpoint,
+        tmp_path / "shared.json",
+        "--dataset",
+        "shared-prefix",
+        "--prefix-len",
+        "48",
+        "--request-rate",
+        "20",
+    )
     server_side = record["server_counters_delta"]
     assert record["completed"] == 6 and record["input_lens"] == [64] * 6
     assert server_side["ortserve:prompt_tokens_total"] == 6 * 64

@@ -1,5 +1,6 @@
 """The metric math of `ortserve bench serve`, on synthetic timings, against a direct computation
 of vLLM's definitions."""
+
 from __future__ import annotations
 
 import math
@@ -10,16 +11,27 @@ import pytest
 from ortserve.bench.metrics import RequestOutput, calculate_metrics, peak_concurrency, tpot_of
 
 
-def synthetic(start: float, ttft: float, gaps: list[float], tokens: int | None = None, prompt: int = 128) -> RequestOutput:
-    return RequestOutput(success=True, prompt_len=prompt, output_tokens=tokens if tokens is not None else len(gaps) + 1,
-                         ttft=ttft, itl=list(gaps), latency=ttft + sum(gaps), start_time=start, num_chunks=len(gaps) + 1)
+def synthetic(
+    start: float, ttft: float, gaps: list[float], tokens: int | None = None, prompt: int = 128
+) -> RequestOutput:
+    return RequestOutput(
+        success=True,
+        prompt_len=prompt,
+        output_tokens=tokens if tokens is not None else len(gaps) + 1,
+        ttft=ttft,
+        itl=list(gaps),
+        latency=ttft + sum(gaps),
+        start_time=start,
+        num_chunks=len(gaps) + 1,
+    )
 
 
 @pytest.fixture
 def outputs() -> list[RequestOutput]:
     rng = np.random.default_rng(7)
-    outs = [synthetic(start=0.1 * i, ttft=0.05 + 0.01 * i, gaps=list(rng.uniform(0.02, 0.04, size=9 + i)))
-            for i in range(6)]
+    outs = [
+        synthetic(start=0.1 * i, ttft=0.05 + 0.01 * i, gaps=list(rng.uniform(0.02, 0.04, size=9 + i))) for i in range(6)
+    ]
     outs.append(RequestOutput(success=False, error="HTTP 500"))
     return outs
 

@@ -1,5 +1,6 @@
 """One streamed request against a scripted SSE response (httpx.MockTransport): what is sent, and
 how chunks become TTFT, ITL, E2EL and token counts."""
+
 from __future__ import annotations
 
 import asyncio
@@ -19,6 +20,7 @@ def sse(events: list[dict | str], delay: float = 0.0):
             await asyncio.sleep(delay)
             data = event if isinstance(event, str) else json.dumps(event)
             yield f"data: {data}\n\n".encode()
+
     return body()
 
 
@@ -37,6 +39,7 @@ def run(events, delay=0.0, status=200, count_tokens=None, seen=None):
     async def go():
         async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
             return await send(client, SPEC, count_tokens)
+
     return asyncio.run(go())
 
 
@@ -101,5 +104,6 @@ def test_a_connection_closed_before_any_response_is_retried_once():
     async def go():
         async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
             return await send(client, SPEC)
+
     out = asyncio.run(go())
     assert out.success and len(calls) == 2

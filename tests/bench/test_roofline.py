@@ -1,5 +1,6 @@
 """The decode roofline's weight bytes per token (benchmarks/roofline.py): a table that is only
 gathered costs one row (counted as nothing), a table that is also the LM head is read in full."""
+
 from __future__ import annotations
 
 import json
@@ -11,7 +12,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from roofline import hf_weight_bytes, onnx_weight_bytes, roofline_tok_s  # noqa: E402
+from roofline import hf_weight_bytes, onnx_weight_bytes, roofline_tok_s
 
 EMB = np.zeros((100, 8), dtype=np.float32)  # 3200 bytes
 W = np.zeros((8, 8), dtype=np.float32)  # 256 bytes
@@ -26,8 +27,13 @@ def save_graph(path: Path, tied: bool) -> Path:
     else:
         nodes.append(helper.make_node("MatMul", ["h1", "lm"], ["logits"]))
         inits.append(numpy_helper.from_array(LM, "lm"))
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [None])],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, None)], inits)
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [None])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, None)],
+        inits,
+    )
     onnx.save(helper.make_model(graph), path)
     return path
 

@@ -1,4 +1,5 @@
 """Reading a server's Prometheus counters."""
+
 from __future__ import annotations
 
 from ortserve.bench.server_metrics import delta, parse_counters

@@ -1,5 +1,6 @@
 """Engine test fixtures: CPU affinity restored after each test (the engine pins its calling
 thread), and transformers' greedy generation as the reference for the real-model tests."""
+
 from __future__ import annotations
 
 import os
@@ -31,9 +32,13 @@ def hf_greedy(smollm2_checkpoint):
         key = (tuple(prompt_ids), max_new_tokens)
         if key not in cache:
             with torch.inference_mode():
-                out = model.generate(torch.tensor([list(prompt_ids)]), max_new_tokens=max_new_tokens,
-                                     do_sample=False, attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long))
-            cache[key] = out[0, len(prompt_ids):].tolist()
+                out = model.generate(
+                    torch.tensor([list(prompt_ids)]),
+                    max_new_tokens=max_new_tokens,
+                    do_sample=False,
+                    attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+                )
+            cache[key] = out[0, len(prompt_ids) :].tolist()
         return cache[key]
 
     return greedy

@@ -1,9 +1,11 @@
-"""Helpers for the engine tests (imported as a module, not a conftest): requests without a model, and a deterministic fake model.
+"""Helpers for the engine tests (imported as a module, not a conftest): requests without a model,
+and a deterministic fake model.
 
 The fake model's next token is a pure function of the whole token history, so any schedule
 (chunked, preempted, recomputed, batched differently) must give the same tokens as running each
 request alone: that is what the scheduler tests check.
 """
+
 from __future__ import annotations
 
 import collections
@@ -72,8 +74,9 @@ def solo_outputs(prompt, max_tokens: int) -> list[int]:
     return out
 
 
-def make_scheduler(num_blocks=64, block_size=4, max_num_seqs=8, max_num_batched_tokens=32,
-                   prefix_caching=True) -> Scheduler:
+def make_scheduler(
+    num_blocks=64, block_size=4, max_num_seqs=8, max_num_batched_tokens=32, prefix_caching=True
+) -> Scheduler:
     """Requests for it must come from make_request(..., max_model_len <= num_blocks * block_size)."""
     bm = BlockManager(num_blocks, block_size, prefix_caching)
     return Scheduler(bm, max_num_seqs, max_num_batched_tokens)

@@ -1,4 +1,5 @@
 """Block manager: allocation, ref counts, the LRU free queue and the prefix hash chain."""
+
 from __future__ import annotations
 
 from engine_fakes import make_request

@@ -1,4 +1,5 @@
 """The engine on SmolLM2-135M-Instruct fp32, against transformers' greedy generate."""
+
 from __future__ import annotations
 
 import collections
@@ -7,10 +8,9 @@ import pytest
 
 from ortserve.engine.config import EngineConfig
 from ortserve.engine.core import EngineCore
-from ortserve.engine.memory import GIB, MemoryCheckError
 from ortserve.engine.ipc import EngineRequest
-from ortserve.sampling_params import InvalidParameter
-from ortserve.sampling_params import SamplingParams
+from ortserve.engine.memory import GIB, MemoryCheckError
+from ortserve.sampling_params import InvalidParameter, SamplingParams
 
 pytestmark = pytest.mark.slow
 
@@ -29,9 +29,15 @@ QUESTIONS = [
 
 @pytest.fixture(scope="module")
 def prompts(smollm2_tokenizer):
-    ids = [smollm2_tokenizer.encode(smollm2_tokenizer.apply_chat_template(
-        [{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True), add_special_tokens=False)
-        for q in QUESTIONS]
+    ids = [
+        smollm2_tokenizer.encode(
+            smollm2_tokenizer.apply_chat_template(
+                [{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True
+            ),
+            add_special_tokens=False,
+        )
+        for q in QUESTIONS
+    ]
     lengths = [len(p) for p in ids]
     assert len(set(lengths)) == len(lengths) and max(lengths) > 128  # different lengths, one chunked
     return ids
@@ -49,8 +55,9 @@ def make_engine(artifact, **overrides) -> EngineCore:
     return EngineCore(EngineConfig(**config))
 
 
-def drive(engine: EngineCore, arrivals: dict[int, list[EngineRequest]], record: list | None = None,
-          max_steps: int = 2000) -> dict[tuple[str, int], list[int]]:
+def drive(
+    engine: EngineCore, arrivals: dict[int, list[EngineRequest]], record: list | None = None, max_steps: int = 2000
+) -> dict[tuple[str, int], list[int]]:
     """Step the engine, adding the requests of ``arrivals[step]`` at that step; returns the tokens of
     every (request id, sample index). ``record`` collects each step's scheduled (request id, tokens)."""
     if record is not None:
@@ -146,7 +153,9 @@ def test_no_blocks_leak_after_aborts_at_every_stage(smollm2_artifact, prompts):
     engine.abort_requests(["a0", ("a2", 0), "unknown"])  # one decoding, one by sample index
     outputs = engine.step()
     assert {(o.request_id, o.finish_reason) for o in outputs if o.finish_reason == "abort"} >= {
-        ("a0", "abort"), ("a2", "abort")}
+        ("a0", "abort"),
+        ("a2", "abort"),
+    }
     engine.abort_requests(["a3", "a4"])
     while engine.has_unfinished_requests():
         engine.step()
@@ -184,22 +193,36 @@ def test_a_request_whose_sampling_raises_fails_alone(smollm2_artifact, prompts, 
         return sample(logits, seqs)
 
     engine.sampler.sample = faulty
-    tokens = drive(engine, {0: [greedy_request("good0", prompts[0]), greedy_request("bad", prompts[1]),
-                                greedy_request("good2", prompts[2])]})
+    tokens = drive(
+        engine,
+        {
+            0: [
+                greedy_request("good0", prompts[0]),
+                greedy_request("bad", prompts[1]),
+                greedy_request("good2", prompts[2]),
+            ]
+        },
+    )
     assert tokens[("good0", 0)] == expected[0] and tokens[("good2", 0)] == expected[2]
     assert tokens.get(("bad", 0), []) == []
     engine.block_manager.check_idle()
 
 
 def seeded(request_id, prompt, seed=1234):
-    return EngineRequest(request_id, list(prompt), SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=seed,
-                                                                  max_tokens=MAX_NEW, ignore_eos=True))
+    return EngineRequest(
+        request_id,
+        list(prompt),
+        SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=seed, max_tokens=MAX_NEW, ignore_eos=True),
+    )
 
 
 def test_seeded_sampling_is_reproducible_across_runs_and_batch_compositions(smollm2_artifact, prompts):
     alone = drive(make_engine(smollm2_artifact), {0: [seeded("x", prompts[1])]})[("x", 0)]
-    crowd = {0: [seeded(f"o{i}", prompts[i], seed=None) for i in (4, 6)], 1: [seeded("x", prompts[1])],
-             2: [seeded("o7", prompts[7], seed=99), seeded("o0", prompts[0], seed=None)]}
+    crowd = {
+        0: [seeded(f"o{i}", prompts[i], seed=None) for i in (4, 6)],
+        1: [seeded("x", prompts[1])],
+        2: [seeded("o7", prompts[7], seed=99), seeded("o0", prompts[0], seed=None)],
+    }
     in_crowd = drive(make_engine(smollm2_artifact, max_num_batched_tokens=32), crowd)[("x", 0)]
     again = drive(make_engine(smollm2_artifact), {0: [seeded("x", prompts[1])]})[("x", 0)]
     assert alone == in_crowd == again
@@ -218,7 +241,9 @@ def test_kv_budget_larger_than_memory_fails_at_start_up_naming_the_flag(smollm2_
 
 def test_prompt_longer_than_max_model_len_is_rejected_naming_the_limit(smollm2_artifact, prompts):
     engine = make_engine(smollm2_artifact, max_model_len=64)
-    with pytest.raises(InvalidParameter, match="65 tokens, and this model's maximum context length is 64.*--max-model-len"):
+    with pytest.raises(
+        InvalidParameter, match="65 tokens, and this model's maximum context length is 64.*--max-model-len"
+    ):
         engine.add_request(greedy_request("long", list(range(65))))
     with pytest.raises(InvalidParameter, match="outside the vocabulary"):
         engine.add_request(greedy_request("bad", [10**6]))

@@ -1,5 +1,6 @@
 """The offline API and the CLI on SmolLM2: LLM.generate / .chat, stop strings, n, the CLI, and
 that the engine never needs torch and `import ortserve` stays light."""
+
 from __future__ import annotations
 
 import os
@@ -41,7 +42,8 @@ def test_generate_accepts_text_and_token_ids_and_keeps_order(llm):
     eos = llm.engine.core.eos_token_ids
     for c in (o.outputs[0] for o in outs):  # each ends by its budget, or by EOS within it
         assert (c.finish_reason, len(c.token_ids)) == ("length", 24) or (
-            c.finish_reason == "stop" and c.token_ids[-1] in eos and len(c.token_ids) <= 24)
+            c.finish_reason == "stop" and c.token_ids[-1] in eos and len(c.token_ids) <= 24
+        )
     assert "length" in {o.outputs[0].finish_reason for o in outs}
 
 
@@ -49,11 +51,12 @@ def test_stop_string_is_cut_from_the_text(llm):
     [full] = llm.generate("Count: one, two, three,", GREEDY, use_tqdm=False)
     text = full.outputs[0].text
     stop = text.strip().split()[1] if len(text.split()) > 1 else text[:3]
-    [cut] = llm.generate("Count: one, two, three,", SamplingParams(temperature=0.0, max_tokens=24, stop=[stop]),
-                         use_tqdm=False)
+    [cut] = llm.generate(
+        "Count: one, two, three,", SamplingParams(temperature=0.0, max_tokens=24, stop=[stop]), use_tqdm=False
+    )
     c = cut.outputs[0]
     assert (c.finish_reason, c.stop_reason) == ("stop", stop)
-    assert c.text == text[:text.index(stop)] and stop not in c.text
+    assert c.text == text[: text.index(stop)] and stop not in c.text
     llm.engine.core.block_manager.check_idle()
 
 
@@ -67,8 +70,9 @@ def test_n_samples_with_a_seed_are_distinct_and_reproducible(llm):
 
 
 def test_logprobs_come_with_each_token(llm):
-    [out] = llm.generate("Paris is the capital of", SamplingParams(temperature=0.0, max_tokens=4, logprobs=2),
-                         use_tqdm=False)
+    [out] = llm.generate(
+        "Paris is the capital of", SamplingParams(temperature=0.0, max_tokens=4, logprobs=2), use_tqdm=False
+    )
     c = out.outputs[0]
     assert len(c.logprobs) == len(c.token_ids) == 4
     for token, lp in zip(c.token_ids, c.logprobs):
@@ -86,13 +90,21 @@ def test_a_rejected_prompt_leaves_the_engine_clean(llm):
 
 
 def run_python(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False,
-                          cwd=Path(__file__).parent)
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        cwd=Path(__file__).parent,
+    )
 
 
 def test_import_ortserve_is_light():
-    result = run_python("import sys, ortserve; heavy = [m for m in ('onnxruntime', 'transformers', 'torch', 'numpy') "
-                        "if m in sys.modules]; assert not heavy, heavy; ortserve.SamplingParams; print('ok')")
+    result = run_python(
+        "import sys, ortserve; heavy = [m for m in ('onnxruntime', 'transformers', 'torch', 'numpy') "
+        "if m in sys.modules]; assert not heavy, heavy; ortserve.SamplingParams; print('ok')"
+    )
     assert result.stdout.strip() == "ok", result.stderr
 
 
@@ -104,22 +116,54 @@ def test_the_engine_runs_without_torch(smollm2_artifact):
         "out = llm.chat([{'role': 'user', 'content': 'What is the capital of France?'}],"
         " SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)\n"
         "print(out[0].outputs[0].text)\n"
-        "assert not [m for m in sys.modules if m.startswith('torch.')]\n")
+        "assert not [m for m in sys.modules if m.startswith('torch.')]\n"
+    )
     assert "Paris" in result.stdout, result.stderr
 
 
 def test_generate_cli_streams_an_answer(smollm2_artifact):
-    result = subprocess.run([sys.executable, "-m", "ortserve.cli", "generate", "What is the capital of France?",
-                             "--model", str(smollm2_artifact), "--max-tokens", "16", "--kv-cache-space", "0.1"],
-                            capture_output=True, text=True, timeout=600, check=False)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ortserve.cli",
+            "generate",
+            "What is the capital of France?",
+            "--model",
+            str(smollm2_artifact),
+            "--max-tokens",
+            "16",
+            "--kv-cache-space",
+            "0.1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     assert "Paris" in result.stdout
     assert "KV cache" in result.stderr and "maximum concurrency" in result.stderr  # the start-up block
 
 
 def test_generate_cli_reports_a_kv_budget_that_does_not_fit(smollm2_artifact):
-    result = subprocess.run([sys.executable, "-m", "ortserve.cli", "generate", "hi", "--model", str(smollm2_artifact),
-                             "--kv-cache-space", "100000"], capture_output=True, text=True, timeout=600, check=False)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ortserve.cli",
+            "generate",
+            "hi",
+            "--model",
+            str(smollm2_artifact),
+            "--kv-cache-space",
+            "100000",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert result.returncode == 2 and "--kv-cache-space" in result.stderr and "Traceback" not in result.stderr
 
 
@@ -135,7 +179,8 @@ def test_threads_are_pinned_as_planned(smollm2_artifact):
         f" threads_bind='{cores[0]},{cores[1]}'))\n"
         "masks = [open(f'/proc/self/task/{t}/status').read().split('Cpus_allowed_list:')[1].split()[0]"
         " for t in os.listdir('/proc/self/task')]\n"
-        "print(sorted(os.sched_getaffinity(0)), masks)\n")
+        "print(sorted(os.sched_getaffinity(0)), masks)\n"
+    )
     assert result.returncode == 0, result.stderr
     assert f"[{cores[0]}]" in result.stdout  # the calling thread
     assert f"'{cores[1]}'" in result.stdout  # ORT's pool thread

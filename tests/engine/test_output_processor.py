@@ -1,8 +1,8 @@
 """Output processor: incremental detokenisation, stop strings, streaming hold-back, n samples."""
+
 from __future__ import annotations
 
 import pytest
-
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from ortserve.engine.ipc import EngineCoreOutput, TokenLogprob
@@ -14,8 +14,11 @@ EOS = 256
 
 def byte_tokenizer() -> Tokenizer:
     """A real ``tokenizers`` byte-level tokenizer: token id = one UTF-8 byte; 256 is <eos>."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + \
-        list(range(ord("\xae"), ord("\xff") + 1))
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("\xa1"), ord("\xac") + 1))
+        + list(range(ord("\xae"), ord("\xff") + 1))
+    )
     chars = {b: chr(b) for b in bs}
     extra = 0
     for b in range(256):
@@ -56,8 +59,9 @@ def stream(processor, request_id, token_ids, finish=None, stop_reason=None, inde
     results, aborts = [], []
     for k, token in enumerate(token_ids):
         last = k == len(token_ids) - 1
-        out = EngineCoreOutput(request_id, index, [token], None, finish if last else None,
-                               stop_reason if last else None, 3, 0)
+        out = EngineCoreOutput(
+            request_id, index, [token], None, finish if last else None, stop_reason if last else None, 3, 0
+        )
         outs, to_abort = processor.process_outputs([out])
         results += outs
         aborts += to_abort
@@ -146,15 +150,20 @@ def test_special_tokens_skipped_or_kept():
 def test_n_samples_stream_separately_and_finish_together():
     processor = OutputProcessor(byte_tokenizer())
     processor.add_request("r", [65], SamplingParams(n=2, stop=["."]))
-    outs, aborts = processor.process_outputs([EngineCoreOutput("r", 0, ids_of("a")),
-                                              EngineCoreOutput("r", 1, ids_of("b"))])
+    outs, aborts = processor.process_outputs(
+        [EngineCoreOutput("r", 0, ids_of("a")), EngineCoreOutput("r", 1, ids_of("b"))]
+    )
     assert [(c.index, c.text) for c in outs[0].samples] == [(0, "a"), (1, "b")]
     outs, aborts = processor.process_outputs([EngineCoreOutput("r", 1, ids_of("."))])
     assert aborts == [("r", 1)]
     assert [(c.index, c.finish_reason) for c in outs[0].samples] == [(1, "stop")]
     assert not outs[0].finished
-    outs, _ = processor.process_outputs([EngineCoreOutput("r", 1, ids_of("z")),  # after its stop: ignored
-                                         EngineCoreOutput("r", 0, ids_of("c"), finish_reason="length")])
+    outs, _ = processor.process_outputs(
+        [
+            EngineCoreOutput("r", 1, ids_of("z")),  # after its stop: ignored
+            EngineCoreOutput("r", 0, ids_of("c"), finish_reason="length"),
+        ]
+    )
     assert [(c.index, c.text) for c in outs[0].samples] == [(0, "c")]
     assert outs[0].finished and not processor.has_unfinished_requests()
 

@@ -1,4 +1,5 @@
 """Sampler against direct numpy computations on fixed logits."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -26,7 +27,7 @@ def reference_probs(logits, seq) -> np.ndarray:
     """The spec, written plainly for one row."""
     p = seq.request.params
     x = logits.astype(np.float64).copy()
-    prompt, out = list(seq.token_ids[:seq.num_prompt_tokens]), seq.output_token_ids
+    prompt, out = list(seq.token_ids[: seq.num_prompt_tokens]), seq.output_token_ids
     if len(out) < p.min_tokens:
         for t in [EOS] + list(p.stop_token_ids or []):
             x[t] = -np.inf
@@ -67,7 +68,7 @@ def sampled_distribution(logits: np.ndarray, seqs) -> np.ndarray:
         if seq.params.greedy:
             probs[i, logits[i].argmax()] = 1.0
         else:
-            w = sampler._weights(logits[i:i + 1].copy(), [seq])[0][0]
+            w = sampler._weights(logits[i : i + 1].copy(), [seq])[0][0]
             probs[i] = w / w.sum()
     return probs
 
@@ -168,8 +169,7 @@ def test_different_seeds_and_sample_indices_differ():
 
 def test_logprobs_are_raw_log_softmax_with_rank_and_top_k():
     logits = fixed_logits(2, seed=5)
-    seqs = [seq_with(temperature=0.0, logprobs=3, repetition_penalty=2.0, output=(1,)),
-            seq_with(temperature=0.0)]
+    seqs = [seq_with(temperature=0.0, logprobs=3, repetition_penalty=2.0, output=(1,)), seq_with(temperature=0.0)]
     tokens, logprobs = Sampler().sample(logits.copy(), seqs)
     raw = logits[0].astype(np.float64) - np.log(np.exp(logits[0].astype(np.float64)).sum())
     entry = logprobs[0]

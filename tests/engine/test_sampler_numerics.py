@@ -1,5 +1,6 @@
 """Property: every SamplingParams that validates samples a valid token id from any logits, and
 never raises (extreme, tiny and denormal values included); the rest are ValueErrors naming a field."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -21,20 +22,22 @@ def extreme_floats(low: float, high: float):
     return st.sampled_from(picks) | st.floats(low, high, allow_nan=False)
 
 
-params_strategy = st.fixed_dictionaries({
-    "temperature": extreme_floats(0.0, 1e300),
-    "top_p": extreme_floats(5e-324, 1.0),
-    "top_k": st.sampled_from([0, -1, 1, 2, 50, V - 1, V, 10 * V]),
-    "min_p": extreme_floats(0.0, 1.0),
-    "presence_penalty": extreme_floats(-2.0, 2.0),
-    "frequency_penalty": extreme_floats(-2.0, 2.0),
-    "repetition_penalty": extreme_floats(5e-324, 2.0),
-    "seed": st.none() | st.integers(-(2**63), 2**64 - 1),
-    "logit_bias": st.none() | st.dictionaries(st.integers(0, V - 1), extreme_floats(-100.0, 100.0), max_size=8),
-    "min_tokens": st.integers(0, 3),
-    "stop_token_ids": st.lists(st.integers(0, V - 1), max_size=4),
-    "logprobs": st.none() | st.integers(0, 20),
-})
+params_strategy = st.fixed_dictionaries(
+    {
+        "temperature": extreme_floats(0.0, 1e300),
+        "top_p": extreme_floats(5e-324, 1.0),
+        "top_k": st.sampled_from([0, -1, 1, 2, 50, V - 1, V, 10 * V]),
+        "min_p": extreme_floats(0.0, 1.0),
+        "presence_penalty": extreme_floats(-2.0, 2.0),
+        "frequency_penalty": extreme_floats(-2.0, 2.0),
+        "repetition_penalty": extreme_floats(5e-324, 2.0),
+        "seed": st.none() | st.integers(-(2**63), 2**64 - 1),
+        "logit_bias": st.none() | st.dictionaries(st.integers(0, V - 1), extreme_floats(-100.0, 100.0), max_size=8),
+        "min_tokens": st.integers(0, 3),
+        "stop_token_ids": st.lists(st.integers(0, V - 1), max_size=4),
+        "logprobs": st.none() | st.integers(0, 20),
+    }
+)
 
 logits_strategy = st.sampled_from(["normal", "huge", "tiny", "flat", "nan", "inf"])
 
@@ -56,8 +59,12 @@ def make_logits(kind: str, rows: int, seed: int) -> np.ndarray:
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(params_strategy, min_size=1, max_size=3), logits_strategy, st.integers(0, 2**32),
-       st.lists(st.integers(0, V - 1), max_size=6))
+@given(
+    st.lists(params_strategy, min_size=1, max_size=3),
+    logits_strategy,
+    st.integers(0, 2**32),
+    st.lists(st.integers(0, V - 1), max_size=6),
+)
 def test_any_accepted_parameters_sample_a_valid_token(batch, kind, seed, output):
     seqs = []
     for params in batch:

@@ -1,4 +1,5 @@
 """SamplingParams: defaults, normalisation, and errors that name the field and its range."""
+
 from __future__ import annotations
 
 import pickle
@@ -14,31 +15,34 @@ def test_defaults_are_vllm_like():
     assert not p.greedy and not p.needs_penalties
 
 
-@pytest.mark.parametrize("field, value, words", [
-    ("n", 0, "[1, 128]"),
-    ("n", 129, "[1, 128]"),
-    ("temperature", -0.1, "[0, 1e+06] (0 = greedy)"),
-    ("temperature", float("nan"), "[0, 1e+06]"),
-    ("temperature", float("inf"), "[0, 1e+06]"),
-    ("top_p", 0.0, "(0, 1]"),
-    ("top_p", 1.5, "(0, 1]"),
-    ("top_k", -2, "0 or -1"),
-    ("seed", 2**64, "[-9223372036854775808, 18446744073709551615]"),
-    ("min_p", 1.5, "[0, 1]"),
-    ("presence_penalty", 3.0, "[-2, 2]"),
-    ("frequency_penalty", -2.5, "[-2, 2]"),
-    ("repetition_penalty", 0.0, "(0, 2]"),
-    ("max_tokens", 0, "[1, 2147483647]"),
-    ("min_tokens", -1, "[0, 2147483647]"),
-    ("logprobs", 21, "[0, 20]"),
-    ("logit_bias", {5: 200.0}, "[-100, 100]"),
-    ("logit_bias", {"²": 1.0}, "decimal digits"),
-    ("logit_bias", {"--5": 1.0}, "decimal digits"),
-    ("logit_bias", {i: 1.0 for i in range(1025)}, "at most 1024"),
-    ("stop_token_ids", [-1], "[0, 2147483647]"),
-    ("stop", ["x" * 257], "at most 256 characters"),
-    ("stop", ["s"] * 17, "at most 16 are allowed"),
-])
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        ("n", 0, "[1, 128]"),
+        ("n", 129, "[1, 128]"),
+        ("temperature", -0.1, "[0, 1e+06] (0 = greedy)"),
+        ("temperature", float("nan"), "[0, 1e+06]"),
+        ("temperature", float("inf"), "[0, 1e+06]"),
+        ("top_p", 0.0, "(0, 1]"),
+        ("top_p", 1.5, "(0, 1]"),
+        ("top_k", -2, "0 or -1"),
+        ("seed", 2**64, "[-9223372036854775808, 18446744073709551615]"),
+        ("min_p", 1.5, "[0, 1]"),
+        ("presence_penalty", 3.0, "[-2, 2]"),
+        ("frequency_penalty", -2.5, "[-2, 2]"),
+        ("repetition_penalty", 0.0, "(0, 2]"),
+        ("max_tokens", 0, "[1, 2147483647]"),
+        ("min_tokens", -1, "[0, 2147483647]"),
+        ("logprobs", 21, "[0, 20]"),
+        ("logit_bias", {5: 200.0}, "[-100, 100]"),
+        ("logit_bias", {"²": 1.0}, "decimal digits"),
+        ("logit_bias", {"--5": 1.0}, "decimal digits"),
+        ("logit_bias", {i: 1.0 for i in range(1025)}, "at most 1024"),
+        ("stop_token_ids", [-1], "[0, 2147483647]"),
+        ("stop", ["x" * 257], "at most 256 characters"),
+        ("stop", ["s"] * 17, "at most 16 are allowed"),
+    ],
+)
 def test_bad_values_name_the_field_and_range(field, value, words):
     with pytest.raises(InvalidParameter) as info:
         SamplingParams(**{field: value})

@@ -1,5 +1,6 @@
 """Scheduler: token budget, sequence cap, decode-first chunked prefill, preemption, prefix reuse,
 abort, n samples, and no leaked blocks; checked with a deterministic fake model."""
+
 from __future__ import annotations
 
 from engine_fakes import (
@@ -217,21 +218,31 @@ def test_stats_count_tokens_and_latencies():
     assert all(t >= 0 for t in c.ttft + c.tpot + c.e2e)
 
 
-
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data(), block_size=st.sampled_from([1, 2, 4, 16]), num_blocks=st.integers(4, 40),
-       budget=st.integers(1, 48), max_num_seqs=st.integers(1, 6), prefix_caching=st.booleans())
-def test_any_workload_matches_solo_runs_and_leaks_nothing(data, block_size, num_blocks, budget, max_num_seqs,
-                                                          prefix_caching):
+@given(
+    data=st.data(),
+    block_size=st.sampled_from([1, 2, 4, 16]),
+    num_blocks=st.integers(4, 40),
+    budget=st.integers(1, 48),
+    max_num_seqs=st.integers(1, 6),
+    prefix_caching=st.booleans(),
+)
+def test_any_workload_matches_solo_runs_and_leaks_nothing(
+    data, block_size, num_blocks, budget, max_num_seqs, prefix_caching
+):
     max_model_len = num_blocks * block_size
     scheduler = make_scheduler(num_blocks, block_size, max_num_seqs, budget, prefix_caching)
     requests, aborted, outputs = {}, set(), {}
-    for step_no in range(data.draw(st.integers(1, 60), label="steps")):
+    for _step in range(data.draw(st.integers(1, 60), label="steps")):
         for _ in range(data.draw(st.integers(0, 2), label="arrivals")):
             length = data.draw(st.integers(1, min(40, max_model_len)), label="prompt length")
             prompt = [data.draw(st.integers(3, 5)) for _ in range(length)]  # tiny alphabet: shared prefixes
-            r = make_request(prompt, max_model_len=max_model_len, n=data.draw(st.integers(1, 3)),
-                             max_tokens=data.draw(st.integers(1, 12)))
+            r = make_request(
+                prompt,
+                max_model_len=max_model_len,
+                n=data.draw(st.integers(1, 3)),
+                max_tokens=data.draw(st.integers(1, 12)),
+            )
             requests[r.request_id] = r
             scheduler.add(r)
         if requests and data.draw(st.integers(0, 9), label="abort?") == 0:

@@ -1,4 +1,5 @@
 """--threads-bind / --reserved-cpus parsing, and the KV memory plan with its start-up error."""
+
 from __future__ import annotations
 
 import argparse
@@ -48,9 +49,21 @@ def test_nobind_pins_nothing():
 
 
 MANIFEST = ArtifactManifest(
-    architecture="llama", num_layers=30, hidden_size=576, num_heads=9, num_kv_heads=3, head_size=64,
-    vocab_size=49152, max_model_len=8192, weight_precision="fp32", lm_head_precision="fp32",
-    num_parameters=134_515_008, weight_bytes=538_060_032, source="test", source_fingerprint="x")
+    architecture="llama",
+    num_layers=30,
+    hidden_size=576,
+    num_heads=9,
+    num_kv_heads=3,
+    head_size=64,
+    vocab_size=49152,
+    max_model_len=8192,
+    weight_precision="fp32",
+    lm_head_precision="fp32",
+    num_parameters=134_515_008,
+    weight_bytes=538_060_032,
+    source="test",
+    source_fingerprint="x",
+)
 
 
 def test_kv_budget_buys_whole_blocks():
@@ -80,14 +93,44 @@ def test_engine_flags_fill_the_config_and_env_is_the_fallback(monkeypatch):
     parser = add_engine_arguments(argparse.ArgumentParser())
     config = EngineConfig.from_args(parser.parse_args([]))
     assert (config.kv_cache_space, config.threads_bind, config.enable_prefix_caching) == (2.5, "nobind", True)
-    config = EngineConfig.from_args(parser.parse_args(
-        ["--kv-cache-space", "1", "--threads-bind", "0", "--max-num-seqs", "4", "--block-size", "32",
-         "--max-num-batched-tokens", "64", "--max-model-len", "512", "--reserved-cpus", "1",
-         "--no-prefix-caching", "--precision", "int4", "--chat-template", "t.jinja"]))
+    config = EngineConfig.from_args(
+        parser.parse_args(
+            [
+                "--kv-cache-space",
+                "1",
+                "--threads-bind",
+                "0",
+                "--max-num-seqs",
+                "4",
+                "--block-size",
+                "32",
+                "--max-num-batched-tokens",
+                "64",
+                "--max-model-len",
+                "512",
+                "--reserved-cpus",
+                "1",
+                "--no-prefix-caching",
+                "--precision",
+                "int4",
+                "--chat-template",
+                "t.jinja",
+            ]
+        )
+    )
     assert config.model_dump() == {
-        "model": None, "precision": "int4", "chat_template": "t.jinja", "block_size": 32, "kv_cache_space": 1.0, "max_num_seqs": 4,
-        "max_num_batched_tokens": 64, "max_model_len": 512, "threads_bind": "0", "reserved_cpus": 1,
-        "enable_prefix_caching": False}
+        "model": None,
+        "precision": "int4",
+        "chat_template": "t.jinja",
+        "block_size": 32,
+        "kv_cache_space": 1.0,
+        "max_num_seqs": 4,
+        "max_num_batched_tokens": 64,
+        "max_model_len": 512,
+        "threads_bind": "0",
+        "reserved_cpus": 1,
+        "enable_prefix_caching": False,
+    }
 
 
 def test_no_room_even_for_the_weights_says_so():

@@ -1,4 +1,5 @@
 """Fixtures of the export tests: tiny checkpoints (see ``export_cases``) and their artifacts."""
+
 from __future__ import annotations
 
 from pathlib import Path

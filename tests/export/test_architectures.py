@@ -1,5 +1,6 @@
 """Every supported architecture, exported fp32, matches transformers' logits within 1e-4 over a
 2-sequence flattened batch: prefill, then 4 decode steps each, block size 16, shuffled blocks."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -33,8 +34,9 @@ def test_mixed_prefill_chunks_and_decodes_in_one_step_match(case, tiny_checkpoin
     """Sequence 1 joins a step later and prefills in chunks of 5 while sequence 0 decodes."""
     artifact = tiny_artifact(case)
     sequences = _sequences(artifact)
-    ours = teacher_forced_logits(PagedRunner(artifact, block_size=16, seed=4), sequences, PROMPTS,
-                                 prefill_chunk=5, stagger=True)
+    ours = teacher_forced_logits(
+        PagedRunner(artifact, block_size=16, seed=4), sequences, PROMPTS, prefill_chunk=5, stagger=True
+    )
     reference = transformers_logits(tiny_checkpoint(case), sequences)
     assert max(float(np.abs(a - b).max()) for a, b in zip(ours, reference)) <= TOLERANCE
 

@@ -1,5 +1,6 @@
 """The artifact matches DESIGN.md §2: graph inputs/outputs, ORT contrib ops on the hot path,
 hidden states gathered before the LM head, external weights, manifest and side files."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,10 @@ def graph_of(artifact):
 def test_graph_inputs_and_outputs_follow_the_contract(tiny_artifact):
     graph = graph_of(tiny_artifact("llama2"))
     F, I64, I32 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64, onnx.TensorProto.INT32
-    kinds = {i.name: (i.type.tensor_type.elem_type,
-                      [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim]) for i in graph.input}
+    kinds = {
+        i.name: (i.type.tensor_type.elem_type, [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim])
+        for i in graph.input
+    }
     assert kinds["input_ids"] == (I64, ["num_tokens"])
     assert kinds["positions"] == (I64, ["num_tokens"])
     assert kinds["slot_mapping"] == (I64, ["num_tokens"])
@@ -68,10 +71,13 @@ def test_tied_fp32_lm_head_shares_the_embedding(tiny_artifact):
 
 def test_attention_attributes_carry_the_architecture_quirks(tiny_artifact):
     graph = graph_of(tiny_artifact("gemma2_softcap_sandwich"))
-    attrs = [{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
-             for n in graph.node if n.op_type == "PagedAttention"]
+    attrs = [
+        {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        for n in graph.node
+        if n.op_type == "PagedAttention"
+    ]
     assert [a["sliding_window"] for a in attrs] == [8, 0]
-    assert all(a["softcap"] == pytest.approx(2.0) and a["scale"] == pytest.approx(24 ** -0.5) for a in attrs)
+    assert all(a["softcap"] == pytest.approx(2.0) and a["scale"] == pytest.approx(24**-0.5) for a in attrs)
     assert all((a["num_heads"], a["num_kv_heads"]) == (4, 2) for a in attrs)
 
 
@@ -87,8 +93,15 @@ def test_weights_live_in_one_external_data_file(tiny_artifact):
 
 def test_manifest_describes_the_model(tiny_artifact, tiny_checkpoint):
     m = load_manifest(tiny_artifact("qwen3_qk_norm"))
-    assert (m.architecture, m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.head_size, m.vocab_size) == \
-           ("qwen3", 2, 64, 4, 2, 32, 320)
+    assert (m.architecture, m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.head_size, m.vocab_size) == (
+        "qwen3",
+        2,
+        64,
+        4,
+        2,
+        32,
+        320,
+    )
     assert (m.weight_precision, m.lm_head_precision, m.max_model_len, m.op_version) == ("fp32", "fp32", 128, OP_VERSION)
     assert m.eos_token_ids == [2] and len(m.source_fingerprint) == 64
     from safetensors.numpy import load_file
@@ -114,9 +127,11 @@ def test_generation_config_is_always_present(tiny_artifact):
 
 
 def test_export_never_imports_torch(tiny_checkpoint, tmp_path):
-    script = (f"import sys; from ortserve.export import export_model; "
-              f"export_model({str(tiny_checkpoint('gemma3_local_global'))!r}, {str(tmp_path / 'o')!r}, "
-              f"precision='int4', progress=False); print('torch' in sys.modules, 'transformers' in sys.modules)")
+    script = (
+        f"import sys; from ortserve.export import export_model; "
+        f"export_model({str(tiny_checkpoint('gemma3_local_global'))!r}, {str(tmp_path / 'o')!r}, "
+        f"precision='int4', progress=False); print('torch' in sys.modules, 'transformers' in sys.modules)"
+    )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert result.stdout.split() == ["False", "False"]
 
@@ -142,8 +157,9 @@ def test_failed_validation_leaves_no_artifact(tiny_checkpoint, tmp_path, monkeyp
     import ortserve.export.validate as validate
     from ortserve.export import ExportError, export_model
 
-    monkeypatch.setattr(validate, "validate_artifact",
-                        lambda *a, **k: validate.ValidationReport(0.5, 0.9, 10, tolerance=1e-3))
+    monkeypatch.setattr(
+        validate, "validate_artifact", lambda *a, **k: validate.ValidationReport(0.5, 0.9, 10, tolerance=1e-3)
+    )
     with pytest.raises(ExportError, match="validation failed: max \\|logit diff\\| 5.00e-01"):
         export_model(tiny_checkpoint("llama2"), tmp_path / "out", validate=True, progress=False)
     assert list(tmp_path.iterdir()) == []

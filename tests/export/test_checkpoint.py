@@ -1,5 +1,6 @@
 """The safetensors reader: sharded checkpoints, bfloat16, GPT-2's Conv1D and prefix-less names,
 and export streaming one tensor at a time (peak RSS well under the artifact's size)."""
+
 from __future__ import annotations
 
 import json
@@ -60,8 +61,9 @@ def test_gpt2_weights_without_transformer_prefix_are_found(tiny_checkpoint, tmp_
     (tmp_path / "config.json").write_text((tiny_checkpoint("gpt2_conv1d") / "config.json").read_text())
     save_file({n.removeprefix("transformer."): source.read(n) for n in source.names()}, tmp_path / "model.safetensors")
     bare = Checkpoint(tmp_path, architecture_for("gpt2").strip_prefixes)
-    np.testing.assert_array_equal(bare.read("transformer.h.0.attn.c_attn.weight"),
-                                  source.read("transformer.h.0.attn.c_attn.weight"))
+    np.testing.assert_array_equal(
+        bare.read("transformer.h.0.attn.c_attn.weight"), source.read("transformer.h.0.attn.c_attn.weight")
+    )
 
 
 def test_gpt2_conv1d_weights_are_transposed_to_out_in(tiny_checkpoint):
@@ -70,8 +72,9 @@ def test_gpt2_conv1d_weights_are_transposed_to_out_in(tiny_checkpoint):
     checkpoint = Checkpoint(tiny_checkpoint("gpt2_conv1d"))
     stored = checkpoint.read("transformer.h.0.mlp.c_fc.weight")  # Conv1D: [in 64, out 256]
     assert stored.shape == (64, 256)
-    np.testing.assert_array_equal(WeightSource(checkpoint).read("transformer.h.0.mlp.c_fc.weight", transpose=True),
-                                  stored.T)
+    np.testing.assert_array_equal(
+        WeightSource(checkpoint).read("transformer.h.0.mlp.c_fc.weight", transpose=True), stored.T
+    )
 
 
 def test_fp32_export_peak_rss_stays_under_the_output_size(tmp_path):
@@ -80,31 +83,49 @@ def test_fp32_export_peak_rss_stays_under_the_output_size(tmp_path):
     from safetensors.numpy import save_file
 
     hidden, inter, layers, vocab = 512, 1536, 8, 32000
-    config = dict(model_type="llama", hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-                  num_attention_heads=8, num_key_value_heads=4, vocab_size=vocab, max_position_embeddings=2048,
-                  tie_word_embeddings=False)
+    config = dict(
+        model_type="llama",
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        vocab_size=vocab,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+    )
     rng = np.random.default_rng(0)
     folder = tmp_path / "mid"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(config))
-    tensors = {"model.embed_tokens.weight": (vocab, hidden), "lm_head.weight": (vocab, hidden),
-               "model.norm.weight": (hidden,)}
+    tensors = {
+        "model.embed_tokens.weight": (vocab, hidden),
+        "lm_head.weight": (vocab, hidden),
+        "model.norm.weight": (hidden,),
+    }
     for i in range(layers):
         p = f"model.layers.{i}."
-        tensors |= {p + "input_layernorm.weight": (hidden,), p + "post_attention_layernorm.weight": (hidden,),
-                    p + "self_attn.q_proj.weight": (hidden, hidden), p + "self_attn.k_proj.weight": (256, hidden),
-                    p + "self_attn.v_proj.weight": (256, hidden), p + "self_attn.o_proj.weight": (hidden, hidden),
-                    p + "mlp.gate_proj.weight": (inter, hidden), p + "mlp.up_proj.weight": (inter, hidden),
-                    p + "mlp.down_proj.weight": (hidden, inter)}
-    save_file({n: rng.standard_normal(s, dtype=np.float32) * 0.02 for n, s in tensors.items()},
-              folder / "model.safetensors")
+        tensors |= {
+            p + "input_layernorm.weight": (hidden,),
+            p + "post_attention_layernorm.weight": (hidden,),
+            p + "self_attn.q_proj.weight": (hidden, hidden),
+            p + "self_attn.k_proj.weight": (256, hidden),
+            p + "self_attn.v_proj.weight": (256, hidden),
+            p + "self_attn.o_proj.weight": (hidden, hidden),
+            p + "mlp.gate_proj.weight": (inter, hidden),
+            p + "mlp.up_proj.weight": (inter, hidden),
+            p + "mlp.down_proj.weight": (hidden, inter),
+        }
+    save_file(
+        {n: rng.standard_normal(s, dtype=np.float32) * 0.02 for n, s in tensors.items()}, folder / "model.safetensors"
+    )
     script = textwrap.dedent(f"""
         import sys
         from pathlib import Path
         from ortserve.export import export_model
         from ortserve.export.pipeline import peak_rss_bytes
-        export_model({str(folder)!r}, {str(tmp_path / 'out')!r}, progress=False)
-        size = sum(p.stat().st_size for p in Path({str(tmp_path / 'out')!r}).iterdir())
+        export_model({str(folder)!r}, {str(tmp_path / "out")!r}, progress=False)
+        size = sum(p.stat().st_size for p in Path({str(tmp_path / "out")!r}).iterdir())
         print(peak_rss_bytes(), size, 'torch' in sys.modules)
     """)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
@@ -116,10 +137,9 @@ def test_fp32_export_peak_rss_stays_under_the_output_size(tmp_path):
 def test_bfloat16_checkpoint_exports_and_matches_transformers(tiny_checkpoint, tmp_path):
     """Most released checkpoints are bf16: exported fp32, they match transformers run in fp32."""
     import torch
-    from transformers import AutoModelForCausalLM
-
     from ortserve.export import export_model
     from ortserve.export.validate import validate_artifact
+    from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint("qwen3_qk_norm"), dtype=torch.bfloat16)
     model.save_pretrained(tmp_path / "bf16")

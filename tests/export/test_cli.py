@@ -1,5 +1,6 @@
 """`ortserve export` through the real command line: bad input gives one clear error line, a
 non-zero exit and no OUT directory (nor a temporary one beside it); good input gives an artifact."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,9 @@ from ortserve.artifact import is_artifact, load_manifest
 
 
 def ortserve_export(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ortserve.cli", "export", *args],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "ortserve.cli", "export", *args], capture_output=True, text=True, timeout=300
+    )
 
 
 def assert_clean_failure(result: subprocess.CompletedProcess, out: Path, *fragments: str) -> None:
@@ -97,14 +99,27 @@ def test_out_that_is_not_an_artifact_is_left_alone(tiny_checkpoint, tmp_path):
 
 def test_max_model_len_beyond_the_model_is_one_line_error(tiny_checkpoint, tmp_path):
     out = tmp_path / "out"
-    assert_clean_failure(ortserve_export(str(tiny_checkpoint("llama2")), "-o", str(out), "--max-model-len", "4096"),
-                         out, "--max-model-len", "128")
+    assert_clean_failure(
+        ortserve_export(str(tiny_checkpoint("llama2")), "-o", str(out), "--max-model-len", "4096"),
+        out,
+        "--max-model-len",
+        "128",
+    )
 
 
 def test_export_writes_an_artifact_and_a_summary(tiny_checkpoint, tmp_path):
     out = tmp_path / "nested" / "artifact"
-    result = ortserve_export(str(tiny_checkpoint("qwen2_qkv_bias_tied")), "-o", str(out), "--precision", "int4",
-                             "--lm-head-precision", "int8", "--max-model-len", "64")
+    result = ortserve_export(
+        str(tiny_checkpoint("qwen2_qkv_bias_tied")),
+        "-o",
+        str(out),
+        "--precision",
+        "int4",
+        "--lm-head-precision",
+        "int8",
+        "--max-model-len",
+        "64",
+    )
     assert result.returncode == 0, result.stderr
     assert is_artifact(out)
     for stage in ("build", "load", "quantise", "save"):

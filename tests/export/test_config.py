@@ -1,5 +1,6 @@
 """Our torch-free config reading agrees with transformers' config classes: the same defaults for
 every field we read, and the same meaning for the legacy spellings real checkpoints still use."""
+
 from __future__ import annotations
 
 import json
@@ -21,11 +22,15 @@ def hf_view(config) -> dict:
     get = lambda *names: next((getattr(c, n) for n in names if getattr(c, n, None) is not None), None)
     heads = get("num_attention_heads", "n_head")
     return dict(
-        num_layers=get("num_hidden_layers", "n_layer"), hidden_size=get("hidden_size", "n_embd"), num_heads=heads,
+        num_layers=get("num_hidden_layers", "n_layer"),
+        hidden_size=get("hidden_size", "n_embd"),
+        num_heads=heads,
         num_kv_heads=get("num_key_value_heads") or heads,
         head_size=get("head_dim") or get("hidden_size", "n_embd") // heads,
-        vocab_size=c.vocab_size, max_position_embeddings=get("max_position_embeddings", "n_positions"),
-        norm_eps=get("rms_norm_eps", "layer_norm_epsilon"), tie_word_embeddings=c.tie_word_embeddings,
+        vocab_size=c.vocab_size,
+        max_position_embeddings=get("max_position_embeddings", "n_positions"),
+        norm_eps=get("rms_norm_eps", "layer_norm_epsilon"),
+        tie_word_embeddings=c.tie_word_embeddings,
         layer_types=tuple(getattr(c, "layer_types", None) or [FULL] * get("num_hidden_layers", "n_layer")),
     )
 
@@ -34,8 +39,18 @@ def ours_view(spec) -> dict:
     return {key: getattr(spec, key) for key in hf_view_keys}
 
 
-hf_view_keys = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_size", "vocab_size",
-                "max_position_embeddings", "norm_eps", "tie_word_embeddings", "layer_types")
+hf_view_keys = (
+    "num_layers",
+    "hidden_size",
+    "num_heads",
+    "num_kv_heads",
+    "head_size",
+    "vocab_size",
+    "max_position_embeddings",
+    "norm_eps",
+    "tie_word_embeddings",
+    "layer_types",
+)
 
 
 @pytest.mark.parametrize("model_type", SUPPORTED_MODEL_TYPES)
@@ -49,8 +64,9 @@ def test_defaults_match_transformers_config_classes(model_type, tmp_path):
         assert ours.layer_types == (SLIDING,) * ours.num_layers and ours.sliding_window == reference.sliding_window
     else:
         assert ours_view(ours)["layer_types"] == hf_view(reference)["layer_types"]
-    assert {k: v for k, v in ours_view(ours).items() if k != "layer_types"} == \
-           {k: v for k, v in hf_view(reference).items() if k != "layer_types"}
+    assert {k: v for k, v in ours_view(ours).items() if k != "layer_types"} == {
+        k: v for k, v in hf_view(reference).items() if k != "layer_types"
+    }
     assert ours == spec_of(reference.to_dict(), tmp_path)
 
 
@@ -66,24 +82,46 @@ def test_unsupported_architecture_names_the_supported_ones():
 
 
 def test_legacy_llama3_rope_scaling_reads_like_rope_parameters(tmp_path):
-    legacy = {"model_type": "llama", "rope_theta": 500000.0, "max_position_embeddings": 131072,
-              "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}
-    current = {"model_type": "llama", "max_position_embeddings": 131072,
-               "rope_parameters": {**legacy["rope_scaling"], "rope_theta": 500000.0}}
+    legacy = {
+        "model_type": "llama",
+        "rope_theta": 500000.0,
+        "max_position_embeddings": 131072,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    }
+    current = {
+        "model_type": "llama",
+        "max_position_embeddings": 131072,
+        "rope_parameters": {**legacy["rope_scaling"], "rope_theta": 500000.0},
+    }
     rope = spec_of(legacy, tmp_path).ropes[FULL]
     assert rope == spec_of(current, tmp_path).ropes[FULL]
-    assert (rope.kind, rope.theta, rope.get("factor"), rope.original_max_position_embeddings) == \
-           ("llama3", 500000.0, 32.0, 8192)
+    assert (rope.kind, rope.theta, rope.get("factor"), rope.original_max_position_embeddings) == (
+        "llama3",
+        500000.0,
+        32.0,
+        8192,
+    )
 
 
 def test_legacy_gemma3_config_reads_like_transformers(tmp_path):
     """rope_local_base_freq, rope_scaling (global layers only) and sliding_window_pattern."""
     from transformers import AutoConfig
 
-    legacy = {"model_type": "gemma3_text", "num_hidden_layers": 8, "rope_theta": 1000000.0,
-              "rope_local_base_freq": 10000.0, "rope_scaling": {"rope_type": "linear", "factor": 8.0},
-              "sliding_window_pattern": 4, "sliding_window": 512}
+    legacy = {
+        "model_type": "gemma3_text",
+        "num_hidden_layers": 8,
+        "rope_theta": 1000000.0,
+        "rope_local_base_freq": 10000.0,
+        "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+        "sliding_window_pattern": 4,
+        "sliding_window": 512,
+    }
     (tmp_path / "config.json").write_text(json.dumps(legacy))
     reference = AutoConfig.from_pretrained(tmp_path)
     ours = spec_of(legacy, tmp_path)
@@ -91,16 +129,24 @@ def test_legacy_gemma3_config_reads_like_transformers(tmp_path):
     for layer_type in (FULL, SLIDING):
         params = reference.rope_parameters[layer_type]
         rope = ours.ropes[layer_type]
-        assert (rope.kind, rope.theta, rope.get("factor")) == \
-               (params["rope_type"], params["rope_theta"], params.get("factor"))
+        assert (rope.kind, rope.theta, rope.get("factor")) == (
+            params["rope_type"],
+            params["rope_theta"],
+            params.get("factor"),
+        )
 
 
 @pytest.mark.parametrize("use_sliding_window", [False, True])
 def test_qwen2_sliding_layers_follow_max_window_layers(use_sliding_window, tmp_path):
     from transformers import AutoConfig
 
-    config = {"model_type": "qwen2", "num_hidden_layers": 4, "use_sliding_window": use_sliding_window,
-              "sliding_window": 256, "max_window_layers": 2}
+    config = {
+        "model_type": "qwen2",
+        "num_hidden_layers": 4,
+        "use_sliding_window": use_sliding_window,
+        "sliding_window": 256,
+        "max_window_layers": 2,
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
     reference = AutoConfig.from_pretrained(tmp_path)
     ours = spec_of(config, tmp_path)
@@ -110,8 +156,8 @@ def test_qwen2_sliding_layers_follow_max_window_layers(use_sliding_window, tmp_p
 
 def test_gemma_scales_and_softcaps(tmp_path):
     g2 = spec_of({"model_type": "gemma2", "hidden_size": 2304, "query_pre_attn_scalar": 144}, tmp_path)
-    assert g2.embed_scale == pytest.approx(2304 ** 0.5)
-    assert g2.attn_scales[0] == pytest.approx(144 ** -0.5)
+    assert g2.embed_scale == pytest.approx(2304**0.5)
+    assert g2.attn_scales[0] == pytest.approx(144**-0.5)
     assert (g2.attn_softcap, g2.final_softcap) == (50.0, 30.0)
     assert g2.activation == "gelu_tanh"
     legacy_gemma = spec_of({"model_type": "gemma", "hidden_act": "gelu"}, tmp_path)

@@ -4,6 +4,7 @@ weights the quantiser produced, and logits that stay close to the fp32 export.
 Top-1 agreement with fp32 is measured on SmolLM2 (tests/models): tiny random models have flat
 output distributions, where top-1 flips on noise and says nothing about the export.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -15,8 +16,18 @@ from ortserve.export.validate import PagedRunner, random_sequences, teacher_forc
 from safetensors.numpy import load_file, save_file
 
 PROMPTS = (19, 7)
-LINEAR = (".q_proj.weight", ".k_proj.weight", ".v_proj.weight", ".o_proj.weight", ".gate_proj.weight",
-          ".up_proj.weight", ".down_proj.weight", ".c_attn.weight", ".c_proj.weight", ".c_fc.weight")
+LINEAR = (
+    ".q_proj.weight",
+    ".k_proj.weight",
+    ".v_proj.weight",
+    ".o_proj.weight",
+    ".gate_proj.weight",
+    ".up_proj.weight",
+    ".down_proj.weight",
+    ".c_attn.weight",
+    ".c_proj.weight",
+    ".c_fc.weight",
+)
 
 
 def run(artifact, vocab=320):
@@ -75,8 +86,13 @@ def test_every_linear_is_matmulnbits_with_block_32_and_int8_compute(tiny_artifac
 
 
 def test_lm_head_precision_is_chosen_separately(tiny_checkpoint, tmp_path):
-    export_model(tiny_checkpoint("llama3_rope_scaling"), tmp_path / "a", precision="int4", lm_head_precision="int8",
-                 progress=False)
+    export_model(
+        tiny_checkpoint("llama3_rope_scaling"),
+        tmp_path / "a",
+        precision="int4",
+        lm_head_precision="int8",
+        progress=False,
+    )
     graph = onnx.load(tmp_path / "a" / "model.onnx", load_external_data=False).graph
     heads = [n for n in graph.node if n.name.startswith("lm_head")]
     assert len(heads) == 1 and heads[0].op_type == "MatMulNBits"
@@ -153,8 +169,13 @@ def test_int4_export_of_a_q4_1_checkpoint_computes_with_its_grid_weights(tiny_ch
             tensors[name] = q8_0_grid(weight)
     save_file(tensors, folder / "model.safetensors")
     described = shutil.copytree(folder, tmp_path / "described")
-    save_file({name: dequantize(append_residual_blocks(offset_grid(w, 4)), w.shape[1]) if name.endswith(LINEAR)
-               else w for name, w in tensors.items()}, described / "model.safetensors")
+    save_file(
+        {
+            name: dequantize(append_residual_blocks(offset_grid(w, 4)), w.shape[1]) if name.endswith(LINEAR) else w
+            for name, w in tensors.items()
+        },
+        described / "model.safetensors",
+    )
     export_model(folder, tmp_path / "fp32", progress=False)
     export_model(described, tmp_path / "described_fp32", progress=False)
     export_model(folder, tmp_path / "int4", precision="int4", progress=False)

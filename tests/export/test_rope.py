@@ -1,4 +1,5 @@
 """Our numpy rotary tables equal transformers' (its rope init functions, float32) for every type."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,11 +12,25 @@ HEAD = 64
 ROPES = {
     "default": dict(rope_type="default", rope_theta=10000.0),
     "linear": dict(rope_type="linear", rope_theta=10000.0, factor=4.0),
-    "llama3": dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                   original_max_position_embeddings=64),
+    "llama3": dict(
+        rope_type="llama3",
+        rope_theta=500000.0,
+        factor=8.0,
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
+        original_max_position_embeddings=64,
+    ),
     "yarn": dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=64),
-    "yarn_mscale": dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=64,
-                        mscale=1.0, mscale_all_dim=0.5, beta_fast=16, beta_slow=2),
+    "yarn_mscale": dict(
+        rope_type="yarn",
+        rope_theta=10000.0,
+        factor=4.0,
+        original_max_position_embeddings=64,
+        mscale=1.0,
+        mscale_all_dim=0.5,
+        beta_fast=16,
+        beta_slow=2,
+    ),
     "dynamic": dict(rope_type="dynamic", rope_theta=10000.0, factor=2.0),
 }
 
@@ -39,8 +54,15 @@ def reference_cos_sin(config, positions, seq_len=None):
 def hf_config(rope: dict, max_pos: int = 256, **extra):
     from transformers import AutoConfig
 
-    return AutoConfig.for_model("llama", hidden_size=HEAD * 4, num_attention_heads=4, head_dim=HEAD,
-                                max_position_embeddings=max_pos, rope_parameters=dict(rope), **extra)
+    return AutoConfig.for_model(
+        "llama",
+        hidden_size=HEAD * 4,
+        num_attention_heads=4,
+        head_dim=HEAD,
+        max_position_embeddings=max_pos,
+        rope_parameters=dict(rope),
+        **extra,
+    )
 
 
 @pytest.mark.parametrize("name", [n for n in ROPES if n != "dynamic"])
@@ -68,10 +90,20 @@ def test_dynamic_rows_past_the_trained_length_use_that_lengths_base(tmp_path):
 def test_longrope_table_holds_short_rows_then_long_rows(tmp_path):
     from transformers import AutoConfig
 
-    rope = dict(rope_type="longrope", rope_theta=10000.0, short_factor=[1.0 + 0.05 * i for i in range(32)],
-                long_factor=[1.5 + 0.1 * i for i in range(32)])
-    config = AutoConfig.for_model("phi3", hidden_size=HEAD * 4, num_attention_heads=4, max_position_embeddings=512,
-                                  original_max_position_embeddings=128, rope_parameters=rope)
+    rope = dict(
+        rope_type="longrope",
+        rope_theta=10000.0,
+        short_factor=[1.0 + 0.05 * i for i in range(32)],
+        long_factor=[1.5 + 0.1 * i for i in range(32)],
+    )
+    config = AutoConfig.for_model(
+        "phi3",
+        hidden_size=HEAD * 4,
+        num_attention_heads=4,
+        max_position_embeddings=512,
+        original_max_position_embeddings=128,
+        rope_parameters=rope,
+    )
     spec = architecture_for("phi3").read_config(config.to_dict(), tmp_path).ropes[FULL]
     table = rope_table(spec, 512)
     assert table.long_offset == 128 and table.cos.shape == (128 + 512, 32)

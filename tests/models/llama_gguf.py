@@ -1,6 +1,7 @@
 """Write a Llama Hugging Face checkpoint as a GGUF file, the way llama.cpp's converter lays it
 out (Q/K rows permuted, F32 tensors), with a donor GGUF's tokenizer. The tests use it to make
 small GGUF files whose exact weights they know."""
+
 from __future__ import annotations
 
 import json
@@ -57,9 +58,7 @@ def write_llama_gguf(checkpoint: Path, path: Path, tokenizer_donor: Path, *, nam
     for key, field in donor.fields.items():
         if key.startswith("tokenizer."):
             value = field.contents()
-            if key == "tokenizer.ggml.token_type":
-                writer.add_array(key, value)
-            elif isinstance(value, list):
+            if key == "tokenizer.ggml.token_type" or isinstance(value, list):
                 writer.add_array(key, value)
             elif isinstance(value, str):
                 writer.add_string(key, value)

@@ -1,5 +1,6 @@
 """What exporting SmolLM2 costs (a benchmark figure, not a timed assertion), measured in a child
 process with torch unimportable, as on a serving machine. Issue 3's target for int4: < 2 minutes."""
+
 from __future__ import annotations
 
 import json
@@ -26,5 +27,7 @@ def test_export_time_and_peak_rss(precision: str, smollm2_checkpoint: Path, tmp_
         tmp_path / "cache",
     )
     cost = json.loads(result.stdout.strip().splitlines()[-1])
-    report_figure(f"SmolLM2 {precision} export: {cost['seconds']:.1f} s, peak RSS {cost['peak_rss'] / 2**20:.0f} MiB, "
-                  f"weights {cost['weight_bytes'] / 2**20:.0f} MiB (target for int4: < 120 s)")
+    report_figure(
+        f"SmolLM2 {precision} export: {cost['seconds']:.1f} s, peak RSS {cost['peak_rss'] / 2**20:.0f} MiB, "
+        f"weights {cost['weight_bytes'] / 2**20:.0f} MiB (target for int4: < 120 s)"
+    )

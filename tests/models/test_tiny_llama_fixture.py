@@ -1,4 +1,5 @@
 """The shared tiny Llama fixtures are what conftest.py promises, and their export is exact."""
+
 from __future__ import annotations
 
 import json
@@ -20,12 +21,15 @@ def test_tiny_llama_checkpoint_has_the_promised_shape_and_a_real_tokenizer(tiny_
     assert config["vocab_size"] == 49152
     tokenizer = AutoTokenizer.from_pretrained(tiny_llama_checkpoint)
     assert len(tokenizer) == 49152 and tokenizer.eos_token == "<|im_end|>"
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
     assert text.endswith("<|im_start|>assistant\n")
 
 
-def test_tiny_llama_artifact_matches_transformers(tiny_llama_artifact: Path, tiny_llama_checkpoint: Path,
-                                                  report_figure):
+def test_tiny_llama_artifact_matches_transformers(
+    tiny_llama_artifact: Path, tiny_llama_checkpoint: Path, report_figure
+):
     from ortserve.export.validate import validate_artifact
 
     manifest = load_manifest(tiny_llama_artifact)

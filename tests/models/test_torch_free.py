@@ -1,4 +1,5 @@
 """Serving's path never needs torch: the first ``ortserve serve`` converts the default model."""
+
 from __future__ import annotations
 
 import json
@@ -56,8 +57,10 @@ def test_gguf_conversion_runs_without_torch(tmp_path: Path, smollm2_checkpoint: 
         tmp_path / "cache",
     )
     cost = json.loads(result.stdout.strip().splitlines()[-1])
-    report_figure(f"SmolLM2 GGUF -> HF conversion without torch: {cost['seconds']:.1f} s, "
-                  f"peak RSS {cost['peak_rss'] / 2**20:.0f} MiB")
+    report_figure(
+        f"SmolLM2 GGUF -> HF conversion without torch: {cost['seconds']:.1f} s, "
+        f"peak RSS {cost['peak_rss'] / 2**20:.0f} MiB"
+    )
     converted = tmp_path / "cache" / "checkpoints" / "smollm2-135m-instruct"
     for name in ("model.safetensors", "tokenizer.json", "config.json", "generation_config.json"):
         assert (converted / name).read_bytes() == (smollm2_checkpoint / name).read_bytes(), name

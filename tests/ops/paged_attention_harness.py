@@ -5,6 +5,7 @@ Usable from any test (`tests/ops` is on sys.path for the tests in it):
     session = make_session(model)
     output = run_op(session, batch)      # batch.key_cache / batch.value_cache are updated in place
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,13 +18,31 @@ from onnx import TensorProto, helper
 
 import ortserve.ops
 
-INPUTS = ("query", "key", "value", "key_cache", "value_cache", "slot_mapping", "block_tables",
-          "context_lens", "query_start_loc")
+INPUTS = (
+    "query",
+    "key",
+    "value",
+    "key_cache",
+    "value_cache",
+    "slot_mapping",
+    "block_tables",
+    "context_lens",
+    "query_start_loc",
+)
 OUTPUTS = ("output", "key_cache_out", "value_cache_out")
 
 
-def build_single_op_model(num_heads, num_kv_heads, head_size, *, scale=0.0, sliding_window=0,
-                          softcap=0.0, ir_version=10, all_dims_symbolic=False) -> onnx.ModelProto:
+def build_single_op_model(
+    num_heads,
+    num_kv_heads,
+    head_size,
+    *,
+    scale=0.0,
+    sliding_window=0,
+    softcap=0.0,
+    ir_version=10,
+    all_dims_symbolic=False,
+) -> onnx.ModelProto:
     """A model holding one ortserve.PagedAttention node; batch and cache sizes are symbolic.
     all_dims_symbolic=True makes head widths symbolic too, so only the kernel checks them."""
     f, i64, i32 = TensorProto.FLOAT, TensorProto.INT64, TensorProto.INT32
@@ -46,12 +65,26 @@ def build_single_op_model(num_heads, num_kv_heads, head_size, *, scale=0.0, slid
         helper.make_tensor_value_info("key_cache_out", f, cache),
         helper.make_tensor_value_info("value_cache_out", f, cache),
     ]
-    node = helper.make_node("PagedAttention", list(INPUTS), list(OUTPUTS), domain=ortserve.ops.DOMAIN,
-                            num_heads=num_heads, num_kv_heads=num_kv_heads, scale=float(scale),
-                            sliding_window=sliding_window, softcap=float(softcap))
+    node = helper.make_node(
+        "PagedAttention",
+        list(INPUTS),
+        list(OUTPUTS),
+        domain=ortserve.ops.DOMAIN,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        scale=float(scale),
+        sliding_window=sliding_window,
+        softcap=float(softcap),
+    )
     graph = helper.make_graph([node], "paged_attention", inputs, outputs)
-    return helper.make_model(graph, ir_version=ir_version, opset_imports=[
-        helper.make_opsetid("", 17), helper.make_opsetid(ortserve.ops.DOMAIN, ortserve.ops.OPSET_VERSION)])
+    return helper.make_model(
+        graph,
+        ir_version=ir_version,
+        opset_imports=[
+            helper.make_opsetid("", 17),
+            helper.make_opsetid(ortserve.ops.DOMAIN, ortserve.ops.OPSET_VERSION),
+        ],
+    )
 
 
 def make_session(model: onnx.ModelProto, threads: int = 2) -> ort.InferenceSession:
@@ -62,17 +95,20 @@ def make_session(model: onnx.ModelProto, threads: int = 2) -> ort.InferenceSessi
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-@functools.lru_cache(maxsize=None)
-def cached_session(num_heads, num_kv_heads, head_size, scale=0.0, sliding_window=0, softcap=0.0,
-                   threads=2) -> ort.InferenceSession:
-    model = build_single_op_model(num_heads, num_kv_heads, head_size, scale=scale,
-                                  sliding_window=sliding_window, softcap=softcap)
+@functools.cache
+def cached_session(
+    num_heads, num_kv_heads, head_size, scale=0.0, sliding_window=0, softcap=0.0, threads=2
+) -> ort.InferenceSession:
+    model = build_single_op_model(
+        num_heads, num_kv_heads, head_size, scale=scale, sliding_window=sliding_window, softcap=softcap
+    )
     return make_session(model, threads)
 
 
 @dataclasses.dataclass
 class Batch:
     """The op's nine inputs as numpy arrays (field names = input names)."""
+
     query: np.ndarray
     key: np.ndarray
     value: np.ndarray
@@ -83,12 +119,13 @@ class Batch:
     context_lens: np.ndarray
     query_start_loc: np.ndarray
 
-    def copy(self) -> "Batch":
+    def copy(self) -> Batch:
         return Batch(**{k: v.copy() for k, v in dataclasses.asdict(self).items()})
 
 
-def make_batch(rng, seqs, *, num_heads, num_kv_heads, head_size, block_size, num_blocks=None,
-               skip_fraction=0.0) -> Batch:
+def make_batch(
+    rng, seqs, *, num_heads, num_kv_heads, head_size, block_size, num_blocks=None, skip_fraction=0.0
+) -> Batch:
     """Random batch: seqs is [(q_len, context_len), ...]; each sequence owns random physical blocks,
     its last q_len positions are this step's new tokens, a skip_fraction of their slots is -1."""
     blocks_per_seq = [-(-ctx // block_size) for _, ctx in seqs]
@@ -99,7 +136,7 @@ def make_batch(rng, seqs, *, num_heads, num_kv_heads, head_size, block_size, num
     block_tables = np.zeros((len(seqs), max_blocks), np.int32)
     slots, used = [], 0
     for b, ((q_len, ctx), n) in enumerate(zip(seqs, blocks_per_seq)):
-        block_tables[b, :n] = physical[used:used + n]
+        block_tables[b, :n] = physical[used : used + n]
         used += n
         for pos in range(ctx - q_len, ctx):
             slot = block_tables[b, pos // block_size] * block_size + pos % block_size
@@ -109,12 +146,16 @@ def make_batch(rng, seqs, *, num_heads, num_kv_heads, head_size, block_size, num
     cache_shape = (num_blocks, num_kv_heads, block_size, head_size)
     f32 = lambda *shape: rng.standard_normal(shape, dtype=np.float32)
     return Batch(
-        query=f32(T, num_heads * head_size), key=f32(T, kv_width), value=f32(T, kv_width),
-        key_cache=f32(*cache_shape), value_cache=f32(*cache_shape),
+        query=f32(T, num_heads * head_size),
+        key=f32(T, kv_width),
+        value=f32(T, kv_width),
+        key_cache=f32(*cache_shape),
+        value_cache=f32(*cache_shape),
         slot_mapping=np.array(slots, np.int64).reshape(T),
         block_tables=block_tables,
         context_lens=np.array([ctx for _, ctx in seqs], np.int32),
-        query_start_loc=np.concatenate([[0], np.cumsum([q for q, _ in seqs])]).astype(np.int32))
+        query_start_loc=np.concatenate([[0], np.cumsum([q for q, _ in seqs])]).astype(np.int32),
+    )
 
 
 def run_op(session: ort.InferenceSession, batch: Batch, *, alias_caches: bool = True) -> np.ndarray:

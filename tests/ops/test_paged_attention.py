@@ -1,20 +1,38 @@
 """PagedAttention matches its numpy reference (the spec) on every batch shape and option."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from ortserve.ops.paged_attention_reference import paged_attention as reference
 from paged_attention_harness import cached_session, make_batch, run_op
 
 
-def check_against_reference(seqs, *, num_heads, num_kv_heads, head_size, block_size, scale=0.0,
-                            sliding_window=0, softcap=0.0, skip_fraction=0.0, seed=0):
+def check_against_reference(
+    seqs,
+    *,
+    num_heads,
+    num_kv_heads,
+    head_size,
+    block_size,
+    scale=0.0,
+    sliding_window=0,
+    softcap=0.0,
+    skip_fraction=0.0,
+    seed=0,
+):
     rng = np.random.default_rng(seed)
-    batch = make_batch(rng, seqs, num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=head_size,
-                       block_size=block_size, skip_fraction=skip_fraction)
+    batch = make_batch(
+        rng,
+        seqs,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_size=head_size,
+        block_size=block_size,
+        skip_fraction=skip_fraction,
+    )
     expected_batch = batch.copy()
     attrs = dict(scale=scale, sliding_window=sliding_window, softcap=softcap)
     expected = reference(*vars(expected_batch).values(), num_heads=num_heads, num_kv_heads=num_kv_heads, **attrs)
@@ -32,8 +50,9 @@ DECODE = [(1, 1), (1, 40), (1, 17)]
 MIXED = [(1, 30), (12, 12), (1, 1), (9, 70), (1, 33)]
 
 
-@pytest.mark.parametrize("seqs", [PREFILL, CHUNKED_PREFILL, DECODE, MIXED],
-                         ids=["prefill", "chunked_prefill", "decode", "mixed"])
+@pytest.mark.parametrize(
+    "seqs", [PREFILL, CHUNKED_PREFILL, DECODE, MIXED], ids=["prefill", "chunked_prefill", "decode", "mixed"]
+)
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (6, 2), (14, 2)], ids=["mha", "gqa3", "gqa7"])
 def test_every_batch_shape_and_gqa_ratio_matches_reference(seqs, num_heads, num_kv_heads):
     check_against_reference(seqs, num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=64, block_size=16)
@@ -47,13 +66,13 @@ def test_every_head_and_block_size_matches_reference(head_size, block_size):
 
 @pytest.mark.parametrize("sliding_window", [1, 5, 16, 1000])
 def test_sliding_window_limits_attention_to_recent_positions(sliding_window):
-    check_against_reference(MIXED + CHUNKED_PREFILL, num_heads=6, num_kv_heads=2, head_size=64, block_size=8,
-                            sliding_window=sliding_window)
+    check_against_reference(
+        MIXED + CHUNKED_PREFILL, num_heads=6, num_kv_heads=2, head_size=64, block_size=8, sliding_window=sliding_window
+    )
 
 
 def test_softcap_squashes_scores_after_scaling():
-    check_against_reference(MIXED, num_heads=6, num_kv_heads=2, head_size=64, block_size=16, softcap=2.0,
-                            scale=0.5)
+    check_against_reference(MIXED, num_heads=6, num_kv_heads=2, head_size=64, block_size=16, softcap=2.0, scale=0.5)
 
 
 def test_explicit_scale_replaces_inverse_sqrt_head_size():
@@ -61,8 +80,9 @@ def test_explicit_scale_replaces_inverse_sqrt_head_size():
 
 
 def test_slot_minus_one_leaves_the_cache_untouched():
-    check_against_reference(MIXED + PREFILL, num_heads=6, num_kv_heads=2, head_size=64, block_size=16,
-                            skip_fraction=0.3)
+    check_against_reference(
+        MIXED + PREFILL, num_heads=6, num_kv_heads=2, head_size=64, block_size=16, skip_fraction=0.3
+    )
 
 
 def test_long_single_decode_is_split_across_threads_and_still_exact():
@@ -70,8 +90,15 @@ def test_long_single_decode_is_split_across_threads_and_still_exact():
 
 
 def test_long_decodes_with_sliding_window_and_softcap_split_across_threads():
-    check_against_reference([(1, 2500), (1, 1300)], num_heads=6, num_kv_heads=2, head_size=80, block_size=32,
-                            sliding_window=700, softcap=3.0)
+    check_against_reference(
+        [(1, 2500), (1, 1300)],
+        num_heads=6,
+        num_kv_heads=2,
+        head_size=80,
+        block_size=32,
+        sliding_window=700,
+        softcap=3.0,
+    )
 
 
 def test_any_block_size_and_head_size_work():
@@ -85,8 +112,9 @@ def test_more_than_sixteen_query_heads_per_kv_head():
 @pytest.mark.parametrize("isa", ["avx512", "avx2", "generic"])
 def test_every_kernel_build_matches_reference(isa, monkeypatch):
     monkeypatch.setenv("ORTSERVE_PAGED_ATTENTION_ISA", isa)  # caps the run-time kernel choice
-    check_against_reference(MIXED + [(1, 900)], num_heads=14, num_kv_heads=2, head_size=64, block_size=16,
-                            sliding_window=50, softcap=4.0)
+    check_against_reference(
+        MIXED + [(1, 900)], num_heads=14, num_kv_heads=2, head_size=64, block_size=16, sliding_window=50, softcap=4.0
+    )
     check_against_reference(MIXED, num_heads=3, num_kv_heads=3, head_size=128, block_size=8)
 
 
@@ -118,13 +146,15 @@ def batches(draw):
     seq = st.tuples(st.integers(0, 40), st.integers(0, 90)).map(lambda qc: (min(qc), max(qc)))
     return dict(
         seqs=draw(st.lists(seq, min_size=1, max_size=5)),
-        num_heads=num_kv_heads * group, num_kv_heads=num_kv_heads,
+        num_heads=num_kv_heads * group,
+        num_kv_heads=num_kv_heads,
         head_size=draw(st.sampled_from([32, 64, 80, 128, 256])),
         block_size=draw(st.sampled_from([8, 16, 32])),
         sliding_window=draw(st.sampled_from([0, 0, 7, 33])),
         softcap=draw(st.sampled_from([0.0, 0.0, 5.0])),
         skip_fraction=draw(st.sampled_from([0.0, 0.2])),
-        seed=draw(st.integers(0, 2**16)))
+        seed=draw(st.integers(0, 2**16)),
+    )
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

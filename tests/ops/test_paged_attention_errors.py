@@ -1,9 +1,9 @@
 """Bad input makes PagedAttention fail with an error naming the input and the offending values."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from paged_attention_harness import build_single_op_model, make_batch, make_session, run_op
 
 SEQS = [(1, 20), (5, 5), (3, 30)]  # rows 0 | 1..5 | 6..8
@@ -97,7 +97,9 @@ def test_context_beyond_block_table_capacity_is_rejected(session, batch):
 
 def test_non_monotonic_query_start_loc_is_rejected(session, batch):
     batch.query_start_loc[:] = [0, 6, 1, 9]
-    expect_error(session, batch, "query_start_loc must be non-decreasing", "query_start_loc[1] = 6 > query_start_loc[2] = 1")
+    expect_error(
+        session, batch, "query_start_loc must be non-decreasing", "query_start_loc[1] = 6 > query_start_loc[2] = 1"
+    )
 
 
 def test_query_start_loc_not_ending_at_token_count_is_rejected(session, batch):
@@ -117,8 +119,12 @@ def test_slot_outside_the_cache_is_rejected(session, batch, bad_slot):
 
 
 def test_cache_output_not_bound_to_the_cache_input_is_rejected(session, batch):
-    expect_error(session, batch, "key_cache_out/value_cache_out must be the same OrtValue as key_cache/value_cache",
-                 alias_caches=False)
+    expect_error(
+        session,
+        batch,
+        "key_cache_out/value_cache_out must be the same OrtValue as key_cache/value_cache",
+        alias_caches=False,
+    )
 
 
 def test_rejected_input_leaves_the_cache_untouched(session, batch):

@@ -1,6 +1,7 @@
 """The reliability suite: faults injected into a live server, bursts, hostile requests, load with
 cancellations, a soak, and schemathesis. CI runs the short form; ``--reliability-long`` runs the
 long one and writes tests/reliability/REPORT.md from what every test recorded."""
+
 from __future__ import annotations
 
 import sys
@@ -16,8 +17,11 @@ REPORT = Path(__file__).parent / "REPORT.md"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--reliability-long", action="store_true", help="run the long reliability suite and write "
-                                                                     "tests/reliability/REPORT.md")
+    parser.addoption(
+        "--reliability-long",
+        action="store_true",
+        help="run the long reliability suite and write tests/reliability/REPORT.md",
+    )
 
 
 class Tally:
@@ -63,9 +67,12 @@ def percentile(values: list[float], q: float) -> float:
 def write_report(t: Tally, seconds: float) -> None:
     sent = sum(t.outcomes.values())
     lines = [
-        "# Reliability report", "",
-        f"`pytest tests/reliability --reliability-long` ({seconds / 60:.1f} min), written by the run itself.", "",
-        "| measure | value |", "|---|---:|",
+        "# Reliability report",
+        "",
+        f"`pytest tests/reliability --reliability-long` ({seconds / 60:.1f} min), written by the run itself.",
+        "",
+        "| measure | value |",
+        "|---|---:|",
         f"| requests sent | {sent} |",
         f"| completed | {t.outcomes['completed']} |",
         *[f"| failed: {cause} | {n} |" for cause, n in sorted(t.outcomes.items()) if cause != "completed"],
@@ -76,6 +83,8 @@ def write_report(t: Tally, seconds: float) -> None:
         f"| responses with a traceback | {t.tracebacks} |",
         f"| latency p50 under load (s) | {percentile(t.latencies, 0.5):.3f} |",
         f"| latency p99 under load (s) | {percentile(t.latencies, 0.99):.3f} |",
-        "", *[f"- {name}: {value}" for name, value in t.rows], "",
+        "",
+        *[f"- {name}: {value}" for name, value in t.rows],
+        "",
     ]
     REPORT.write_text("\n".join(lines))

@@ -1,6 +1,7 @@
 """Admission under bursts: the waiting count is taken when a request is accepted, so a burst of
 300 simultaneous requests admits exactly what the limits allow and answers the rest 429 with
 Retry-After, in OpenAI's error shape; --max-queued-tokens bounds queued prompt tokens the same way."""
+
 from __future__ import annotations
 
 import asyncio

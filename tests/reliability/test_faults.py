@@ -1,6 +1,7 @@
 """Faults injected into a live server on the tiny Llama artifact: kill -9 of the engine under 16
 concurrent streams, and SIGSTOP/SIGCONT. The server process must stay up, broken streams must end
 with an error event, the engine must come back, and no KV block may stay in use."""
+
 from __future__ import annotations
 
 import json
@@ -54,8 +55,19 @@ def stream_events(proc: ServerProcess, max_tokens: int, results: list, tally) ->
 
 @pytest.fixture
 def server(tiny_llama_artifact, tally):
-    proc = ServerProcess.real(tiny_llama_artifact, "--served-model-name", "tiny", "--threads-bind", "nobind",
-                              "--kv-cache-space", "0.1", "--max-model-len", "2048", "--engine-timeout", "3")
+    proc = ServerProcess.real(
+        tiny_llama_artifact,
+        "--served-model-name",
+        "tiny",
+        "--threads-bind",
+        "nobind",
+        "--kv-cache-space",
+        "0.1",
+        "--max-model-len",
+        "2048",
+        "--engine-timeout",
+        "3",
+    )
     proc.wait_ready()
     yield proc
     if proc.proc.poll() is not None:
@@ -81,8 +93,9 @@ def test_kill_9_of_the_engine_under_16_streams_is_survived(server, tally, long_r
             assert events[-1] == "[DONE]" and "error" in json.loads(events[-2]), events[-3:]
         engine_pid(server, after=pid)
         wait_health(server, 200)
-        done = httpx.post(f"{server.base_url}/v1/completions", timeout=60,
-                          json={"model": "tiny", "prompt": PROMPT, "max_tokens": 8})
+        done = httpx.post(
+            f"{server.base_url}/v1/completions", timeout=60, json={"model": "tiny", "prompt": PROMPT, "max_tokens": 8}
+        )
         assert done.status_code == 200 and done.json()["choices"][0]["finish_reason"] in ("length", "stop")
         tally.recoveries += 1
         metrics = server.metrics()

@@ -1,6 +1,7 @@
 """Load with random cancellations, then a soak, on a real engine (the tiny Llama artifact): every
 request completes or was cancelled by its client, no response carries a traceback, the KV cache
 is empty afterwards, and the server's memory stays flat over the soak."""
+
 from __future__ import annotations
 
 import asyncio
@@ -18,24 +19,40 @@ pytestmark = pytest.mark.reliability
 
 @pytest.fixture(scope="module")
 def server(tiny_llama_artifact):
-    proc = ServerProcess.real(tiny_llama_artifact, "--served-model-name", "tiny", "--threads-bind", "nobind",
-                              "--kv-cache-space", "0.1", "--max-model-len", "1024")
+    proc = ServerProcess.real(
+        tiny_llama_artifact,
+        "--served-model-name",
+        "tiny",
+        "--threads-bind",
+        "nobind",
+        "--kv-cache-space",
+        "0.1",
+        "--max-model-len",
+        "1024",
+    )
     proc.wait_ready()
     yield proc
     proc.stop()
 
 
 async def one_request(client: httpx.AsyncClient, rng: random.Random, tally) -> str:
-    body = {"model": "tiny", "prompt": [rng.randrange(100, 40000) for _ in range(rng.randrange(4, 200))],
-            "max_tokens": rng.randrange(1, 64), "temperature": rng.choice([0.0, 0.7, 1.3]),
-            "stream": rng.random() < 0.5, "n": rng.choice([1, 1, 2])}
+    body = {
+        "model": "tiny",
+        "prompt": [rng.randrange(100, 40000) for _ in range(rng.randrange(4, 200))],
+        "max_tokens": rng.randrange(1, 64),
+        "temperature": rng.choice([0.0, 0.7, 1.3]),
+        "stream": rng.random() < 0.5,
+        "n": rng.choice([1, 1, 2]),
+    }
     cancel_after = rng.uniform(0.01, 0.5) if rng.random() < 0.3 else None
     started = time.monotonic()
     try:
         async with asyncio.timeout(cancel_after) if cancel_after else asyncio.timeout(120):
             response = await client.post("/v1/completions", json=body)
             text = response.text
-        outcome = "completed" if response.status_code == 200 and '"error"' not in text else f"HTTP {response.status_code}"
+        outcome = (
+            "completed" if response.status_code == 200 and '"error"' not in text else f"HTTP {response.status_code}"
+        )
         tally.response(outcome, time.monotonic() - started, text)
     except TimeoutError:
         outcome = "cancelled by the client" if cancel_after else "timed out"
@@ -47,6 +64,7 @@ async def load(base_url: str, count: int, concurrency: int, seed: int, tally) ->
     rng = random.Random(seed)
     gate = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(base_url=base_url, timeout=120) as client:
+
         async def run() -> str:
             async with gate:
                 return await one_request(client, rng, tally)
@@ -88,8 +106,9 @@ def test_soak_keeps_memory_flat(server, tally, long_run):
     for i in range(rounds):
         asyncio.run(load(server.base_url, 100, 8, seed=10 + i, tally=tally))
     after = rss_kib(server.proc.pid)
-    tally.rows.append(("HTTP process RSS over the soak", f"{before / 1024:.0f} -> {after / 1024:.0f} MiB "
-                                                         f"({rounds * 100} requests)"))
+    tally.rows.append(
+        ("HTTP process RSS over the soak", f"{before / 1024:.0f} -> {after / 1024:.0f} MiB ({rounds * 100} requests)")
+    )
     metrics = wait_idle(server)
     assert metrics["ortserve:kv_cache_usage_perc"] == 0.0
     assert after - before < 64 * 1024, (before, after)  # flat: no growth per request

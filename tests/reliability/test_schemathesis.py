@@ -2,6 +2,7 @@
 and every case that breaks the schema is rejected with a 4xx. Valid-per-schema cases that are
 refused may only be refused for a limit that depends on the loaded model (vocabulary, context
 length), which a static schema cannot state; each refusal's message is checked for that."""
+
 from __future__ import annotations
 
 import base64
@@ -17,22 +18,55 @@ MODEL_LIMITS = ("outside the vocabulary", "maximum context length", "is empty", 
 
 
 def test_schemathesis_finds_no_server_error_and_no_unexplained_rejection(start_fake, tmp_path, tally, long_run):
-    proc = start_fake("--max-num-seqs", "8", "--step-seconds", "0.001", "--max-waiting-requests", "100000",
-                      "--max-request-body-bytes", str(64 << 20))
+    proc = start_fake(
+        "--max-num-seqs",
+        "8",
+        "--step-seconds",
+        "0.001",
+        "--max-waiting-requests",
+        "100000",
+        "--max-request-body-bytes",
+        str(64 << 20),
+    )
     report = tmp_path / "events.ndjson"
     result = subprocess.run(
-        [sys.executable, "-m", "schemathesis.cli", "run", f"{proc.base_url}/schema/openapi.json",
-         "--checks", "not_a_server_error,negative_data_rejection,positive_data_acceptance",
-         "--max-examples", "150" if long_run else "25", "--seed", "1", "--request-timeout", "60",
-         "--report", "ndjson", "--report-ndjson-path", str(report), "--continue-on-failure", "--no-color"],
-        capture_output=True, text=True, timeout=3000, check=False)
+        [
+            sys.executable,
+            "-m",
+            "schemathesis.cli",
+            "run",
+            f"{proc.base_url}/schema/openapi.json",
+            "--checks",
+            "not_a_server_error,negative_data_rejection,positive_data_acceptance",
+            "--max-examples",
+            "150" if long_run else "25",
+            "--seed",
+            "1",
+            "--request-timeout",
+            "60",
+            "--report",
+            "ndjson",
+            "--report-ndjson-path",
+            str(report),
+            "--continue-on-failure",
+            "--no-color",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=3000,
+        check=False,
+    )
     failures = failed_checks(report)
-    tally.rows.append(("schemathesis", f"exit {result.returncode}; failures by check: "
-                                       f"{ {k: len(v) for k, v in failures.items()} }"))
+    tally.rows.append(
+        ("schemathesis", f"exit {result.returncode}; failures by check: { {k: len(v) for k, v in failures.items()} }")
+    )
     assert "not_a_server_error" not in failures, failures["not_a_server_error"][:3]
     assert "negative_data_rejection" not in failures, failures["negative_data_rejection"][:3]
-    unexplained = [body for body in failures.get("positive_data_acceptance", [])
-                   if not any(limit in body for limit in MODEL_LIMITS)]
+    unexplained = [
+        body
+        for body in failures.get("positive_data_acceptance", [])
+        if not any(limit in body for limit in MODEL_LIMITS)
+    ]
     assert not unexplained, unexplained[:3]
     assert "test cases" in result.stdout.lower() or "generated" in result.stdout, result.stdout[-3000:]
 
@@ -48,7 +82,10 @@ def failed_checks(report) -> dict[str, list[str]]:
                     continue
                 response = recorder.get("interactions", {}).get(case_id, {}).get("response") or {}
                 content = response.get("content") or {}
-                body = base64.b64decode(content["$base64"]).decode(errors="replace") if "$base64" in content \
+                body = (
+                    base64.b64decode(content["$base64"]).decode(errors="replace")
+                    if "$base64" in content
                     else json.dumps(content)
+                )
                 failures.setdefault(check["name"], []).append(f"{response.get('status_code')} {body[:1000]}")
     return failures

@@ -5,6 +5,7 @@
 - ``fake_server``: the same server around the FakeCore (fake_engine.py), for HTTP behaviour
   that needs no model.
 """
+
 from __future__ import annotations
 
 import sys
@@ -15,7 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # server_process, fake_engine
 
-from server_process import ServerProcess  # noqa: E402
+from server_process import ServerProcess
 
 API_KEY = "sk-ortserve-test"
 SERVED_NAME = "smollm2-135m-instruct"
@@ -25,9 +26,17 @@ MAX_BODY = 1 << 20
 
 @pytest.fixture(scope="session")
 def server(smollm2_artifact: Path) -> Iterator[ServerProcess]:
-    proc = ServerProcess.real(smollm2_artifact, "--served-model-name", SERVED_NAME,
-                              "--api-key", API_KEY, "--max-model-len", str(MAX_MODEL_LEN),
-                              "--max-request-body-bytes", str(MAX_BODY))
+    proc = ServerProcess.real(
+        smollm2_artifact,
+        "--served-model-name",
+        SERVED_NAME,
+        "--api-key",
+        API_KEY,
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--max-request-body-bytes",
+        str(MAX_BODY),
+    )
     try:
         proc.wait_ready()
         yield proc
@@ -38,8 +47,7 @@ def server(smollm2_artifact: Path) -> Iterator[ServerProcess]:
 
 @pytest.fixture(scope="module")
 def fake_server(tokenizer_dir: Path) -> Iterator[ServerProcess]:
-    proc = ServerProcess.fake(tokenizer_dir, "--api-key", API_KEY, "--max-request-body-bytes",
-                              str(MAX_BODY))
+    proc = ServerProcess.fake(tokenizer_dir, "--api-key", API_KEY, "--max-request-body-bytes", str(MAX_BODY))
     try:
         proc.wait_ready(60)
         yield proc

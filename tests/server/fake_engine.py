@@ -6,6 +6,7 @@ where the real model would only make a test slow: backpressure, errors, disconne
 inside the real ``LLMEngine`` (real detokenisation, stop strings and IPC). A request whose
 prompt starts with ``FAULT_TOKEN`` fails in the core, as a request whose processing raised.
 """
+
 from __future__ import annotations
 
 import time
@@ -28,8 +29,14 @@ class _Running:
 
 
 class FakeCore:
-    def __init__(self, max_model_len: int = 256, max_num_seqs: int = 4, step_seconds: float = 0.02,
-                 eos_token_id: int = 2, fail_after_steps: int | None = None) -> None:
+    def __init__(
+        self,
+        max_model_len: int = 256,
+        max_num_seqs: int = 4,
+        step_seconds: float = 0.02,
+        eos_token_id: int = 2,
+        fail_after_steps: int | None = None,
+    ) -> None:
         self.fail_after_steps = fail_after_steps
         self.num_steps = 0
         self.max_model_len = max_model_len
@@ -42,8 +49,12 @@ class FakeCore:
         self.limits = PromptLimits(max_model_len, 49152)
 
     def info(self, tokenizer_dir: str = "") -> EngineInfo:
-        return EngineInfo(artifact_dir=tokenizer_dir, max_model_len=self.max_model_len, vocab_size=49152,
-                          max_num_seqs=self.max_num_seqs)
+        return EngineInfo(
+            artifact_dir=tokenizer_dir,
+            max_model_len=self.max_model_len,
+            vocab_size=49152,
+            max_num_seqs=self.max_num_seqs,
+        )
 
     def add_request(self, request: EngineRequest) -> None:
         self.limits.check(request.prompt_token_ids, request.sampling_params)
@@ -68,8 +79,9 @@ class FakeCore:
         outputs = []
         for state in [s for s in self.running if s.request.prompt_token_ids[0] == FAULT_TOKEN]:
             self.running.remove(state)
-            outputs += [EngineCoreOutput(state.request.request_id, i, [], None, "error")
-                        for i in range(len(state.generated))]
+            outputs += [
+                EngineCoreOutput(state.request.request_id, i, [], None, "error") for i in range(len(state.generated))
+            ]
         for state in self.running:
             req = state.request
             params = req.sampling_params
@@ -90,8 +102,9 @@ class FakeCore:
                 if params.logprobs is not None:
                     top = [(token, -0.25), (self.eos_token_id, -1.5)][: params.logprobs]
                     logprobs = [TokenLogprob(logprob=-0.25, rank=1, top_logprobs=top)]
-                outputs.append(EngineCoreOutput(req.request_id, i, [token], logprobs, reason,
-                                                stop_reason, len(prompt), 0))
+                outputs.append(
+                    EngineCoreOutput(req.request_id, i, [token], logprobs, reason, stop_reason, len(prompt), 0)
+                )
                 state.done[i] = reason is not None
             if len(state.generated[0]) == 1:
                 self.totals.prompt_tokens += len(prompt)
@@ -103,10 +116,15 @@ class FakeCore:
 
     def stats(self) -> StatsUpdate:
         s = self.totals
-        out = StatsUpdate(num_running=len(self.running), num_waiting=len(self.waiting),
-                          kv_usage=len(self.running) / self.max_num_seqs,
-                          prompt_tokens=s.prompt_tokens, generation_tokens=s.generation_tokens,
-                          ttft=s.ttft, e2e=s.e2e)
+        out = StatsUpdate(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            kv_usage=len(self.running) / self.max_num_seqs,
+            prompt_tokens=s.prompt_tokens,
+            generation_tokens=s.generation_tokens,
+            ttft=s.ttft,
+            e2e=s.e2e,
+        )
         self.totals = StatsUpdate()
         return out
 
@@ -128,7 +146,8 @@ class FakeEngineFactory:
         time.sleep(self.load_seconds)
         if self.fail:
             raise ValueError(self.fail)
-        core = FakeCore(self.max_model_len, self.max_num_seqs, self.step_seconds,
-                        fail_after_steps=self.fail_after_steps)
+        core = FakeCore(
+            self.max_model_len, self.max_num_seqs, self.step_seconds, fail_after_steps=self.fail_after_steps
+        )
         core.info = lambda: FakeCore.info(core, self.tokenizer_dir)  # type: ignore[method-assign]
         return LLMEngine(core, load_tokenizer(self.tokenizer_dir))

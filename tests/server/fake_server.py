@@ -1,6 +1,7 @@
 """Runs ``ortserve serve`` around the FakeCore (fake_engine.py), for HTTP-layer tests:
 python fake_server.py TOKENIZER_DIR [fake flags] [any `ortserve serve` flag]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,11 +20,24 @@ def main() -> int:
     parser.add_argument("--load-seconds", type=float, default=0.0)
     parser.add_argument("--fail-after-steps", type=int, default=None)
     cli.add_arguments(parser)
-    parser.set_defaults(port=0, log_level="warning", max_num_seqs=4, max_model_len=256,
-                        served_model_name="fake", max_request_body_bytes=1 << 20)
+    parser.set_defaults(
+        port=0,
+        log_level="warning",
+        max_num_seqs=4,
+        max_model_len=256,
+        served_model_name="fake",
+        max_request_body_bytes=1 << 20,
+    )
     args = parser.parse_args()
-    factory = FakeEngineFactory(args.tokenizer_dir, args.max_model_len, args.max_num_seqs,
-                                args.step_seconds, args.fail, args.load_seconds, args.fail_after_steps)
+    factory = FakeEngineFactory(
+        args.tokenizer_dir,
+        args.max_model_len,
+        args.max_num_seqs,
+        args.step_seconds,
+        args.fail,
+        args.load_seconds,
+        args.fail_after_steps,
+    )
     return cli.run(args, factory)
 
 

@@ -1,4 +1,5 @@
 """A real server process on 127.0.0.1 for the tests: start, wait for /health, stop with SIGTERM."""
+
 from __future__ import annotations
 
 import os
@@ -24,10 +25,19 @@ class ServerProcess:
         self.lines: list[str] = []
         self.base_url: str | None = None
         self._url_seen = threading.Event()
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, cwd=HERE, env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                                         [str(CHECKOUT), os.environ.get("PYTHONPATH", "")]), **(env or {})},
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=HERE,
+            env={
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join([str(CHECKOUT), os.environ.get("PYTHONPATH", "")]),
+                **(env or {}),
+            },
+            start_new_session=True,
+        )
         threading.Thread(target=self._read, daemon=True).start()
 
     @classmethod

@@ -1,4 +1,5 @@
 """Many clients at once, and clients that leave, on the real model; checked through /metrics."""
+
 from __future__ import annotations
 
 import asyncio
@@ -26,8 +27,13 @@ def wait_for(predicate, timeout: float = 15.0):
 def test_32_concurrent_streams_all_complete_and_the_engine_ends_idle(server):
     async def one(api: openai.AsyncOpenAI, i: int) -> tuple[str, str | None]:
         stream = await api.chat.completions.create(
-            model=SERVED_NAME, messages=[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
-            max_tokens=24, temperature=0.8, seed=i, stream=True)
+            model=SERVED_NAME,
+            messages=[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
+            max_tokens=24,
+            temperature=0.8,
+            seed=i,
+            stream=True,
+        )
         text, finish = "", None
         async for chunk in stream:
             if chunk.choices:
@@ -36,8 +42,9 @@ def test_32_concurrent_streams_all_complete_and_the_engine_ends_idle(server):
         return text, finish
 
     async def run() -> list[tuple[str, str | None]]:
-        async with openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key=API_KEY,
-                                      max_retries=0, timeout=300) as api:
+        async with openai.AsyncOpenAI(
+            base_url=f"{server.base_url}/v1", api_key=API_KEY, max_retries=0, timeout=300
+        ) as api:
             return await asyncio.gather(*(one(api, i) for i in range(32)))
 
     results = asyncio.run(run())
@@ -55,14 +62,24 @@ def test_32_concurrent_streams_all_complete_and_the_engine_ends_idle(server):
 def test_a_client_that_leaves_mid_stream_is_aborted(server):
     before = server.metrics()
     api = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=API_KEY, max_retries=0)
-    stream = api.completions.create(model=SERVED_NAME, prompt="Write a very long story.", max_tokens=900,
-                                    stream=True, extra_body={"ignore_eos": True})
+    stream = api.completions.create(
+        model=SERVED_NAME,
+        prompt="Write a very long story.",
+        max_tokens=900,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
     for _, _chunk in zip(range(5), stream):
         pass
     stream.close()  # the client goes away after 5 tokens
-    after = wait_for(lambda: (m := server.metrics())["ortserve:request_success_total{abort}"]
-                     > before["ortserve:request_success_total{abort}"]
-                     and m["ortserve:num_requests_running"] == 0 and m)
+    after = wait_for(
+        lambda: (
+            (m := server.metrics())["ortserve:request_success_total{abort}"]
+            > before["ortserve:request_success_total{abort}"]
+            and m["ortserve:num_requests_running"] == 0
+            and m
+        )
+    )
     assert after["ortserve:kv_cache_usage_perc"] == 0
     generated = after["ortserve:generation_tokens_total"] - before["ortserve:generation_tokens_total"]
     assert generated < 200  # far from the 900 it asked for

@@ -1,5 +1,6 @@
 """Start-up, backpressure, disconnects and shutdown, against the server around the FakeCore
 (one token per step, a fixed step time), so each behaviour is timed without a model."""
+
 from __future__ import annotations
 
 import signal
@@ -100,8 +101,14 @@ def test_sigterm_drains_the_real_server_and_exits_0(smollm2_artifact):
     try:
         proc.wait_ready()
         api = openai.OpenAI(base_url=f"{proc.base_url}/v1", api_key="none", max_retries=0, timeout=120)
-        stream = api.completions.create(model="m", prompt="Once upon a time", max_tokens=20,
-                                        temperature=0, stream=True, extra_body={"ignore_eos": True})
+        stream = api.completions.create(
+            model="m",
+            prompt="Once upon a time",
+            max_tokens=20,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
         chunks = iter(stream)
         next(chunks)
         proc.proc.send_signal(signal.SIGTERM)
@@ -115,8 +122,9 @@ def test_sigterm_drains_the_real_server_and_exits_0(smollm2_artifact):
 def test_full_waiting_queue_answers_429_in_openai_shape(start_fake):
     proc = start_fake("--max-num-seqs", "1", "--max-waiting-requests", "1", "--step-seconds", "0.05")
     api = client(proc)
-    streams = [api.completions.create(model="fake", prompt="hello there", max_tokens=200, stream=True)
-               for _ in range(2)]  # one running, one waiting
+    streams = [
+        api.completions.create(model="fake", prompt="hello there", max_tokens=200, stream=True) for _ in range(2)
+    ]  # one running, one waiting
     for stream in streams:
         next(iter(stream)) if stream is streams[0] else None
     with pytest.raises(openai.RateLimitError) as err:
@@ -130,16 +138,20 @@ def test_full_waiting_queue_answers_429_in_openai_shape(start_fake):
 
 def test_stream_disconnect_aborts_the_request_within_a_step(fake_server):
     before = fake_server.metrics()
-    stream = client(fake_server).completions.create(model="fake", prompt="a b c d", max_tokens=240,
-                                                    stream=True)
+    stream = client(fake_server).completions.create(model="fake", prompt="a b c d", max_tokens=240, stream=True)
     for _, _chunk in zip(range(3), stream):
         pass
     stream.close()
     # The abort is counted by the HTTP process at once; the running gauge follows with the engine's
     # next stats message, so wait for both.
-    after = wait_for(lambda: (m := fake_server.metrics())["ortserve:request_success_total{abort}"]
-                     > before["ortserve:request_success_total{abort}"]
-                     and m["ortserve:num_requests_running"] == 0 and m)
+    after = wait_for(
+        lambda: (
+            (m := fake_server.metrics())["ortserve:request_success_total{abort}"]
+            > before["ortserve:request_success_total{abort}"]
+            and m["ortserve:num_requests_running"] == 0
+            and m
+        )
+    )
     assert after["ortserve:num_requests_running"] == 0
     generated = after["ortserve:generation_tokens_total"] - before["ortserve:generation_tokens_total"]
     assert generated < 100  # aborted long before its 240 tokens (one per 20 ms step)
@@ -148,31 +160,49 @@ def test_stream_disconnect_aborts_the_request_within_a_step(fake_server):
 def test_non_streaming_disconnect_aborts_the_request(fake_server):
     before = fake_server.metrics()
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{fake_server.base_url}/v1/completions", timeout=0.5,
-                   headers={"Authorization": f"Bearer {API_KEY}"},
-                   json={"prompt": "a b c d", "max_tokens": 240})
+        httpx.post(
+            f"{fake_server.base_url}/v1/completions",
+            timeout=0.5,
+            headers={"Authorization": f"Bearer {API_KEY}"},
+            json={"prompt": "a b c d", "max_tokens": 240},
+        )
     # The abort is counted by the HTTP process at once; the running gauge follows with the engine's
     # next stats message, so wait for both.
-    after = wait_for(lambda: (m := fake_server.metrics())["ortserve:request_success_total{abort}"]
-                     > before["ortserve:request_success_total{abort}"]
-                     and m["ortserve:num_requests_running"] == 0 and m)
+    after = wait_for(
+        lambda: (
+            (m := fake_server.metrics())["ortserve:request_success_total{abort}"]
+            > before["ortserve:request_success_total{abort}"]
+            and m["ortserve:num_requests_running"] == 0
+            and m
+        )
+    )
     assert after["ortserve:num_requests_running"] == 0
 
 
 def test_body_above_the_limit_is_413(fake_server):
-    response = httpx.post(f"{fake_server.base_url}/v1/completions",
-                          headers={"Authorization": f"Bearer {API_KEY}"},
-                          json={"prompt": "x" * (MAX_BODY + 10)})
+    response = httpx.post(
+        f"{fake_server.base_url}/v1/completions",
+        headers={"Authorization": f"Bearer {API_KEY}"},
+        json={"prompt": "x" * (MAX_BODY + 10)},
+    )
     assert response.status_code == 413
     assert "--max-request-body-bytes" in response.json()["error"]["message"]
 
 
 def test_openapi_schema_documents_the_routes_behind_the_api_key(fake_server):
     assert httpx.get(f"{fake_server.base_url}/schema/openapi.json").status_code == 401
-    schema = httpx.get(f"{fake_server.base_url}/schema/openapi.json",
-                       headers={"Authorization": f"Bearer {API_KEY}"}).json()
-    for path in ("/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize",
-                 "/detokenize", "/health", "/metrics"):
+    schema = httpx.get(
+        f"{fake_server.base_url}/schema/openapi.json", headers={"Authorization": f"Bearer {API_KEY}"}
+    ).json()
+    for path in (
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/models",
+        "/tokenize",
+        "/detokenize",
+        "/health",
+        "/metrics",
+    ):
         assert path in schema["paths"]
     assert "CompletionRequest" in schema["components"]["schemas"]
 
@@ -194,8 +224,12 @@ def test_sigterm_ends_what_outlasts_the_drain_timeout_with_an_error_event_and_do
     proc = start_fake("--drain-timeout", "1")
     threading.Timer(0.5, proc.proc.send_signal, [signal.SIGTERM]).start()
     start = time.monotonic()
-    response = httpx.post(f"{proc.base_url}/v1/completions", headers={"Authorization": f"Bearer {API_KEY}"},
-                          json={"model": "fake", "prompt": "a b c", "max_tokens": 240, "stream": True}, timeout=30)
+    response = httpx.post(
+        f"{proc.base_url}/v1/completions",
+        headers={"Authorization": f"Bearer {API_KEY}"},
+        json={"model": "fake", "prompt": "a b c", "max_tokens": 240, "stream": True},
+        timeout=30,
+    )
     assert response.status_code == 200
     events = [line for line in response.text.splitlines() if line.startswith("data: ")]
     assert time.monotonic() - start < 4.0  # the request alone would take ~5 s
@@ -206,5 +240,5 @@ def test_sigterm_ends_what_outlasts_the_drain_timeout_with_an_error_event_and_do
 def _ignore_errors(stream):
     try:
         yield from stream
-    except Exception:  # noqa: BLE001 - the server cut the stream, as it should
+    except Exception:
         return

@@ -1,5 +1,6 @@
 """Accepted connections have TCP_NODELAY: small responses on a keep-alive connection are not held
 back by Nagle's algorithm waiting for the client's delayed ACK."""
+
 from __future__ import annotations
 
 import socket

@@ -1,6 +1,7 @@
 """One validation layer: the offline API and the HTTP server accept and reject exactly the same
 inputs, and a rejection names the same parameter. Each case runs through both, on the same tiny
 artifact with the same max_model_len."""
+
 from __future__ import annotations
 
 import httpx
@@ -56,8 +57,17 @@ def offline(tiny_llama_artifact):
 
 @pytest.fixture(scope="module")
 def http(tiny_llama_artifact):
-    proc = ServerProcess.real(tiny_llama_artifact, "--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-space", "0.05",
-                              "--threads-bind", "nobind", "--served-model-name", "tiny")
+    proc = ServerProcess.real(
+        tiny_llama_artifact,
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--kv-cache-space",
+        "0.05",
+        "--threads-bind",
+        "nobind",
+        "--served-model-name",
+        "tiny",
+    )
     try:
         proc.wait_ready()
         yield proc
