@@ -1,4 +1,4 @@
-// ortserve::PagedAttention (domain "ortserve", version 1): see DESIGN.md §1 and
+// ortserve::PagedAttention (domain "ortserve", version 1): see docs/design.md §1 and
 // paged_attention_reference.py, which is the specification this kernel matches.
 #define ORT_API_MANUAL_INIT
 #include "onnxruntime_lite_custom_op.h"

@@ -6,7 +6,7 @@
 
 namespace ortserve {
 
-// One validated call of the op. Shapes as in DESIGN.md §1; D = head_size.
+// One validated call of the op. Shapes as in docs/design.md §1; D = head_size.
 struct Problem {
   int64_t T, H, KVH, D, group, num_blocks, block_size, B, max_blocks;
   float scale, softcap;

@@ -1,4 +1,4 @@
-"""``ortserve export``: Hugging Face checkpoints to paged ONNX artifacts (DESIGN.md §2).
+"""``ortserve export``: Hugging Face checkpoints to paged ONNX artifacts (docs/design.md §2).
 
 Modules, in data-flow order: ``checkpoint`` (safetensors reader), ``config`` + ``architectures``
 (what a model is), ``rope`` (rotary tables), ``graph`` (the shared decoder builder), ``quantize``

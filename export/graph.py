@@ -1,4 +1,4 @@
-"""The one decoder graph every architecture shares (DESIGN.md §2), emitted with onnx.helper.
+"""The one decoder graph every architecture shares (docs/design.md §2), emitted with onnx.helper.
 
 Everything is 2-D over the flattened batch [T, ·]: no padding, no batch axis. Per layer:
 

@@ -1,4 +1,4 @@
-"""The exported artifact directory: what export writes and the engine reads (DESIGN.md §2).
+"""The exported artifact directory: what export writes and the engine reads (docs/design.md §2).
 
 Layout: ``model.onnx`` (+ ``model.onnx.data``), ``ortserve.json`` (this manifest), the tokenizer
 files with the chat template, and ``generation_config.json``.

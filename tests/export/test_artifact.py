@@ -1,4 +1,4 @@
-"""The artifact matches DESIGN.md §2: graph inputs/outputs, ORT contrib ops on the hot path,
+"""The artifact matches docs/design.md §2: graph inputs/outputs, ORT contrib ops on the hot path,
 hidden states gathered before the LM head, external weights, manifest and side files."""
 
 from __future__ import annotations
