@@ -99,14 +99,6 @@ def read_config_json(folder: Path) -> dict[str, Any]:
     return config
 
 
-def require(config: dict[str, Any], *keys: str) -> Any:
-    """The first of ``keys`` present in config.json, else a clear error."""
-    for key in keys:
-        if config.get(key) is not None:
-            return config[key]
-    raise ExportError(f"config.json lacks '{keys[0]}'; the checkpoint looks corrupt")
-
-
 def activation(name: str) -> Activation:
     if name not in ACTIVATIONS:
         raise ExportError(f"activation '{name}' is not supported; supported: {', '.join(sorted(ACTIVATIONS))}")

@@ -307,9 +307,9 @@ def serve_metrics(bench: dict, workload: Workload) -> dict:
 
 def token_prompts(model: Model, workload: Workload, seed: int = 0) -> list[list[int]]:
     """The same kind of prompts `ortserve bench serve` sends, as token ids."""
-    from ortserve.bench.dataset import PromptMaker, load_tokenizer
+    from ortserve.bench.dataset import PromptMaker, bench_tokenizer
 
-    maker = PromptMaker(load_tokenizer(model.tokenizer_dir))
+    maker = PromptMaker(bench_tokenizer(model.tokenizer_dir))
     rng = np.random.default_rng(seed)
     if workload.kind == "shared-prefix":
         prefix = maker.tokens(workload.prefix_len, rng)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ortserve.bench.tokenizer import Tokenizer, load_tokenizer  # noqa: F401  (re-exported)
+from ortserve.bench.tokenizer import BenchTokenizer, bench_tokenizer  # noqa: F401  (re-exported)
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class SampleRequest:
 class PromptMaker:
     """Turns (length, rng) into a prompt string of exactly that many tokens."""
 
-    def __init__(self, tokenizer: Tokenizer):
+    def __init__(self, tokenizer: BenchTokenizer):
         self.tokenizer = tokenizer
         self.words = self._word_tokens()
 

@@ -19,7 +19,7 @@ import numpy as np
 
 
 @dataclass
-class RequestOutput:
+class RequestResult:
     """What one request measured. Times are seconds, `start_time` is time.perf_counter()."""
 
     success: bool = False
@@ -73,14 +73,14 @@ class BenchmarkMetrics:
     max_concurrent_requests: int
 
 
-def tpot_of(output: RequestOutput) -> float | None:
+def tpot_of(output: RequestResult) -> float | None:
     """Time per output token after the first; None when there is no second token."""
     if output.output_tokens <= 1:
         return None
     return (output.latency - output.ttft) / (output.output_tokens - 1)
 
 
-def peak_concurrency(outputs: list[RequestOutput]) -> int:
+def peak_concurrency(outputs: list[RequestResult]) -> int:
     """Most requests in flight at once, over half-open intervals [start, start + latency)."""
     events = sorted([(o.start_time, 1) for o in outputs] + [(o.start_time + o.latency, -1) for o in outputs])
     current = peak = 0
@@ -91,7 +91,7 @@ def peak_concurrency(outputs: list[RequestOutput]) -> int:
 
 
 def calculate_metrics(
-    outputs: list[RequestOutput], duration_s: float, percentiles: list[float] = (99.0,)
+    outputs: list[RequestResult], duration_s: float, percentiles: list[float] = (99.0,)
 ) -> BenchmarkMetrics:
     ok = [o for o in outputs if o.success]
     ttfts = [o.ttft for o in ok]

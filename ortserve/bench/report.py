@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ortserve.bench.metrics import BenchmarkMetrics, RequestOutput
+from ortserve.bench.metrics import BenchmarkMetrics, RequestResult
 
 _SECTIONS = (
     ("ttft", "Time to First Token", "TTFT"),
@@ -49,7 +49,7 @@ def format_table(
 
 
 def result_record(
-    m: BenchmarkMetrics, outputs: list[RequestOutput], config: dict, server_delta: dict[str, float]
+    m: BenchmarkMetrics, outputs: list[RequestResult], config: dict, server_delta: dict[str, float]
 ) -> dict:
     record = dict(config)
     record.update(

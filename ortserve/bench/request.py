@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from ortserve.bench.metrics import RequestOutput
+from ortserve.bench.metrics import RequestResult
 
 BACKENDS = ("openai", "llama.cpp")
 
@@ -62,7 +62,7 @@ def _events(line: str):
     return json.loads(data)
 
 
-async def send(client: httpx.AsyncClient, spec: RequestSpec, count_tokens=None) -> RequestOutput:
+async def send(client: httpx.AsyncClient, spec: RequestSpec, count_tokens=None) -> RequestResult:
     """Stream one request. count_tokens(text) -> int counts output tokens when usage is absent.
 
     A kept-alive connection the server closed just before reuse fails before any response byte
@@ -74,8 +74,8 @@ async def send(client: httpx.AsyncClient, spec: RequestSpec, count_tokens=None) 
     return out
 
 
-async def _attempt(client: httpx.AsyncClient, spec: RequestSpec, count_tokens) -> RequestOutput:
-    out = RequestOutput(prompt_len=spec.prompt_len)
+async def _attempt(client: httpx.AsyncClient, spec: RequestSpec, count_tokens) -> RequestResult:
+    out = RequestResult(prompt_len=spec.prompt_len)
     st = time.perf_counter()
     out.start_time = last = st
     text: list[str] = []

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ortserve.bench import dataset, server_metrics
 from ortserve.bench.arrivals import arrival_offsets
-from ortserve.bench.metrics import RequestOutput, calculate_metrics
+from ortserve.bench.metrics import RequestResult, calculate_metrics
 from ortserve.bench.report import format_table, result_record, write_json
 from ortserve.bench.request import BACKENDS, RequestSpec, send
 
@@ -84,13 +84,13 @@ async def _run_all(
     max_concurrency: int | None,
     count_tokens,
     disable_tqdm: bool,
-) -> tuple[list[RequestOutput], float]:
+) -> tuple[list[RequestResult], float]:
     from tqdm import tqdm
 
     gate = asyncio.Semaphore(max_concurrency or len(specs) or 1)
     bar = tqdm(total=len(specs), disable=disable_tqdm, unit="req")
 
-    async def one(spec: RequestSpec, at: float, start: float) -> RequestOutput:
+    async def one(spec: RequestSpec, at: float, start: float) -> RequestResult:
         if (wait := start + at - time.perf_counter()) > 0:
             await asyncio.sleep(wait)
         async with gate:
@@ -112,7 +112,7 @@ async def run_benchmark(args) -> dict:
     tokenizer_dir = args.tokenizer or (args.model if args.model and Path(args.model).is_dir() else None)
     if tokenizer_dir is None:
         raise SystemExit("--tokenizer is required (a local HF tokenizer dir) unless --model is one")
-    tokenizer = dataset.load_tokenizer(tokenizer_dir)
+    tokenizer = dataset.bench_tokenizer(tokenizer_dir)
     test_request, requests = _requests(args, tokenizer)
     count_tokens = tokenizer.count
     percentiles = [float(p) for p in args.percentiles.split(",") if p]

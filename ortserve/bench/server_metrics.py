@@ -6,27 +6,20 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 
 def parse_counters(text: str) -> dict[str, float]:
-    """Sum every `*_total` sample by metric name, over all label sets."""
+    """Sum every `*_total` sample by metric name, over all label sets (prometheus_client's parser)."""
     totals: dict[str, float] = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        if "{" in line:
-            name, _, rest = line.partition("{")
-            rest = rest.rsplit("}", 1)[-1]
-        else:
-            name, _, rest = line.partition(" ")
-        fields = rest.split()
-        if not name.endswith("_total") or not fields:
-            continue
-        try:
-            totals[name] = totals.get(name, 0.0) + float(fields[0])
-        except ValueError:
-            continue
+    try:
+        families = list(text_string_to_metric_families(text))
+    except ValueError:  # not the Prometheus text format
+        return totals
+    for family in families:
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
     return totals
 
 

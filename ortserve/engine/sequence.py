@@ -132,10 +132,6 @@ class Sequence:
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
 
-    @property
-    def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens :].tolist()
-
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
         if self.output_counts is not None:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from ortserve.bench.dataset import PromptMaker, load_tokenizer, random_requests, shared_prefix_requests
+from ortserve.bench.dataset import PromptMaker, bench_tokenizer, random_requests, shared_prefix_requests
 
 
 @pytest.fixture(scope="module")
 def tokenizer(smollm2_checkpoint):
-    return load_tokenizer(smollm2_checkpoint)
+    return bench_tokenizer(smollm2_checkpoint)
 
 
 @pytest.fixture(scope="module")

@@ -8,13 +8,13 @@ import math
 import numpy as np
 import pytest
 
-from ortserve.bench.metrics import RequestOutput, calculate_metrics, peak_concurrency, tpot_of
+from ortserve.bench.metrics import RequestResult, calculate_metrics, peak_concurrency, tpot_of
 
 
 def synthetic(
     start: float, ttft: float, gaps: list[float], tokens: int | None = None, prompt: int = 128
-) -> RequestOutput:
-    return RequestOutput(
+) -> RequestResult:
+    return RequestResult(
         success=True,
         prompt_len=prompt,
         output_tokens=tokens if tokens is not None else len(gaps) + 1,
@@ -27,12 +27,12 @@ def synthetic(
 
 
 @pytest.fixture
-def outputs() -> list[RequestOutput]:
+def outputs() -> list[RequestResult]:
     rng = np.random.default_rng(7)
     outs = [
         synthetic(start=0.1 * i, ttft=0.05 + 0.01 * i, gaps=list(rng.uniform(0.02, 0.04, size=9 + i))) for i in range(6)
     ]
-    outs.append(RequestOutput(success=False, error="HTTP 500"))
+    outs.append(RequestResult(success=False, error="HTTP 500"))
     return outs
 
 
@@ -90,7 +90,7 @@ def test_itl_mean_weights_every_chunk_not_every_request():
 
 
 def test_no_successful_request_reports_zeros_not_nan():
-    m = calculate_metrics([RequestOutput(success=False)], duration_s=1.0)
+    m = calculate_metrics([RequestResult(success=False)], duration_s=1.0)
     assert m.completed == 0 and m.failed == 1
     assert m.ttft.mean_ms == 0 and not math.isnan(m.itl.percentiles_ms["p99"])
 

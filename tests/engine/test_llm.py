@@ -168,19 +168,17 @@ def test_generate_cli_reports_a_kv_budget_that_does_not_fit(smollm2_artifact):
 
 
 def test_threads_are_pinned_as_planned(smollm2_artifact):
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < 2:
-        pytest.skip("needs two cores")
+    cores = sorted(os.sched_getaffinity(0))[:2]  # on a one-CPU machine the plan is that CPU alone
     result = run_python(
         "import os\n"
         "from ortserve.engine.config import EngineConfig\n"
         "from ortserve.engine.core import EngineCore\n"
         f"core = EngineCore(EngineConfig(model={str(smollm2_artifact)!r}, kv_cache_space=0.05,"
-        f" threads_bind='{cores[0]},{cores[1]}'))\n"
+        f" threads_bind={','.join(map(str, cores))!r}))\n"
         "masks = [open(f'/proc/self/task/{t}/status').read().split('Cpus_allowed_list:')[1].split()[0]"
         " for t in os.listdir('/proc/self/task')]\n"
         "print(sorted(os.sched_getaffinity(0)), masks)\n"
     )
     assert result.returncode == 0, result.stderr
     assert f"[{cores[0]}]" in result.stdout  # the calling thread
-    assert f"'{cores[1]}'" in result.stdout  # ORT's pool thread
+    assert f"'{cores[-1]}'" in result.stdout  # ORT's pool thread (or the caller, with one CPU)

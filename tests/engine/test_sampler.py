@@ -27,7 +27,7 @@ def reference_probs(logits, seq) -> np.ndarray:
     """The spec, written plainly for one row."""
     p = seq.request.params
     x = logits.astype(np.float64).copy()
-    prompt, out = list(seq.token_ids[: seq.num_prompt_tokens]), seq.output_token_ids
+    prompt, out = list(seq.token_ids[: seq.num_prompt_tokens]), seq.token_ids[seq.num_prompt_tokens :].tolist()
     if len(out) < p.min_tokens:
         for t in [EOS] + list(p.stop_token_ids or []):
             x[t] = -np.inf

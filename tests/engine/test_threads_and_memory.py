@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import os
 
 import pytest
 
+import ortserve.engine.threads as threads_module
 from ortserve.artifact import ArtifactManifest
 from ortserve.engine.config import EngineConfig, add_engine_arguments
 from ortserve.engine.memory import GIB, MemoryCheckError, plan_kv_cache
@@ -21,31 +21,34 @@ def test_cpu_lists_round_trip():
             parse_cpu_list(bad)
 
 
-def test_auto_uses_physical_cores_and_reserves_from_the_end():
-    allowed = sorted(os.sched_getaffinity(0))
+@pytest.fixture
+def eight_cpus_four_cores(monkeypatch):
+    """A faked machine, whatever this one has: CPUs 0-7, where 4-7 are SMT siblings of 0-3."""
+    monkeypatch.setattr(threads_module.os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setattr(threads_module, "physical_cores", lambda allowed: [c for c in allowed if c < 4])
+
+
+def test_auto_uses_physical_cores_and_reserves_from_the_end(eight_cpus_four_cores):
     plan = plan_threads("auto")
-    assert plan.bind and set(plan.cores) <= set(allowed) and plan.num_threads >= 1
-    if plan.num_threads > 1:
-        reserved = plan_threads("auto", reserved_cpus=1)
-        assert reserved.cores == plan.cores[:-1]
-    with pytest.raises(ThreadsBindError, match="--reserved-cpus"):
-        plan_threads("auto", reserved_cpus=len(allowed) + 1)
+    assert plan.bind and plan.cores == (0, 1, 2, 3)
+    assert plan_threads("auto", reserved_cpus=1).cores == (0, 1, 2)
+    with pytest.raises(ThreadsBindError, match="--reserved-cpus 4 leaves no core"):
+        plan_threads("auto", reserved_cpus=4)
 
 
-def test_explicit_list_and_affinity_string():
-    first = min(os.sched_getaffinity(0))
-    plan = plan_threads(str(first))
-    assert plan.cores == (first,) and plan.ort_affinities() == ""
-    two = plan_threads("0-1") if {0, 1} <= os.sched_getaffinity(0) else None
-    if two:
-        assert two.ort_affinities() == "2"  # ORT counts processors from 1; thread 0 is the caller
+def test_explicit_list_and_affinity_string(eight_cpus_four_cores):
+    assert plan_threads("5").cores == (5,) and plan_threads("5").ort_affinities() == ""
+    two = plan_threads("0-1")
+    assert two.cores == (0, 1) and two.ort_affinities() == "2"  # ORT counts from 1; thread 0 is the caller
+    assert plan_threads("0,2-3").ort_affinities() == "3;4"
     with pytest.raises(ThreadsBindError, match="may not use"):
         plan_threads("4000")
 
 
-def test_nobind_pins_nothing():
+def test_nobind_pins_nothing(eight_cpus_four_cores):
     plan = plan_threads("nobind")
-    assert not plan.bind and plan.num_threads == len(os.sched_getaffinity(0))
+    assert not plan.bind and plan.num_threads == 8
+    assert plan_threads("nobind", reserved_cpus=2).num_threads == 6
 
 
 MANIFEST = ArtifactManifest(

