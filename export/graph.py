@@ -24,6 +24,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from ortserve.artifact import LOGITS_OUTPUT, STEP_INPUTS, ArtifactManifest
+
 from .architectures import Architecture
 from .config import ModelSpec
 from .quantize import (
@@ -420,26 +422,25 @@ class DecoderBuilder:
         if s.final_softcap:
             cap = self.scalar(s.final_softcap)
             logits = self.op("Mul", [self.op("Tanh", [self.op("Div", [logits, cap])[0]])[0], cap])[0]
-        self.op("Identity", [logits], outputs=["logits"])
+        self.op("Identity", [logits], outputs=[LOGITS_OUTPUT])
         return self.model(), self.jobs
 
     def model(self) -> onnx.ModelProto:
         s = self.spec
         cache = [("num_blocks", s.num_kv_heads, "block_size", s.head_size)]
         inputs = [
-            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["num_tokens"]),
-            helper.make_tensor_value_info("positions", TensorProto.INT64, ["num_tokens"]),
-            helper.make_tensor_value_info("slot_mapping", TensorProto.INT64, ["num_tokens"]),
-            helper.make_tensor_value_info("block_tables", TensorProto.INT32, ["num_seqs", "max_blocks_per_seq"]),
-            helper.make_tensor_value_info("context_lens", TensorProto.INT32, ["num_seqs"]),
-            helper.make_tensor_value_info("query_start_loc", TensorProto.INT32, ["num_seqs_plus_1"]),
-            helper.make_tensor_value_info("logits_indices", TensorProto.INT64, ["num_logits"]),
+            helper.make_tensor_value_info(i.name, helper.np_dtype_to_tensor_dtype(np.dtype(i.dtype)), list(i.dims))
+            for i in STEP_INPUTS
         ]
-        outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["num_logits", s.vocab_size])]
+        outputs = [helper.make_tensor_value_info(LOGITS_OUTPUT, TensorProto.FLOAT, ["num_logits", s.vocab_size])]
         for i in range(s.num_layers):
-            for kind in ("key", "value"):
-                inputs.append(helper.make_tensor_value_info(f"{kind}_cache.{i}", TensorProto.FLOAT, *cache))
-                outputs.append(helper.make_tensor_value_info(f"{kind}_cache_out.{i}", TensorProto.FLOAT, *cache))
+            names = (
+                (ArtifactManifest.key_cache_input(i), ArtifactManifest.key_cache_output(i)),
+                (ArtifactManifest.value_cache_input(i), ArtifactManifest.value_cache_output(i)),
+            )
+            for name_in, name_out in names:
+                inputs.append(helper.make_tensor_value_info(name_in, TensorProto.FLOAT, *cache))
+                outputs.append(helper.make_tensor_value_info(name_out, TensorProto.FLOAT, *cache))
         graph = helper.make_graph(
             self.nodes, f"ortserve_{s.model_type}", inputs, outputs, list(self.constants.values())
         )

@@ -1,25 +1,42 @@
-"""Run an artifact the way the engine does, and compare it with transformers.
+"""Run an artifact with the engine's own model runner, and compare it with transformers.
 
-``PagedRunner`` feeds flattened batches (prefill chunks and decodes mixed) through one IOBinding,
-with every layer's KV cache bound once as both input and output, over a block pool handed out in
-shuffled order, so block tables are never contiguous. ``teacher_forced_logits`` and
+``PagedRunner`` feeds flattened batches (prefill chunks and decodes mixed) through the engine's
+``ModelRunner`` (one IOBinding, every layer's KV cache bound once as both input and output), over
+a block pool handed out in shuffled order, so block tables are never contiguous. ``teacher_forced_logits`` and
 ``greedy_generate`` are built on it; ``transformers_logits`` is the reference, and the only place
 in ``ortserve.export`` that imports torch.
 """
 
 from __future__ import annotations
 
+import os
+from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from ortserve.artifact import MODEL_FILE, load_manifest
+from ortserve.artifact import load_manifest
+
+
+@dataclass
+class _PagedSequence:
+    """What the engine's model runner reads of a sequence."""
+
+    token_ids: array
+    num_computed_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
 
 
 class PagedRunner:
-    """An artifact's session plus a paged KV cache; sequences are ids, steps are flattened batches."""
+    """An artifact run by the engine's own ``ModelRunner`` (the same inputs, IOBinding and
+    in-place KV cache as serving), with sequences named by ids and a block pool handed out in
+    shuffled order, so block tables are never contiguous."""
 
     def __init__(
         self,
@@ -33,91 +50,47 @@ class PagedRunner:
     ):
         """``options``: an ``onnxruntime.SessionOptions`` to use (profiling, spinning); the op
         library is registered on it, and ``threads`` is then ignored."""
-        import onnxruntime as ort
-
-        from ortserve import ops
+        from ortserve.engine.memory import KVCachePlan
+        from ortserve.engine.model_runner import ModelRunner
+        from ortserve.engine.threads import ThreadPlan
 
         self.manifest = m = load_manifest(artifact)
-        if options is None:
-            options = ort.SessionOptions()
-            options.intra_op_num_threads = threads
-        ops.register(options)
-        self.session = ort.InferenceSession(
-            str(Path(artifact) / MODEL_FILE), options, providers=["CPUExecutionProvider"]
-        )
+        per_block = m.kv_bytes_per_token() * block_size
+        plan = KVCachePlan(num_blocks, block_size, per_block, per_block * num_blocks)
+        cores = tuple(range(threads or os.cpu_count() or 1))
+        self.runner = ModelRunner(Path(artifact), m, plan, ThreadPlan(cores, bind=False), 64, options)
+        self.session = self.runner.session
         self.block_size = block_size
         self.free = [int(b) for b in np.random.default_rng(seed).permutation(num_blocks)]
-        self.tables: dict[int, list[int]] = {}
-        self.lengths: dict[int, int] = {}
-        self.binding = self.session.io_binding()
-        shape = (num_blocks, m.num_kv_heads, block_size, m.head_size)
-        self._caches = []  # (output name, OrtValue): ORT writes into these in place
-        for layer in range(m.num_layers):
-            for name_in, name_out in (
-                (m.key_cache_input(layer), m.key_cache_output(layer)),
-                (m.value_cache_input(layer), m.value_cache_output(layer)),
-            ):
-                value = ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32))
-                self._caches.append((name_out, value))
-                self.binding.bind_ortvalue_input(name_in, value)
-
-    def _bind_outputs(self) -> None:
-        """Logits first (ORT allocates them, their row count changes per step), then each cache
-        output bound to the very OrtValue bound as its input: the op checks the pointers match."""
-        self.binding.clear_binding_outputs()
-        self.binding.bind_output("logits", "cpu")
-        for name_out, value in self._caches:
-            self.binding.bind_ortvalue_output(name_out, value)
-
-    def _slots(self, seq: int, count: int) -> list[int]:
-        table, start = self.tables.setdefault(seq, []), self.lengths.get(seq, 0)
-        while len(table) * self.block_size < start + count:
-            if not self.free:
-                raise RuntimeError("PagedRunner ran out of KV blocks; pass a larger num_blocks")
-            table.append(self.free.pop())
-        size = self.block_size
-        return [table[p // size] * size + p % size for p in range(start, start + count)]
+        self.sequences: dict[int, _PagedSequence] = {}
 
     def step(self, batch: Sequence[tuple[int, Sequence[int]]], all_logits: bool = False) -> list[np.ndarray]:
         """Feed new tokens per sequence; returns per sequence logits [len(tokens), vocab] or [vocab]."""
-        ids, positions, slots, starts, logits_rows = [], [], [], [0], []
-        for seq, tokens in batch:
-            start = self.lengths.get(seq, 0)
-            slots += self._slots(seq, len(tokens))
-            ids += list(tokens)
-            positions += range(start, start + len(tokens))
-            self.lengths[seq] = start + len(tokens)
-            rows = range(starts[-1], starts[-1] + len(tokens))
-            logits_rows += rows if all_logits else [rows[-1]]
-            starts.append(starts[-1] + len(tokens))
-        width = max(len(self.tables[seq]) for seq, _ in batch)
-        tables = np.zeros((len(batch), width), np.int32)
-        for row, (seq, _) in enumerate(batch):
-            tables[row, : len(self.tables[seq])] = self.tables[seq]
-        inputs = {
-            "input_ids": np.array(ids, np.int64),
-            "positions": np.array(positions, np.int64),
-            "slot_mapping": np.array(slots, np.int64),
-            "block_tables": tables,
-            "context_lens": np.array([self.lengths[seq] for seq, _ in batch], np.int32),
-            "query_start_loc": np.array(starts, np.int32),
-            "logits_indices": np.array(logits_rows, np.int64),
-        }
-        for name, value in inputs.items():
-            self.binding.bind_cpu_input(name, value)
-        self._bind_outputs()
-        self.session.run_with_iobinding(self.binding)
-        logits = self.binding.get_outputs()[0].numpy()
-        out, row = [], 0
-        for _, tokens in batch:
-            count = len(tokens) if all_logits else 1
-            out.append(logits[row : row + count] if all_logits else logits[row])
-            row += count
-        return out
+        from ortserve.engine.scheduler import ScheduledBatch
+
+        seqs = []
+        for seq_id, tokens in batch:
+            seq = self.sequences.setdefault(seq_id, _PagedSequence(array("q")))
+            seq.num_computed_tokens = seq.num_tokens
+            seq.token_ids.extend(tokens)
+            while len(seq.block_table) * self.block_size < seq.num_tokens:
+                if not self.free:
+                    raise RuntimeError("PagedRunner ran out of KV blocks; pass a larger num_blocks")
+                seq.block_table.append(self.free.pop())
+            seqs.append(seq)
+        counts = [len(tokens) for _, tokens in batch]
+        logits = self.runner.execute(ScheduledBatch(seqs, counts, seqs), all_logits)  # type: ignore[arg-type]
+        for seq in seqs:
+            seq.num_computed_tokens = seq.num_tokens
+        if not all_logits:
+            return [logits[i].copy() for i in range(len(seqs))]
+        bounds = np.cumsum([0, *counts])
+        return [logits[bounds[i] : bounds[i + 1]].copy() for i in range(len(seqs))]
 
     def release(self, seq: int) -> None:
-        self.free += self.tables.pop(seq, [])
-        self.lengths.pop(seq, None)
+        sequence = self.sequences.pop(seq, None)
+        if sequence is not None:
+            self.free += sequence.block_table
 
 
 def teacher_forced_logits(

@@ -10,6 +10,7 @@ outputs ``logits``, ``key_cache_out.{l}``, ``value_cache_out.{l}``.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -68,6 +69,30 @@ class ArtifactManifest(BaseModel):
     def kv_bytes_per_token(self) -> int:
         """Bytes of K and V for one token across all layers (fp32 cache)."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_size * 4
+
+
+@dataclass(frozen=True)
+class GraphInput:
+    """One per-step input of the exported graph: name, numpy dtype, symbolic dims."""
+
+    name: str
+    dtype: str
+    dims: tuple[str, ...]
+
+
+# The graph's per-step inputs (docs/design.md §2), in order; the exporter declares them from this
+# table and the model runner binds exactly these. Per layer l there are also key_cache.{l} and
+# value_cache.{l} [num_blocks, num_kv_heads, block_size, head_size], bound as both input and output.
+STEP_INPUTS: tuple[GraphInput, ...] = (
+    GraphInput("input_ids", "int64", ("num_tokens",)),
+    GraphInput("positions", "int64", ("num_tokens",)),
+    GraphInput("slot_mapping", "int64", ("num_tokens",)),
+    GraphInput("block_tables", "int32", ("num_seqs", "max_blocks_per_seq")),
+    GraphInput("context_lens", "int32", ("num_seqs",)),
+    GraphInput("query_start_loc", "int32", ("num_seqs_plus_1",)),
+    GraphInput("logits_indices", "int64", ("num_logits",)),
+)
+LOGITS_OUTPUT = "logits"  # float32 [num_logits, vocab_size]
 
 
 class ArtifactError(ValueError):

@@ -26,7 +26,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ortserve import ops
-from ortserve.artifact import MODEL_FILE, ArtifactManifest
+from ortserve.artifact import LOGITS_OUTPUT, MODEL_FILE, STEP_INPUTS, ArtifactManifest
 from ortserve.engine.memory import KVCachePlan
 from ortserve.engine.scheduler import ScheduledBatch
 from ortserve.engine.threads import ThreadPlan
@@ -40,12 +40,19 @@ class ModelRunner:
         kv_plan: KVCachePlan,
         threads: ThreadPlan,
         max_num_seqs: int,
+        options: ort.SessionOptions | None = None,
     ):
+        """``options``: SessionOptions to use instead of the planned ones (profiling, in the
+        benchmarks); the op library is registered on them."""
         self.manifest = manifest
         self.block_size = kv_plan.block_size
         self.num_blocks = kv_plan.num_blocks
+        if options is not None:
+            ops.register(options)
         self.session = ort.InferenceSession(
-            str(Path(artifact_dir) / MODEL_FILE), session_options(threads), providers=["CPUExecutionProvider"]
+            str(Path(artifact_dir) / MODEL_FILE),
+            options or session_options(threads),
+            providers=["CPUExecutionProvider"],
         )
         shape = (kv_plan.num_blocks, manifest.num_kv_heads, kv_plan.block_size, manifest.head_size)
         # np.zeros maps pages lazily: memory is committed as blocks are first written.
@@ -63,14 +70,19 @@ class ModelRunner:
         self._inputs: dict[str, np.ndarray] = {}  # kept alive until the next step
         self.model_seconds = 0.0  # time inside session.run, cumulative
 
-    def execute(self, batch: ScheduledBatch) -> np.ndarray:
-        """Run one step; returns logits [len(batch.sampling), vocab], a view valid until the next step."""
-        inputs = self.prepare_inputs(batch)
+    def execute(self, batch: ScheduledBatch, all_logits: bool = False) -> np.ndarray:
+        """Run one step; returns logits [len(batch.sampling), vocab] (with ``all_logits``, one row
+        per scheduled token: teacher forcing), a view valid until the next step."""
+        inputs = self.prepare_inputs(batch, all_logits)
         num_rows = inputs["logits_indices"].size
-        for name, value in inputs.items():
-            self.binding.bind_cpu_input(name, value)
+        for graph_input in STEP_INPUTS:
+            value = inputs[graph_input.name]
+            assert value.dtype == graph_input.dtype, graph_input
+            self.binding.bind_cpu_input(graph_input.name, value)
+        if num_rows > len(self.logits):
+            self.logits = np.empty((num_rows, self.manifest.vocab_size), np.float32)
         self.binding.bind_output(
-            "logits", "cpu", 0, np.float32, [num_rows, self.manifest.vocab_size], self.logits.ctypes.data
+            LOGITS_OUTPUT, "cpu", 0, np.float32, [num_rows, self.manifest.vocab_size], self.logits.ctypes.data
         )
         self._inputs = inputs
         start = time.perf_counter()
@@ -78,7 +90,7 @@ class ModelRunner:
         self.model_seconds += time.perf_counter() - start
         return self.logits[:num_rows]
 
-    def prepare_inputs(self, batch: ScheduledBatch) -> dict[str, np.ndarray]:
+    def prepare_inputs(self, batch: ScheduledBatch, all_logits: bool = False) -> dict[str, np.ndarray]:
         seqs = batch.seqs
         num_seqs = len(seqs)
         block_size = self.block_size
@@ -105,7 +117,10 @@ class ModelRunner:
             block_tables[row_of_token, positions // block_size].astype(np.int64) * block_size + positions % block_size
         )
         num_tokens = np.fromiter((s.num_tokens for s in seqs), np.int64, num_seqs)
-        logits_indices = query_start_loc[1:][context_lens == num_tokens] - 1
+        if all_logits:
+            logits_indices = np.arange(ids.size, dtype=np.int64)
+        else:
+            logits_indices = query_start_loc[1:][context_lens == num_tokens] - 1
         return {
             "input_ids": ids,
             "positions": positions,
