@@ -239,9 +239,9 @@ def measure_long_decode(artifact: Path, args: argparse.Namespace) -> None:
         t0 = time.perf_counter()
         processor.process_outputs(outputs)
         per_step.append(time.perf_counter() - t0)
-    first, last = np.mean(per_step[:500]) * 1e6, np.mean(per_step[-500:]) * 1e6
+    first, last = np.median(per_step[:500]) * 1e6, np.median(per_step[-500:]) * 1e6
     print(
-        f"{artifact.name}: {len(per_step)} steps; output processing per step: first 500 {first:.1f} us, "
+        f"{artifact.name}: {len(per_step)} steps; output processing per step (median): first 500 {first:.1f} us, "
         f"last 500 {last:.1f} us, ratio {last / first:.2f}",
         flush=True,
     )

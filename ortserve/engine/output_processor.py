@@ -173,12 +173,14 @@ def _find_stop(text: str, num_new: int, stops: list[str], include: bool) -> tupl
 
 
 def _partial_stop_len(text: str, stops: list[str]) -> int:
-    """Length of the longest tail of ``text`` that is a proper prefix of some stop string."""
+    """Length of the longest tail of ``text`` that is a proper prefix of some stop string (only
+    tails that start with the stop's first character are compared)."""
     longest = 0
     for stop in stops:
-        start = max(0, len(text) - len(stop) + 1)
-        for i in range(start, len(text) - longest):  # the tail text[i:] is a prefix of stop
+        i = text.find(stop[0], max(0, len(text) - len(stop) + 1))
+        while i != -1 and len(text) - i > longest:
             if stop.startswith(text[i:]):
                 longest = len(text) - i
                 break
+            i = text.find(stop[0], i + 1)
     return longest
