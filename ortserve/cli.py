@@ -15,6 +15,7 @@ COMMANDS = {
     "generate": "ortserve.generate_cli",
     "serve": "ortserve.server.cli",
     "bench": "ortserve.bench.cli",
+    "bundle": "ortserve.deploy.bundle",
 }
 
 

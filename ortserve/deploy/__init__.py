@@ -1,0 +1,1 @@
+"""Deployment: offline bundles for air-gapped appliances (``ortserve bundle``)."""

@@ -1,0 +1,143 @@
+"""``ortserve bundle MODEL -o DIR``: everything an air-gapped appliance needs to serve MODEL.
+
+    DIR/wheelhouse/   ortserve's binary wheel (the op library compiled in) and a binary wheel of
+                      every runtime dependency, for this machine's Python and platform; no torch
+    DIR/artifact/     MODEL exported (any source `ortserve serve` accepts)
+    DIR/install.sh    checks SHA256SUMS, makes a venv, installs from the wheelhouse only
+    DIR/SHA256SUMS    every file above
+    DIR/README.txt    what the target needs (Python version, glibc, CPU)
+
+The build machine needs a compiler, CMake and the package indexes; the target needs none of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import platform
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+HELP = "make an offline bundle (wheels, artifact, install.sh) for a machine with no network or compiler"
+FORBIDDEN = ("torch", "nvidia", "triton")  # serving never needs them; their presence is a packaging bug
+
+INSTALL_SH = """#!/bin/sh
+# Install this bundle into a virtual environment with no network and no compiler:
+#   sh install.sh [VENV]        (default: ./venv next to this file)
+set -eu
+HERE=$(cd "$(dirname "$0")" && pwd)
+VENV=${1:-"$HERE/venv"}
+cd "$HERE"
+sha256sum --check --quiet SHA256SUMS
+python3 -c 'import sys; want = "%(python)s"; have = "%%d.%%d" %% sys.version_info[:2]; \\
+sys.exit(0 if have == want else "this bundle needs Python " + want + ", found " + have)'
+python3 -m venv "$VENV"
+PIP_NO_INDEX=1 "$VENV/bin/pip" install --quiet --no-index --find-links "$HERE/wheelhouse" ortserve
+echo "installed. serve with: $VENV/bin/ortserve serve $HERE/artifact"
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", metavar="MODEL", help="artifact directory, HF checkpoint, .gguf or built-in name")
+    parser.add_argument("-o", "--output", required=True, type=Path, help="the bundle directory (must not exist)")
+    parser.add_argument(
+        "--precision",
+        default="fp32",
+        choices=["fp32", "int8", "int4"],
+        help="weight precision when MODEL is not an artifact (default fp32)",
+    )
+    parser.add_argument(
+        "--wheel",
+        type=Path,
+        default=None,
+        help="a prebuilt ortserve wheel (default: build one from this source checkout)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        build_bundle(args.model, args.output, args.precision, args.wheel)
+    except (BundleError, subprocess.CalledProcessError, OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+class BundleError(RuntimeError):
+    """The bundle cannot be made; the message says what to change."""
+
+
+def build_bundle(model: str, out: Path, precision: str = "fp32", wheel: Path | None = None) -> Path:
+    if out.exists() and any(out.iterdir()):
+        raise BundleError(f"{out} exists and is not empty; choose a new -o directory")
+    wheelhouse = out / "wheelhouse"
+    wheelhouse.mkdir(parents=True)
+    own = _ortserve_wheel(wheelhouse, wheel)
+    _pip("download", "--only-binary=:all:", "--dest", str(wheelhouse), str(own))
+    found = [p.name for p in wheelhouse.iterdir() if p.name.lower().startswith(FORBIDDEN)]
+    if found:
+        raise BundleError(f"the wheelhouse pulled {found}: serving must not need them (a dependency asks for them)")
+    shutil.copytree(_artifact(model, precision), out / "artifact")
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    (out / "install.sh").write_text(INSTALL_SH % {"python": python})
+    (out / "README.txt").write_text(_requirements(python, own.name))
+    _write_sums(out)
+    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    print(f"bundle {out}: {size / 2**20:.0f} MiB ({len(list(wheelhouse.iterdir()))} wheels)", flush=True)
+    return out
+
+
+def _ortserve_wheel(wheelhouse: Path, wheel: Path | None) -> Path:
+    if wheel is not None:
+        return Path(shutil.copy2(wheel, wheelhouse))
+    source = Path(__file__).resolve().parents[2]
+    if not (source / "pyproject.toml").is_file() or not (source / "contrib_ops").is_dir():
+        raise BundleError(
+            "this installation has no source tree to build ortserve's wheel from; "
+            "pass --wheel with a wheel built by `pip wheel --no-deps .` on a build machine"
+        )
+    _pip("wheel", "--no-deps", "--wheel-dir", str(wheelhouse), str(source))
+    return next(wheelhouse.glob("ortserve-*.whl"))
+
+
+def _artifact(model: str, precision: str) -> Path:
+    from ortserve.artifact import is_artifact
+
+    if is_artifact(model):
+        return Path(model)
+    from ortserve.models import resolve_model
+
+    return Path(resolve_model(model, precision=precision))
+
+
+def _pip(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args], check=True)
+
+
+def _write_sums(out: Path) -> None:
+    lines = []
+    for path in sorted(p for p in out.rglob("*") if p.is_file() and p.name != "SHA256SUMS"):
+        digest = hashlib.sha256()
+        with path.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        lines.append(f"{digest.hexdigest()}  {path.relative_to(out)}")
+    (out / "SHA256SUMS").write_text("\n".join(lines) + "\n")
+
+
+def _requirements(python: str, wheel_name: str) -> str:
+    libc, version = platform.libc_ver()
+    return (
+        f"ortserve offline bundle\n\n"
+        f"Target requirements:\n"
+        f"- Linux {platform.machine()}, {libc or 'glibc'} {version or '(as the build machine)'} or newer "
+        f"(the wheels' platform tags: {sysconfig.get_platform()})\n"
+        f"- Python {python} with the venv module (python3 -m venv)\n"
+        f"- an x86-64 CPU; the AVX2 and AVX-512 kernels are picked at run time\n"
+        f"- no compiler, no network\n\n"
+        f"Install: sh install.sh [VENV]; then: VENV/bin/ortserve serve artifact\n"
+        f"Built with {wheel_name}.\n"
+    )
