@@ -171,11 +171,11 @@ class CompletionRequest(SamplingRequest):
     ) = Field(description="A string, a list of strings, token ids, or a list of token-id lists")
     echo: bool = Field(False, description="Put the prompt before the generated text")
     logprobs: LogprobCount | None = Field(None, description="Alternatives to return per token (0 = sampled only)")
-    suffix: str | None = Field(None, max_length=MAX_PROMPT_CHARS, description="Not supported")
+    suffix: Annotated[str | None, WithJsonSchema({"type": "null", "description": "Not supported: omit it"})] = None
 
     def check(self) -> None:
         super().check()
-        if self.suffix:
+        if self.suffix is not None:
             raise BadRequest("'suffix' is not supported", "suffix")
         if self.echo and self.logprobs is not None:
             raise BadRequest(

@@ -47,7 +47,9 @@ def test_the_bundle_holds_binary_wheels_without_torch(bundle: Path):
 
 
 def test_install_and_serve_with_no_network_and_no_compiler(bundle: Path, tmp_path: Path):
-    if subprocess.run(["unshare", "-n", "true"], capture_output=True, check=False).returncode != 0:
+    unshare = shutil.which("unshare")  # looked up here: the PATH given to it below holds only TOOLS
+    assert unshare, "unshare (util-linux) is not installed"
+    if subprocess.run([unshare, "-n", "true"], capture_output=True, check=False).returncode != 0:
         pytest.fail("unshare -n is not permitted here: run as root (CI does)")
     tools = tmp_path / "bin"  # PATH holds these and nothing else: no gcc, g++, cc, cmake
     tools.mkdir()
@@ -85,11 +87,12 @@ def test_install_and_serve_with_no_network_and_no_compiler(bundle: Path, tmp_pat
         "PIP_NO_INDEX": "1",
         "http_proxy": "http://127.0.0.1:9",
         "https_proxy": "http://127.0.0.1:9",
+        "no_proxy": "127.0.0.1,localhost",  # the proxies block the way out, not the local server
         "PIP_CONFIG_FILE": os.devnull,
     }
     assert shutil.which("gcc", path=env["PATH"]) is None and shutil.which("cc", path=env["PATH"]) is None
     result = subprocess.run(
-        ["unshare", "-n", "sh", "-c", script], env=env, capture_output=True, text=True, timeout=1200, check=False
+        [unshare, "-n", "sh", "-c", script], env=env, capture_output=True, text=True, timeout=1200, check=False
     )
     log = (tmp_path / "serve.log").read_text() if (tmp_path / "serve.log").exists() else ""
     assert result.returncode == 0 and "STATUS 200" in result.stdout, result.stdout[-3000:] + result.stderr[-3000:] + log

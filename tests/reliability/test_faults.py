@@ -39,7 +39,10 @@ def wait_health(proc: ServerProcess, status: int, timeout: float = 120) -> None:
     raise AssertionError(f"/health never answered {status}")
 
 
-def stream_events(proc: ServerProcess, max_tokens: int, results: list, tally) -> None:
+def stream_events(
+    proc: ServerProcess, max_tokens: int, results: list, tally, streaming: threading.Event | None = None
+) -> None:
+    """One streamed completion; ``streaming`` is set once its first token has arrived."""
     started = time.monotonic()
     body = {"model": "tiny", "prompt": PROMPT, "max_tokens": max_tokens, "stream": True, "ignore_eos": True}
     events = []
@@ -47,6 +50,8 @@ def stream_events(proc: ServerProcess, max_tokens: int, results: list, tally) ->
         for line in response.iter_lines():
             if line.startswith("data: "):
                 events.append(line[6:])
+                if streaming is not None:
+                    streaming.set()
     text = "\n".join(events)
     outcome = "completed" if events and events[-1] == "[DONE]" and '"error"' not in text else "engine fault"
     tally.response(outcome, time.monotonic() - started, text)
@@ -107,9 +112,11 @@ def test_kill_9_of_the_engine_under_16_streams_is_survived(server, tally, long_r
 def test_a_frozen_engine_turns_health_503_and_recovers_on_sigcont(server, tally):
     pid = engine_pid(server)
     results: list = []
-    reader = threading.Thread(target=stream_events, args=(server, 400, results, tally))
+    streaming = threading.Event()
+    # long enough that the engine is still decoding it when frozen, on any machine
+    reader = threading.Thread(target=stream_events, args=(server, 2000, results, tally, streaming))
     reader.start()
-    time.sleep(1.0)
+    assert streaming.wait(60)
     os.kill(pid, signal.SIGSTOP)
     tally.faults["engine SIGSTOP"] += 1
     try:
