@@ -18,41 +18,9 @@ namespace ORTSERVE_ISA {
 namespace {
 
 constexpr int kChunk = 16;         // positions per online-softmax step
-constexpr int kMaxHeadSize = 256;  // validated by the op
 constexpr float kMasked = -1e30f;  // score of a masked position (finite, so max - max is 0)
 
-template <int W>
-struct V {
-  typedef float F __attribute__((vector_size(W * 4)));
-  typedef int32_t I __attribute__((vector_size(W * 4)));
-};
-
-template <class F> ALWAYS_INLINE F Splat(float s) { return F{} + s; }
-template <class F> ALWAYS_INLINE F Max(F a, F b) { return a > b ? a : b; }
-template <class F> ALWAYS_INLINE F Min(F a, F b) { return a < b ? a : b; }
-
-// e^x for x in [-87, 88] (clamped), Cephes polynomial: x = n ln2 + r, e^x = 2^n e^r.
-template <class F, class I>
-ALWAYS_INLINE F Exp(F x) {
-  x = Min(Max(x, Splat<F>(-87.f)), Splat<F>(88.f));
-  const F n = (x * 1.44269504f + 12582912.f) - 12582912.f;  // round(x / ln2) via the 1.5*2^23 trick
-  const F r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  // x - n ln2 in two steps (hi, lo)
-  F p = Splat<F>(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.f;                                         // e^r
-  const I pow2 = (__builtin_convertvector(n, I) + 127) << 23;         // 2^n as float bits
-  return p * (F)pow2;
-}
-
-// c * tanh(s / c), with tanh(x) = 1 - 2 / (e^{2x} + 1).
-template <class F, class I>
-ALWAYS_INLINE F Softcap(F s, float c) {
-  return (1.f - 2.f / (Exp<F, I>(s * (2.f / c)) + 1.f)) * c;
-}
+#include "simd_math.h"  // V<W>, Splat, Max, Min, Exp, Softcap: in this ISA's namespace
 
 // Step d of a loop over D prefetches line d / 8 of row d % 8 of the next chunk's 8 rows, for
 // d < D / 2 (8 rows x D / 16 lines): spread out, the loads overlap the math.

@@ -18,8 +18,10 @@ struct Problem {
   const int32_t* block_tables;
   const int32_t* context_lens;
   const int32_t* qsl;  // query_start_loc
+  const int64_t* slots;  // slot_mapping [T]: block*block_size + offset of each new token, -1 = none
 };
 
+constexpr int kMinHeadSize = 32, kMaxHeadSize = 256;  // validated by the op
 constexpr int kMaxLanes = 16;  // query vectors per work item = SIMD lanes of the kernel
 
 // Query heads [head_begin, head_end) of one kv head, for query rows [row_begin, row_end) of one

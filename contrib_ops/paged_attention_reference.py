@@ -1,7 +1,7 @@
-"""Numpy references of ortserve's custom ops (domain ``ortserve``, version 1): PagedAttention, and
-AppendBlockSums at the end of the file.
+"""Numpy references of ortserve's custom ops (domain ``ortserve``): PagedAttention,
+PackedPagedAttention, GatedActivation, and AppendBlockSums.
 
-This file is the specification: the C++ kernel in ``paged_attention.cc`` must match it.
+This file is the specification: the C++ ops in ``contrib_ops/`` must match it.
 Shapes (T new tokens, B sequences, D = head_size):
   query [T, num_heads*D], key/value [T, num_kv_heads*D],
   key_cache/value_cache [num_blocks, num_kv_heads, block_size, D] (written in place),
@@ -68,6 +68,91 @@ def paged_attention(
             w /= w.sum(axis=1, keepdims=True)
             out[i] = np.einsum("hj,jhd->hd", w, v[visible])
     return out.reshape(num_tokens, num_heads * head_size).astype(np.float32)
+
+
+def rms_norm_heads(x, weight, eps):
+    """RMS norm over the last axis (each head's vector), in float32 as the op computes it."""
+    x = np.asarray(x, np.float32)
+    mean_square = (x * x).sum(axis=-1, keepdims=True, dtype=np.float32) / np.float32(x.shape[-1])
+    return (x / np.sqrt(mean_square + np.float32(eps)) * weight).astype(np.float32)
+
+
+def rotary(x, positions, cos_cache, sin_cache):
+    """Non-interleaved rotary on the first rotary_dim = 2 * cos_cache.shape[1] of each head:
+    pairs (i, i + rotary_dim / 2) turn by the angle of their position. x: [T, heads, D]."""
+    half = cos_cache.shape[1]
+    c, s = cos_cache[positions][:, None, :], sin_cache[positions][:, None, :]
+    a, b = x[..., :half], x[..., half : 2 * half]
+    out = x.copy()
+    out[..., :half] = a * c - b * s
+    out[..., half : 2 * half] = b * c + a * s
+    return out.astype(np.float32)
+
+
+def paged_attention_packed(
+    qkv,
+    key_cache,
+    value_cache,
+    slot_mapping,
+    block_tables,
+    context_lens,
+    query_start_loc,
+    positions=None,
+    cos_cache=None,
+    sin_cache=None,
+    q_norm=None,
+    k_norm=None,
+    *,
+    num_heads,
+    num_kv_heads,
+    scale=0.0,
+    sliding_window=0,
+    softcap=0.0,
+    norm_epsilon=1e-6,
+):
+    """PackedPagedAttention: qkv [T, (num_heads + 2 num_kv_heads) D] holds the q heads, then the k
+    heads, then the v heads. q and k get the per-head RMS norm (when its weight is given), then
+    rotary (when the tables are given), then everything is as PagedAttention."""
+    num_tokens = qkv.shape[0]
+    head_size = qkv.shape[1] // (num_heads + 2 * num_kv_heads)
+    q, k, v = np.split(qkv, [num_heads * head_size, (num_heads + num_kv_heads) * head_size], axis=1)
+    q = q.reshape(num_tokens, num_heads, head_size)
+    k = k.reshape(num_tokens, num_kv_heads, head_size)
+    if q_norm is not None:
+        q = rms_norm_heads(q, q_norm, norm_epsilon)
+    if k_norm is not None:
+        k = rms_norm_heads(k, k_norm, norm_epsilon)
+    if cos_cache is not None:
+        q, k = rotary(q, positions, cos_cache, sin_cache), rotary(k, positions, cos_cache, sin_cache)
+    return paged_attention(
+        q.reshape(num_tokens, -1),
+        k.reshape(num_tokens, -1),
+        np.ascontiguousarray(v),
+        key_cache,
+        value_cache,
+        slot_mapping,
+        block_tables,
+        context_lens,
+        query_start_loc,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        scale=scale,
+        sliding_window=sliding_window,
+        softcap=softcap,
+    )
+
+
+def gated_activation(x, activation):
+    """GatedActivation: x = [gate | up] [T, 2I] -> act(gate) * up [T, I]; act is silu
+    (g / (1 + e^-g)) or gelu_tanh (g / 2 (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))))."""
+    gate, up = np.split(np.asarray(x, np.float64), 2, axis=1)
+    if activation == "silu":
+        act = gate / (1.0 + np.exp(-gate))
+    elif activation == "gelu_tanh":
+        act = 0.5 * gate * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (gate + 0.044715 * gate**3)))
+    else:
+        raise ValueError(f"activation must be 'silu' or 'gelu_tanh', got {activation!r}")
+    return (act * up).astype(np.float32)
 
 
 def append_block_sums(x, block_size):
