@@ -16,7 +16,8 @@ using RowsFn = void (*)(const float*, float*, int64_t, int64_t, Activation);
 RowsFn PickKernel() {
 #ifndef ORTSERVE_GENERIC_KERNEL_ONLY
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")) return avx512::GatedRows;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return avx2::GatedRows;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+    return avx2::GatedRows;
 #endif
   return generic::GatedRows;
 }

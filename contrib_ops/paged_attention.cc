@@ -3,7 +3,6 @@
 // PackedPagedAttention (paged_attention_packed.cc) takes the packed qkv projection instead.
 #include "paged_attention.h"
 
-#include <cstring>
 #include <memory>
 
 #include "paged_attention_core.h"
@@ -31,11 +30,10 @@ struct PagedAttention {
       // 1. Write the new key/value rows at their slots (in token order; -1 = skip).
       for (int64_t t = 0; t < P.T; ++t) {
         if (P.slots[t] < 0) continue;
-        const int64_t blk = P.slots[t] / P.block_size, off = P.slots[t] % P.block_size;
         for (int64_t g = 0; g < P.KVH; ++g) {
-          const int64_t row = ((blk * P.KVH + g) * P.block_size + off) * P.D;
-          std::memcpy(P.kc + row, key.Data() + (t * P.KVH + g) * P.D, P.D * sizeof(float));
-          std::memcpy(P.vc + row, value.Data() + (t * P.KVH + g) * P.D, P.D * sizeof(float));
+          const int64_t row = CacheRowOffset(P, P.slots[t], g);
+          WriteRow(P, P.kc + row, key.Data() + (t * P.KVH + g) * P.D);
+          WriteRow(P, P.vc + row, value.Data() + (t * P.KVH + g) * P.D);
         }
       }
       // 2. Attention.
@@ -56,7 +54,7 @@ struct PagedAttention {
     if (qs.size() != 2 || qs[1] % attrs_.num_heads != 0)
       return "query must be [T, num_heads*head_size] with num_heads=" + std::to_string(attrs_.num_heads) + ", got " +
              ShapeStr(qs);
-    P.T = qs[0];
+    P.T = qs[0], P.cache = CacheType::kF32;
     const std::string how = "query width " + std::to_string(qs[1]) + " / num_heads " + std::to_string(attrs_.num_heads);
     std::string err = SetHeads(attrs_, qs[1] / attrs_.num_heads, how, P);
     if (!err.empty()) return err;

@@ -8,9 +8,12 @@
 #include "onnxruntime_lite_custom_op.h"
 #undef ORT_API_MANUAL_INIT
 
+#include <vector>
+
 namespace ortserve {
 
 Ort::Custom::OrtLiteCustomOp* PagedAttentionOp();
-Ort::Custom::OrtLiteCustomOp* PackedPagedAttentionOp();
+// PackedPagedAttention with float, half and int8 caches (one kernel each, same op name).
+std::vector<Ort::Custom::OrtLiteCustomOp*> PackedPagedAttentionOps();
 
 }  // namespace ortserve

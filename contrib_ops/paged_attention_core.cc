@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <thread>
@@ -23,7 +24,9 @@ RunFn PickKernel() {
   if (want == "avx512" && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw"))
     return avx512::RunWorkItem;
-  if (want != "generic" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return avx2::RunWorkItem;
+  if (want != "generic" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      __builtin_cpu_supports("f16c"))
+    return avx2::RunWorkItem;
 #endif
   return generic::RunWorkItem;
 }
@@ -186,9 +189,12 @@ std::string ValidateBatch(const std::vector<int64_t>& kcs, const std::vector<int
                           const Tensor<int32_t>& context_lens, const Tensor<int32_t>& query_start_loc, Problem& P) {
   const auto &sms = slot_mapping.Shape(), &bts = block_tables.Shape();
   const auto &cls = context_lens.Shape(), &qls = query_start_loc.Shape();
-  if (kcs.size() != 4 || kcs[1] != P.KVH || kcs[3] != P.D || kcs[2] <= 0)
-    return "key_cache must be [num_blocks, num_kv_heads=" + std::to_string(P.KVH) + ", block_size, head_size=" +
-           std::to_string(P.D) + "], got " + ShapeStr(kcs);
+  const int64_t width = CacheRowWidth(P.cache, P.D);
+  P.row_bytes = CacheRowBytes(P.cache, P.D);
+  if (kcs.size() != 4 || kcs[1] != P.KVH || kcs[3] != width || kcs[2] <= 0)
+    return "key_cache must be [num_blocks, num_kv_heads=" + std::to_string(P.KVH) + ", block_size, " +
+           (P.cache == CacheType::kI8 ? "head_size+4=" : "head_size=") + std::to_string(width) + "], got " +
+           ShapeStr(kcs);
   if (vcs != kcs) return "value_cache shape " + ShapeStr(vcs) + " differs from key_cache shape " + ShapeStr(kcs);
   P.num_blocks = kcs[0], P.block_size = kcs[2];
   if (sms != std::vector<int64_t>{P.T}) return "slot_mapping must be [T] = [" + std::to_string(P.T) + "], got " + ShapeStr(sms);
@@ -237,14 +243,52 @@ std::string ValidateBatch(const std::vector<int64_t>& kcs, const std::vector<int
   return {};
 }
 
-std::string AliasCaches(const Tensor<float>& key_cache, const Tensor<float>& value_cache, Tensor<float>& key_cache_out,
-                        Tensor<float>& value_cache_out, Problem& P) {
-  P.kc = key_cache_out.Allocate(key_cache.Shape());
-  P.vc = value_cache_out.Allocate(value_cache.Shape());
-  if (P.kc != key_cache.Data() || P.vc != value_cache.Data())
-    return "key_cache_out/value_cache_out must be the same OrtValue as key_cache/value_cache (bind each cache as "
-           "both input and output with IOBinding); got a separate buffer, so the in-place cache update would be lost";
-  return {};
+namespace {
+
+// float -> half bits, rounded to nearest even (as numpy's astype(float16) and F16C's vcvtps2ph):
+// overflow -> inf, nan stays nan, subnormal halves through one float addition.
+uint16_t FloatToHalf(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  x &= 0x7fffffffu;
+  if (x >= 0x47800000u) return sign | (x > 0x7f800000u ? 0x7e00 : 0x7c00);  // >= 65536, inf, nan
+  if (x < 0x38800000u) {  // below 2^-14: the sum's low mantissa bits are the rounded subnormal
+    float magic, g;
+    const uint32_t magic_bits = 126u << 23;  // 0.5: aligns 2^-24 with the float's last mantissa bit
+    std::memcpy(&magic, &magic_bits, 4);
+    std::memcpy(&g, &x, 4);
+    g += magic;
+    uint32_t r;
+    std::memcpy(&r, &g, 4);
+    return sign | static_cast<uint16_t>(r - magic_bits);
+  }
+  const uint32_t odd = (x >> 13) & 1u;  // ties go to the even mantissa
+  x += (static_cast<uint32_t>(15 - 127) << 23) + 0xfffu + odd;
+  return sign | static_cast<uint16_t>(x >> 13);
+}
+
+}  // namespace
+
+void WriteRow(const Problem& P, unsigned char* dst, const float* src) {
+  const int64_t D = P.D;
+  if (P.cache == CacheType::kF32) {
+    std::memcpy(dst, src, D * sizeof(float));
+  } else if (P.cache == CacheType::kF16) {
+    for (int64_t d = 0; d < D; ++d) {
+      const uint16_t h = FloatToHalf(src[d]);
+      std::memcpy(dst + 2 * d, &h, 2);
+    }
+  } else {
+    float amax = 0.f;
+    for (int64_t d = 0; d < D; ++d) amax = std::max(amax, std::fabs(src[d]));
+    const float scale = amax / 127.f;
+    for (int64_t d = 0; d < D; ++d) {
+      const float code = scale > 0.f ? std::nearbyint(src[d] / scale) : 0.f;
+      dst[d] = static_cast<unsigned char>(static_cast<int8_t>(std::min(127.f, std::max(-127.f, code))));
+    }
+    std::memcpy(dst + D, &scale, 4);
+  }
 }
 
 void Attend(OrtKernelContext* context, const Problem& P) {

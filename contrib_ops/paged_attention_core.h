@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "paged_attention_kernel.h"
@@ -36,16 +37,42 @@ struct AttentionAttrs {
 // `derivation`, how the caller found head_size (e.g. "query width 256 / num_heads 4").
 std::string SetHeads(const AttentionAttrs& a, int64_t head_size, const std::string& derivation, Problem& P);
 
-// The caches and the batch-index inputs against P.T, P.KVH and P.D (set by the caller); fills the
-// cache and batch fields of P. Nothing is written before every check has passed.
+// The caches and the batch-index inputs against P.T, P.KVH, P.D and P.cache (set by the caller);
+// fills the cache and batch fields of P. Nothing is written before every check has passed.
 std::string ValidateBatch(const std::vector<int64_t>& key_cache_shape, const std::vector<int64_t>& value_cache_shape,
                           const Tensor<int64_t>& slot_mapping, const Tensor<int32_t>& block_tables,
                           const Tensor<int32_t>& context_lens, const Tensor<int32_t>& query_start_loc, Problem& P);
 
 // The caches are outputs aliased to the inputs: the caller binds one OrtValue to both. Sets P.kc
 // and P.vc, or returns the error that says how to bind them.
-std::string AliasCaches(const Tensor<float>& key_cache, const Tensor<float>& value_cache, Tensor<float>& key_cache_out,
-                        Tensor<float>& value_cache_out, Problem& P);
+template <typename T>
+std::string AliasCaches(const Tensor<T>& key_cache, const Tensor<T>& value_cache, Tensor<T>& key_cache_out,
+                        Tensor<T>& value_cache_out, Problem& P) {
+  T* k = key_cache_out.Allocate(key_cache.Shape());
+  T* v = value_cache_out.Allocate(value_cache.Shape());
+  if (k != key_cache.Data() || v != value_cache.Data())
+    return "key_cache_out/value_cache_out must be the same OrtValue as key_cache/value_cache (bind each cache as "
+           "both input and output with IOBinding); got a separate buffer, so the in-place cache update would be lost";
+  P.kc = reinterpret_cast<unsigned char*>(k), P.vc = reinterpret_cast<unsigned char*>(v);
+  return {};
+}
+
+// The cache type that holds elements of T (float, Ort::Float16_t, int8_t).
+template <typename T>
+constexpr CacheType CacheTypeOf() {
+  if constexpr (std::is_same_v<T, Ort::Float16_t>) return CacheType::kF16;
+  else if constexpr (std::is_same_v<T, int8_t>) return CacheType::kI8;
+  else return CacheType::kF32;
+}
+
+// Writes D floats as one cache row of P.cache at dst: copied, rounded to half (to nearest even),
+// or int8 codes x / scale rounded to nearest even with scale = max |x| / 127 after them.
+void WriteRow(const Problem& P, unsigned char* dst, const float* src);
+
+// The byte offset of the cache row of kv head g at slot (block * block_size + offset).
+inline int64_t CacheRowOffset(const Problem& P, int64_t slot, int64_t g) {
+  return ((slot / P.block_size * P.KVH + g) * P.block_size + slot % P.block_size) * P.row_bytes;
+}
 
 // Attention of P.q against the caches into P.out, parallel over (sequence, kv head, query tile
 // [, split-K piece]) on the session's intra-op pool.

@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <tuple>
+#include <vector>
 
 #include "paged_attention.h"
 #include "paged_attention_core.h"
@@ -63,11 +64,12 @@ struct Prologue {
     const float* s = cos ? sin + positions[t] * half : nullptr;
     for (int64_t h = 0; h < p.H; ++h) Transform(row + h * p.D, q_out + (t * p.H + h) * p.D, q_norm, c, s);
     if (p.slots[t] < 0) return;
-    const int64_t blk = p.slots[t] / p.block_size, off = p.slots[t] % p.block_size;
+    float key[kMaxHeadSize];
     for (int64_t g = 0; g < p.KVH; ++g) {
-      const int64_t dst = ((blk * p.KVH + g) * p.block_size + off) * p.D;
-      Transform(row + (p.H + g) * p.D, p.kc + dst, k_norm, c, s);
-      std::memcpy(p.vc + dst, row + (p.H + p.KVH + g) * p.D, p.D * sizeof(float));
+      const int64_t dst = CacheRowOffset(p, p.slots[t], g);
+      Transform(row + (p.H + g) * p.D, key, k_norm, c, s);
+      WriteRow(p, p.kc + dst, key);
+      WriteRow(p, p.vc + dst, row + (p.H + p.KVH + g) * p.D);
     }
   }
 };
@@ -81,6 +83,9 @@ void RunPrologueTask(void* data, size_t task) {
   for (int64_t t = begin; t < end; ++t) prologue->Token(t);
 }
 
+// One kernel per cache element type (float, half, int8 rows with their scale), registered under
+// the same op name: ONNX Runtime picks the one whose input types match the graph's caches.
+template <typename CacheT>
 struct PackedPagedAttention {
   PackedPagedAttention(const OrtApi* api, const OrtKernelInfo* info) : attrs_(api, info) {
     if (OrtStatus* st = api->KernelInfoGetAttribute_float(info, "norm_epsilon", &eps_)) {
@@ -90,12 +95,12 @@ struct PackedPagedAttention {
     if (!(eps_ > 0.f)) attrs_.error += "norm_epsilon must be > 0; ";
   }
 
-  Ort::Status Compute(OrtKernelContext* context, const Tensor<float>& qkv, const Tensor<float>& key_cache,
-                      const Tensor<float>& value_cache, const Tensor<int64_t>& slot_mapping,
+  Ort::Status Compute(OrtKernelContext* context, const Tensor<float>& qkv, const Tensor<CacheT>& key_cache,
+                      const Tensor<CacheT>& value_cache, const Tensor<int64_t>& slot_mapping,
                       const Tensor<int32_t>& block_tables, const Tensor<int32_t>& context_lens,
                       const Tensor<int32_t>& query_start_loc, std::optional<const Tensor<int64_t>*> positions,
                       OptionalFloats cos_cache, OptionalFloats sin_cache, OptionalFloats q_norm, OptionalFloats k_norm,
-                      Tensor<float>& output, Tensor<float>& key_cache_out, Tensor<float>& value_cache_out) {
+                      Tensor<float>& output, Tensor<CacheT>& key_cache_out, Tensor<CacheT>& value_cache_out) {
     try {
       Problem P{};
       Prologue pro{};
@@ -120,7 +125,7 @@ struct PackedPagedAttention {
   }
 
  private:
-  std::string Validate(const Tensor<float>& qkv, const Tensor<float>& key_cache, const Tensor<float>& value_cache,
+  std::string Validate(const Tensor<float>& qkv, const Tensor<CacheT>& key_cache, const Tensor<CacheT>& value_cache,
                        const Tensor<int64_t>& slot_mapping, const Tensor<int32_t>& block_tables,
                        const Tensor<int32_t>& context_lens, const Tensor<int32_t>& query_start_loc,
                        std::optional<const Tensor<int64_t>*> positions, OptionalFloats cos_cache,
@@ -133,7 +138,7 @@ struct PackedPagedAttention {
       return "qkv must be [T, (num_heads + 2*num_kv_heads)*head_size] with num_heads=" +
              std::to_string(attrs_.num_heads) + ", num_kv_heads=" + std::to_string(attrs_.num_kv_heads) + ", got " +
              ShapeStr(qs);
-    P.T = qs[0];
+    P.T = qs[0], P.cache = CacheTypeOf<CacheT>();
     const std::string how = "qkv width " + std::to_string(qs[1]) + " / " + std::to_string(heads) + " heads";
     std::string err = SetHeads(attrs_, qs[1] / heads, how, P);
     if (!err.empty()) return err;
@@ -173,10 +178,15 @@ struct PackedPagedAttention {
 
 namespace ortserve {
 
-Ort::Custom::OrtLiteCustomOp* PackedPagedAttentionOp() {
-  static std::unique_ptr<Ort::Custom::OrtLiteCustomOp> op{
-      Ort::Custom::CreateLiteCustomOp<PackedPagedAttention>("PackedPagedAttention", "CPUExecutionProvider", 1)};
-  return op.get();
+std::vector<Ort::Custom::OrtLiteCustomOp*> PackedPagedAttentionOps() {
+  using Ort::Custom::CreateLiteCustomOp;
+  static std::unique_ptr<Ort::Custom::OrtLiteCustomOp> f32{
+      CreateLiteCustomOp<PackedPagedAttention<float>>("PackedPagedAttention", "CPUExecutionProvider", 1)};
+  static std::unique_ptr<Ort::Custom::OrtLiteCustomOp> f16{
+      CreateLiteCustomOp<PackedPagedAttention<Ort::Float16_t>>("PackedPagedAttention", "CPUExecutionProvider", 1)};
+  static std::unique_ptr<Ort::Custom::OrtLiteCustomOp> i8{
+      CreateLiteCustomOp<PackedPagedAttention<int8_t>>("PackedPagedAttention", "CPUExecutionProvider", 1)};
+  return {f32.get(), f16.get(), i8.get()};
 }
 
 }  // namespace ortserve

@@ -19,7 +19,7 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
     std::lock_guard<std::mutex> lock(mutex);
     Ort::CustomOpDomain domain{"ortserve"};
     domain.Add(ortserve::PagedAttentionOp());
-    domain.Add(ortserve::PackedPagedAttentionOp());
+    for (Ort::Custom::OrtLiteCustomOp* op : ortserve::PackedPagedAttentionOps()) domain.Add(op);
     domain.Add(ortserve::AppendBlockSumsOp());
     domain.Add(ortserve::GatedActivationOp());
     Ort::UnownedSessionOptions(options).Add(domain);

@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
+from ortserve.ops.paged_attention_reference import cache_row_width
 
 import ortserve.ops
 
@@ -196,16 +197,18 @@ PACKED_INPUTS = (
 
 
 def build_packed_model(
-    num_heads, num_kv_heads, head_size, *, optional_inputs=(), norm_epsilon=1e-6, **attrs
+    num_heads, num_kv_heads, head_size, *, optional_inputs=(), norm_epsilon=1e-6, cache_dtype=np.float32, **attrs
 ) -> onnx.ModelProto:
     """One PackedPagedAttention node taking the first 7 inputs and ``optional_inputs`` (a prefix
-    of positions, cos_cache, sin_cache, q_norm, k_norm)."""
+    of positions, cos_cache, sin_cache, q_norm, k_norm), with caches of ``cache_dtype``."""
     f, i64, i32 = TensorProto.FLOAT, TensorProto.INT64, TensorProto.INT32
-    cache = ["num_blocks", num_kv_heads, "block_size", head_size]
+    width = cache_row_width(cache_dtype, head_size)
+    cache_type = helper.np_dtype_to_tensor_dtype(np.dtype(cache_dtype))
+    cache = ["num_blocks", num_kv_heads, "block_size", width]
     types = {
         "qkv": (f, ["T", (num_heads + 2 * num_kv_heads) * head_size]),
-        "key_cache": (f, cache),
-        "value_cache": (f, cache),
+        "key_cache": (cache_type, cache),
+        "value_cache": (cache_type, cache),
         "slot_mapping": (i64, ["T"]),
         "block_tables": (i32, ["B", "max_blocks"]),
         "context_lens": (i32, ["B"]),
@@ -221,8 +224,8 @@ def build_packed_model(
     inputs = [helper.make_tensor_value_info(n, *types[n]) for n in names]
     outputs = [
         helper.make_tensor_value_info("output", f, ["T", num_heads * head_size]),
-        helper.make_tensor_value_info("key_cache_out", f, cache),
-        helper.make_tensor_value_info("value_cache_out", f, cache),
+        helper.make_tensor_value_info("key_cache_out", cache_type, cache),
+        helper.make_tensor_value_info("value_cache_out", cache_type, cache),
     ]
     node = helper.make_node(
         "PackedPagedAttention",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
+from ortserve.ops.paged_attention_reference import decode_rows, encode_rows
 from ortserve.ops.paged_attention_reference import paged_attention_packed as reference
 from paged_attention_harness import build_packed_model, cached_session, make_batch, make_session, run_op, run_packed
 
@@ -25,6 +26,7 @@ def packed_inputs(
     norms=False,
     skip_fraction=0.0,
     max_positions=128,
+    cache_dtype=np.float32,
 ):
     """A random batch for PackedPagedAttention: a PagedAttention batch's q, k, v packed, plus rotary tables of
     ``rotary_dim`` (None = no rotary) and random norm weights when ``norms``."""
@@ -39,8 +41,8 @@ def packed_inputs(
     )
     arrays = dict(
         qkv=np.concatenate([b.query, b.key, b.value], axis=1),
-        key_cache=b.key_cache,
-        value_cache=b.value_cache,
+        key_cache=encode_rows(b.key_cache, cache_dtype),
+        value_cache=encode_rows(b.value_cache, cache_dtype),
         slot_mapping=b.slot_mapping,
         block_tables=b.block_tables,
         context_lens=b.context_lens,
@@ -66,20 +68,31 @@ def packed_inputs(
     return arrays, tuple(optional)
 
 
-def check(seqs, *, num_heads=6, num_kv_heads=2, head_size=64, seed=0, attrs=None, **options):
+def check(seqs, *, num_heads=6, num_kv_heads=2, head_size=64, seed=0, attrs=None, exact_caches=False, **options):
+    """The op against the reference; the caches must hold the same rows (bit for bit with
+    ``exact_caches``, else up to the last rounding: a norm's sum order differs from numpy's)."""
     rng = np.random.default_rng(seed)
     arrays, optional = packed_inputs(
         rng, seqs, num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=head_size, **options
     )
     attrs = attrs or {}
+    cache_dtype = arrays["key_cache"].dtype
     expected_caches = {k: arrays[k].copy() for k in ("key_cache", "value_cache")}
     expected = reference(**{**arrays, **expected_caches}, num_heads=num_heads, num_kv_heads=num_kv_heads, **attrs)
-    session = make_session(build_packed_model(num_heads, num_kv_heads, head_size, optional_inputs=optional, **attrs))
-    got = run_packed(session, arrays)
+    model = build_packed_model(
+        num_heads, num_kv_heads, head_size, optional_inputs=optional, cache_dtype=cache_dtype, **attrs
+    )
+    got = run_packed(make_session(model), arrays)
     err = np.abs(got - expected).max(initial=0.0)
     assert err <= 1e-4 * max(np.abs(expected).max(initial=0.0), 1e-6), f"max abs error {err}"
     for name, cache in expected_caches.items():  # rotated, normed keys and the values, at their slots
-        np.testing.assert_allclose(arrays[name], cache, rtol=1e-6, atol=1e-6)
+        if exact_caches:
+            np.testing.assert_array_equal(arrays[name], cache)
+        else:
+            step = {np.float32: 1e-6, np.float16: 1e-3, np.int8: 1.5 / 127}[cache_dtype.type]
+            np.testing.assert_allclose(
+                decode_rows(arrays[name], head_size), decode_rows(cache, head_size), rtol=step, atol=step * 4
+            )
 
 
 @pytest.mark.parametrize("seqs", [PREFILL, DECODE, MIXED], ids=["prefill", "decode", "mixed"])
@@ -168,3 +181,81 @@ def test_rejected_input_leaves_the_cache_untouched(good):
     arrays["positions"][0] = -1
     assert "positions[0] = -1" in error_of(arrays, optional)
     np.testing.assert_array_equal(arrays["key_cache"], before)
+
+
+CACHE_DTYPES = [np.float32, np.float16, np.int8]
+
+
+@pytest.mark.parametrize("cache_dtype", CACHE_DTYPES, ids=["fp32", "fp16", "int8"])
+@pytest.mark.parametrize("seqs", [PREFILL, DECODE, MIXED], ids=["prefill", "decode", "mixed"])
+def test_every_cache_dtype_holds_exactly_the_reference_rows(cache_dtype, seqs):
+    check(seqs, cache_dtype=cache_dtype, skip_fraction=0.2, exact_caches=True)
+
+
+@pytest.mark.parametrize("cache_dtype", CACHE_DTYPES, ids=["fp32", "fp16", "int8"])
+def test_rotary_and_norms_over_a_compact_cache_match_reference(cache_dtype):
+    check(MIXED, cache_dtype=cache_dtype, rotary_dim=64, norms=True, head_size=128)
+
+
+@pytest.mark.parametrize("cache_dtype", [np.float16, np.int8], ids=["fp16", "int8"])
+def test_long_decodes_over_a_compact_cache_split_across_threads(cache_dtype):
+    check([(1, 900), (1, 300)], cache_dtype=cache_dtype, rotary_dim=64, max_positions=1024)
+
+
+@pytest.mark.parametrize("head_size", [32, 80, 96, 40])
+def test_compact_caches_work_for_head_sizes_that_are_not_multiples_of_the_vector(head_size):
+    for cache_dtype in (np.float16, np.int8):
+        check(MIXED, head_size=head_size, cache_dtype=cache_dtype, exact_caches=True)
+
+
+def test_half_rounding_matches_numpy_at_the_edges():
+    """Ties to even, the largest half, overflow to infinity, subnormals and zeros: the op's
+    float -> half conversion is numpy's, bit for bit."""
+    rng = np.random.default_rng(5)
+    arrays, optional = packed_inputs(rng, [(4, 4)], num_heads=2, num_kv_heads=2, head_size=32, cache_dtype=np.float16)
+    edges = np.array(
+        [
+            65504,
+            65519,
+            65520,
+            70000,
+            1e-8,
+            6e-8,
+            2.98e-8,
+            3e-5,
+            6.1e-5,
+            0.0,
+            -0.0,
+            1 + 2**-11,
+            1 + 3 * 2**-11,
+            -(1 + 2**-11),
+            2049,
+            2051,
+            0.1,
+            -0.3,
+            1e-4,
+            5.96e-8,
+        ],
+        np.float32,
+    )
+    k = arrays["qkv"][:, 2 * 32 : 4 * 32]
+    k[...] = np.resize(edges, k.shape)
+    expected = arrays["key_cache"].copy()
+    slots = arrays["slot_mapping"]
+    for t, slot in enumerate(slots):
+        expected[slot // 16, :, slot % 16] = k[t].reshape(2, 32).astype(np.float16)
+    session = make_session(build_packed_model(2, 2, 32, optional_inputs=optional, cache_dtype=np.float16))
+    with np.errstate(all="ignore"):
+        run_packed(session, arrays)
+    np.testing.assert_array_equal(arrays["key_cache"].view(np.uint16), expected.view(np.uint16))
+
+
+def test_an_all_zero_row_gets_a_zero_scale_in_an_int8_cache():
+    arrays, optional = packed_inputs(
+        np.random.default_rng(6), [(3, 3)], num_heads=2, num_kv_heads=2, head_size=32, cache_dtype=np.int8
+    )
+    arrays["qkv"][:, 64:128] = 0.0  # the keys
+    session = make_session(build_packed_model(2, 2, 32, optional_inputs=optional, cache_dtype=np.int8))
+    run_packed(session, arrays)
+    rows = arrays["key_cache"][arrays["slot_mapping"] // 16, :, arrays["slot_mapping"] % 16]
+    assert not rows.any()  # codes 0 and a 0.0 scale
