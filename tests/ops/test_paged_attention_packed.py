@@ -259,3 +259,10 @@ def test_an_all_zero_row_gets_a_zero_scale_in_an_int8_cache():
     run_packed(session, arrays)
     rows = arrays["key_cache"][arrays["slot_mapping"] // 16, :, arrays["slot_mapping"] % 16]
     assert not rows.any()  # codes 0 and a 0.0 scale
+
+
+@pytest.mark.parametrize("isa", ["generic", "avx2", "avx512"])
+def test_every_kernel_build_reads_compact_caches(isa, monkeypatch):
+    monkeypatch.setenv("ORTSERVE_PAGED_ATTENTION_ISA", isa)  # caps the build the op picks
+    for cache_dtype in (np.float16, np.int8):
+        check(MIXED, head_size=80, cache_dtype=cache_dtype, rotary_dim=80, exact_caches=True)
