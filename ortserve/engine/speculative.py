@@ -46,4 +46,5 @@ class NgramProposer:
         if not good.any():
             return []
         best = np.flatnonzero(good & (matched == matched[good].max()))[-1]  # longest, then most recent
-        return token_ids[ends[best] + 1 : ends[best] + 1 + k].tolist()
+        draft: list[int] = token_ids[ends[best] + 1 : ends[best] + 1 + k].tolist()
+        return draft
