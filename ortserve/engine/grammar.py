@@ -23,7 +23,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llguidance
 import numpy as np
@@ -31,13 +31,16 @@ from llguidance.numpy import fill_next_token_bitmask_par
 
 from ortserve.sampling_params import InvalidParameter, StructuredOutputs
 
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
 logger = logging.getLogger("ortserve.engine")
 
-JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 CACHE_SIZE = 64  # compiled grammars kept
 # llguidance's defaults are generous; these bound the work one grammar can cost per step and at
 # compile time (a few ms each on one core), so a hostile schema cannot stall the engine.
-LIMITS = dict(step_lexer_fuel=200_000, step_max_items=50_000, initial_lexer_fuel=1_000_000, max_grammar_size=200_000)
+STEP_LEXER_FUEL, STEP_MAX_ITEMS, INITIAL_LEXER_FUEL, MAX_GRAMMAR_SIZE = 200_000, 50_000, 1_000_000, 200_000
 
 
 def grammar_text(spec: StructuredOutputs) -> str:
@@ -61,7 +64,13 @@ def grammar_text(spec: StructuredOutputs) -> str:
 
 
 def _limits() -> llguidance.LLParserLimits:
-    return llguidance.LLParserLimits(**LIMITS, verbose_errors=False)
+    return llguidance.LLParserLimits(
+        step_lexer_fuel=STEP_LEXER_FUEL,
+        step_max_items=STEP_MAX_ITEMS,
+        initial_lexer_fuel=INITIAL_LEXER_FUEL,
+        max_grammar_size=MAX_GRAMMAR_SIZE,
+        verbose_errors=False,
+    )
 
 
 def check(spec: StructuredOutputs) -> None:

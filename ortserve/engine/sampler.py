@@ -1,8 +1,9 @@
 """Logits -> next tokens, in numpy, vectorised over the batch.
 
-Order (as vLLM v1): the grammar's token mask (structured outputs), min_tokens masking of EOS and stop ids, logit_bias, repetition / frequency /
-presence penalties, then greedy argmax or: temperature, min-p, top-k, top-p, and a draw from the
-remaining distribution by inverse CDF with one uniform number from the sample's own generator.
+Order (as vLLM v1): the grammar's token mask (structured outputs), min_tokens masking of EOS and
+stop ids, logit_bias, repetition / frequency / presence penalties, then greedy argmax or:
+temperature, min-p, top-k, top-p, and a draw from the remaining distribution by inverse CDF with
+one uniform number from the sample's own generator.
 A sample's token depends only on its own logits row and its own generator, never on the batch.
 Logprobs are taken from the raw logits, before any of the above (vLLM v1's default), so under a
 grammar they still say what the model itself preferred. min_tokens never masks a grammar's only

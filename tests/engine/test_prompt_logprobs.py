@@ -62,7 +62,10 @@ def check_against_reference(out, prompt_ids, reference) -> None:
     for j, entry in enumerate(got[1:]):
         row, token = expected[j], prompt_ids[j + 1]
         assert abs(entry.logprob - row[token]) < TOL, (j, entry.logprob, row[token])
-        assert entry.rank == int((row > row[token] + TOL).sum()) + 1 or abs(np.sort(row)[::-1][entry.rank - 1] - row[token]) < TOL
+        assert (
+            entry.rank == int((row > row[token] + TOL).sum()) + 1
+            or abs(np.sort(row)[::-1][entry.rank - 1] - row[token]) < TOL
+        )
         top_ids = [t for t, _ in entry.top_logprobs]
         assert len(top_ids) == TOP
         np.testing.assert_allclose([lp for _, lp in entry.top_logprobs], np.sort(row)[::-1][:TOP], atol=TOL)
@@ -75,7 +78,7 @@ def asking(**kwargs) -> SamplingParams:
 
 def test_prompt_logprobs_match_transformers_with_prefix_caching_on(tiny_llama_artifact, prompt_ids, reference):
     llm = open_llm(tiny_llama_artifact, kv_cache_space=0.01, enable_prefix_caching=True)
-    [warm] = llm.generate(prompt_ids, SamplingParams(max_tokens=2), use_tqdm=False)
+    llm.generate(prompt_ids, SamplingParams(max_tokens=2), use_tqdm=False)  # fills the prefix cache
     [again] = llm.generate(prompt_ids, SamplingParams(max_tokens=2), use_tqdm=False)
     assert again.num_cached_tokens >= 32  # the prefix is in the cache
     [out] = llm.generate(prompt_ids, asking(), use_tqdm=False)

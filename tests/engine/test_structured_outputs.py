@@ -45,9 +45,7 @@ def llm(tiny_llama_artifact):
 def constrained(spec: StructuredOutputs, seeds, temperatures, **kwargs) -> list[SamplingParams]:
     kwargs.setdefault("max_tokens", 256)
     return [
-        SamplingParams(temperature=t, seed=s, structured_outputs=spec, **kwargs)
-        for s in seeds
-        for t in temperatures
+        SamplingParams(temperature=t, seed=s, structured_outputs=spec, **kwargs) for s in seeds for t in temperatures
     ]
 
 
@@ -90,7 +88,10 @@ def test_every_choice_sample_is_one_of_the_choices(llm):
 def test_lark_and_gbnf_grammars(llm):
     lark = 'start: "x=" NUMBER ("+" NUMBER){0,3}\nNUMBER: /[1-9][0-9]{0,2}/'
     gbnf = 'root ::= "(" item ("," item)* ")"\nitem ::= [a-z] [a-z]?'
-    for grammar, pattern in ((lark, r"x=[1-9][0-9]{0,2}(\+[1-9][0-9]{0,2}){0,3}"), (gbnf, r"\([a-z]{1,2}(,[a-z]{1,2})*\)")):
+    for grammar, pattern in (
+        (lark, r"x=[1-9][0-9]{0,2}(\+[1-9][0-9]{0,2}){0,3}"),
+        (gbnf, r"\([a-z]{1,2}(,[a-z]{1,2})*\)"),
+    ):
         for c in run(llm, constrained(StructuredOutputs(grammar=grammar), range(4), [1.0], max_tokens=64)):
             if c.finish_reason == "stop":
                 assert re.fullmatch(pattern, c.text), c.text

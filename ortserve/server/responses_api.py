@@ -1,0 +1,441 @@
+"""POST /v1/responses: OpenAI's Responses API, stateless, on top of the chat service.
+
+A request becomes a chat request (``instructions`` a system message, ``input`` items messages,
+``function_call`` items assistant tool calls, ``function_call_output`` items tool messages,
+``text.format`` the response format, ``tools`` flat function tools), runs through
+``ChatService.prepare`` (template, tools, structured outputs, sampling), and the answer becomes
+``output`` items: a ``message`` with ``output_text``, and one ``function_call`` per call.
+Streaming sends the typed events (``response.created``, ``response.in_progress``,
+``response.output_item.added``, ``response.content_part.added``, ``response.output_text.delta``,
+``...done``, ``response.function_call_arguments.delta``/``done``, ``response.completed``).
+
+Nothing is stored: ``previous_response_id`` and ``store: true`` are a 400 naming them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Annotated, Any, Literal
+
+from litestar import Request
+from litestar.response import ServerSentEventMessage
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
+
+from .chat import ChatService, ChoiceStream, Prepared, assistant_message
+from .engine_client import RequestStream
+from .errors import BadRequest, error_event
+from .protocol import MAX_MESSAGES, ChatCompletionRequest, ContentText, RequestModel, TokenCount, bounded
+from .request_log import RequestLog
+from .responses import DeltaMessage, random_id
+from .streams import EventStream, SampleTotals, until_disconnected
+from .structured import JsonObjectFormat, TextFormat
+from .tools import FunctionName
+
+STRICT = ConfigDict(extra="ignore", strict=True)
+FORBID = ConfigDict(extra="forbid", strict=True)
+NOT_SUPPORTED = WithJsonSchema({"type": "null", "description": "Not supported (nothing is stored): omit it"})
+
+
+class InputText(BaseModel):
+    model_config = STRICT
+    type: Literal["input_text", "output_text"]
+    text: ContentText
+
+
+class MessageItem(BaseModel):
+    model_config = STRICT
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: ContentText | Annotated[list[InputText], Field(max_length=MAX_MESSAGES)]
+
+
+class FunctionCallItem(BaseModel):
+    model_config = STRICT
+    type: Literal["function_call"]
+    call_id: Annotated[str, Field(max_length=256)]
+    name: FunctionName
+    arguments: ContentText
+
+
+class FunctionCallOutputItem(BaseModel):
+    model_config = STRICT
+    type: Literal["function_call_output"]
+    call_id: Annotated[str, Field(max_length=256)]
+    output: ContentText
+
+
+class FunctionToolParam(BaseModel):
+    model_config = FORBID
+    type: Literal["function"]
+    name: FunctionName
+    description: Annotated[str, Field(max_length=8192)] | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class NamedFunction(BaseModel):
+    model_config = FORBID
+    type: Literal["function"]
+    name: FunctionName
+
+
+class JsonSchemaText(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    type: Literal["json_schema"]
+    name: Annotated[str, Field(max_length=64)] = "response"
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class TextConfig(BaseModel):
+    model_config = FORBID
+    format: Annotated[TextFormat | JsonObjectFormat | JsonSchemaText, Field(discriminator="type")] | None = None
+
+
+class ResponsesRequest(RequestModel):
+    """POST /v1/responses."""
+
+    model: str | None = None
+    input: (
+        ContentText
+        | Annotated[
+            list[MessageItem | FunctionCallItem | FunctionCallOutputItem], Field(min_length=1, max_length=MAX_MESSAGES)
+        ]
+    )
+    instructions: ContentText | None = None
+    tools: Annotated[list[FunctionToolParam], Field(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
+    parallel_tool_calls: bool | None = None
+    text: TextConfig | None = None
+    max_output_tokens: TokenCount | None = None
+    temperature: float = bounded("temperature", 1.0)
+    top_p: float = bounded("top_p", 1.0)
+    stream: bool = False
+    metadata: Annotated[dict[str, Annotated[str, Field(max_length=512)]], Field(max_length=16)] | None = None
+    user: Annotated[str, Field(max_length=256)] | None = None
+    truncation: Literal["disabled"] | None = Field(None, description="Only 'disabled': a prompt too long is a 400")
+    store: Literal[False] | None = Field(None, description="Only false: nothing is stored")
+    previous_response_id: Annotated[Any, NOT_SUPPORTED] = None
+
+    def check(self) -> None:
+        if self.previous_response_id is not None:
+            raise BadRequest(
+                "'previous_response_id' is not supported: this server stores no responses; send the "
+                "whole conversation in 'input'",
+                "previous_response_id",
+            )
+
+    def as_chat(self) -> ChatCompletionRequest:
+        messages: list[dict[str, Any]] = []
+        if self.instructions is not None:
+            messages.append({"role": "system", "content": self.instructions})
+        items = [MessageItem(role="user", content=self.input)] if isinstance(self.input, str) else self.input
+        for item in items:
+            if isinstance(item, MessageItem):
+                text = item.content if isinstance(item.content, str) else "".join(p.text for p in item.content)
+                messages.append({"role": item.role, "content": text})
+            elif isinstance(item, FunctionCallItem):
+                call = {
+                    "id": item.call_id,
+                    "type": "function",
+                    "function": {"name": item.name, "arguments": item.arguments},
+                }
+                last = messages[-1] if messages else None
+                if last is not None and last["role"] == "assistant" and "tool_calls" in last:
+                    last["tool_calls"].append(call)
+                else:
+                    messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            else:
+                messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.output})
+        chat: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "stream": self.stream,
+            "user": self.user,
+            "max_tokens": self.max_output_tokens,
+            "parallel_tool_calls": self.parallel_tool_calls,
+        }
+        if self.tools is not None:
+            chat["tools"] = [
+                {"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)} for t in self.tools
+            ]
+        choice = self.tool_choice
+        if choice is not None:
+            chat["tool_choice"] = (
+                choice if isinstance(choice, str) else {"type": "function", "function": {"name": choice.name}}
+            )
+        fmt = self.text.format if self.text is not None else None
+        if isinstance(fmt, JsonSchemaText):
+            schema = {"name": fmt.name, "schema": fmt.schema_, "strict": fmt.strict}
+            chat["response_format"] = {"type": "json_schema", "json_schema": schema}
+        elif fmt is not None:
+            chat["response_format"] = {"type": fmt.type}
+        try:
+            return ChatCompletionRequest.model_validate({k: v for k, v in chat.items() if v is not None}, strict=False)
+        except ValidationError as exc:  # the fields were checked above: only a cross-field rule gets here
+            raise BadRequest(f"Invalid request: {exc.errors()[0]['msg']}", "input") from exc
+
+
+class ResponseObject(BaseModel):
+    """The response (``object: "response"``), as OpenAI's SDKs read it."""
+
+    id: str
+    object: Literal["response"] = "response"
+    created_at: int
+    status: Literal["in_progress", "completed", "incomplete"]
+    model: str
+    output: list[dict[str, Any]]
+    usage: dict[str, Any] | None = None
+    incomplete_details: dict[str, str] | None = None
+    error: None = None
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    tool_choice: Any = "auto"
+    parallel_tool_calls: bool = True
+    text: dict[str, Any] = Field(default_factory=lambda: {"format": {"type": "text"}})
+    metadata: dict[str, str] | None = None
+    previous_response_id: None = None
+    store: bool = False
+    truncation: str = "disabled"
+    user: str | None = None
+
+
+class ResponsesService:
+    def __init__(self, chat: ChatService) -> None:
+        self.chat = chat
+
+    async def create(self, body: ResponsesRequest, request: Request) -> ResponseObject | EventStream | None:
+        body.check()
+        chat_body = body.as_chat()
+        prepared = await self.chat.prepare(chat_body)
+        log = RequestLog(random_id("resp"), "responses", prompt_tokens=len(prepared.token_ids), user=body.user)
+        stream = self.chat.client.submit(log.request_id, prepared.token_ids, prepared.params)
+        if body.stream:
+            return EventStream(self._stream(log, body, prepared, stream))
+        return await until_disconnected(request, self._collect(log, body, prepared, stream), log)
+
+    def _response(
+        self, log: RequestLog, body: ResponsesRequest, status: Any, output: list[dict[str, Any]]
+    ) -> ResponseObject:
+        return ResponseObject(
+            id=log.request_id,
+            created_at=int(log.created),
+            status=status,
+            model=self.chat.model_name,
+            output=output,
+            incomplete_details={"reason": "max_output_tokens"} if status == "incomplete" else None,
+            instructions=body.instructions,
+            max_output_tokens=body.max_output_tokens,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            tools=[t.model_dump(exclude_none=True, by_alias=True) for t in body.tools or []],
+            tool_choice=body.tool_choice.model_dump()
+            if isinstance(body.tool_choice, NamedFunction)
+            else body.tool_choice or "auto",
+            parallel_tool_calls=body.parallel_tool_calls is not False,
+            text={"format": body.text.format.model_dump(by_alias=True)}
+            if body.text and body.text.format
+            else {"format": {"type": "text"}},
+            metadata=body.metadata,
+            user=body.user,
+        )
+
+    @staticmethod
+    def _usage(prepared: Prepared, totals: SampleTotals) -> dict[str, Any]:
+        prompt, generated = len(prepared.token_ids), totals.num_generated
+        return {
+            "input_tokens": prompt,
+            "input_tokens_details": {"cached_tokens": totals.num_cached_tokens},
+            "output_tokens": generated,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt + generated,
+        }
+
+    async def _collect(
+        self, log: RequestLog, body: ResponsesRequest, prepared: Prepared, stream: RequestStream
+    ) -> ResponseObject:
+        totals = SampleTotals(1)
+        try:
+            async with aclosing(stream):
+                async for delta in stream:
+                    totals.add(delta)
+        except Exception:
+            log.done("error")
+            raise
+        out = totals.samples[0]
+        message, _ = assistant_message(prepared, out.text)
+        output = []
+        if message.content:
+            output.append(message_item(random_id("msg"), message.content, "completed"))
+        for call in message.tool_calls or []:
+            output.append(call_item(random_id("fc"), call.id, call.function.name, call.function.arguments, "completed"))
+        log.completion_tokens = totals.num_generated
+        log.done(200)
+        status = "incomplete" if out.finish_reason == "length" else "completed"
+        response = self._response(log, body, status, output)
+        response.usage = self._usage(prepared, totals)
+        return response
+
+    async def _stream(
+        self, log: RequestLog, body: ResponsesRequest, prepared: Prepared, stream: RequestStream
+    ) -> AsyncIterator[ServerSentEventMessage | str]:
+        events = ResponseEvents()
+        totals = SampleTotals(1)
+        choice = ChoiceStream(prepared)
+        status: Any = 200
+        try:
+            yield events.event("response.created", response=self._response(log, body, "in_progress", []).model_dump())
+            yield events.event(
+                "response.in_progress", response=self._response(log, body, "in_progress", []).model_dump()
+            )
+            async with aclosing(stream):
+                async for delta in stream:
+                    totals.add(delta)
+                    for out in delta.samples:
+                        for message in choice.feed(out.text, out.finish_reason is not None):
+                            for event in events.of(message):
+                                yield event
+            for event in events.close_message():
+                yield event
+            final = totals.samples[0]
+            response = self._response(
+                log, body, "incomplete" if final.finish_reason == "length" else "completed", events.output
+            )
+            response.usage = self._usage(prepared, totals)
+            yield events.event("response.completed", response=response.model_dump())
+        except Exception as exc:  # noqa: BLE001 - the status line is sent; report in-band
+            status = "error"
+            yield error_event(exc, log.request_id)
+        finally:
+            log.completion_tokens = totals.num_generated
+            log.done(status)
+
+
+def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    content = (
+        [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []
+    )
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
+
+
+def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
+    return {
+        "type": "function_call",
+        "id": item_id,
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "status": status,
+    }
+
+
+class ResponseEvents:
+    """The typed stream events of one response's output, with their sequence numbers."""
+
+    def __init__(self) -> None:
+        self.sequence = 0
+        self.output: list[dict[str, Any]] = []  # finished items
+        self.message_id: str | None = None  # the open message item
+        self.text = ""
+        self.pending_call: dict[str, Any] | None = None
+
+    def event(self, kind: str, **fields: Any) -> ServerSentEventMessage:
+        import json
+
+        payload = {"type": kind, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        return ServerSentEventMessage(data=json.dumps(payload, ensure_ascii=False), event=kind)
+
+    def of(self, delta: DeltaMessage) -> list[ServerSentEventMessage]:
+        events = []
+        if delta.content:
+            if self.message_id is None:
+                self.message_id, self.text = random_id("msg"), ""
+                index = len(self.output)
+                events.append(
+                    self.event(
+                        "response.output_item.added",
+                        output_index=index,
+                        item=message_item(self.message_id, "", "in_progress"),
+                    )
+                )
+                part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+                events.append(
+                    self.event(
+                        "response.content_part.added",
+                        item_id=self.message_id,
+                        output_index=index,
+                        content_index=0,
+                        part=part,
+                    )
+                )
+            self.text += delta.content
+            events.append(
+                self.event(
+                    "response.output_text.delta",
+                    item_id=self.message_id,
+                    output_index=len(self.output),
+                    content_index=0,
+                    delta=delta.content,
+                    logprobs=[],
+                )
+            )
+        for call in delta.tool_calls or []:
+            if call.id is not None:  # a call's first delta: its name
+                events += self.close_message()
+                item = call_item(random_id("fc"), call.id, call.function.name or "", "", "in_progress")
+                self.pending_call = item
+                events.append(self.event("response.output_item.added", output_index=len(self.output), item=item))
+            elif self.pending_call is not None:
+                item, self.pending_call = self.pending_call, None
+                item["arguments"] = arguments = call.function.arguments or ""
+                index = len(self.output)
+                events.append(
+                    self.event(
+                        "response.function_call_arguments.delta",
+                        item_id=item["id"],
+                        output_index=index,
+                        delta=arguments,
+                    )
+                )
+                events.append(
+                    self.event(
+                        "response.function_call_arguments.done",
+                        item_id=item["id"],
+                        output_index=index,
+                        arguments=arguments,
+                        name=item["name"],
+                    )
+                )
+                item["status"] = "completed"
+                self.output.append(item)
+                events.append(self.event("response.output_item.done", output_index=index, item=item))
+        return events
+
+    def close_message(self) -> list[ServerSentEventMessage]:
+        if self.message_id is None:
+            return []
+        index, item_id, text = len(self.output), self.message_id, self.text
+        self.message_id = None
+        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+        item = message_item(item_id, text, "completed")
+        self.output.append(item)
+        return [
+            self.event(
+                "response.output_text.done",
+                item_id=item_id,
+                output_index=index,
+                content_index=0,
+                text=text,
+                logprobs=[],
+            ),
+            self.event("response.content_part.done", item_id=item_id, output_index=index, content_index=0, part=part),
+            self.event("response.output_item.done", output_index=index, item=item),
+        ]
