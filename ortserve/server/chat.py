@@ -47,7 +47,7 @@ from .settings import ServerSettings
 from .streams import EventStream, SampleTotals, until_disconnected
 from .structured import checked, one_of, requested
 from .template_sandbox import TemplateSandbox
-from .tool_parsers import Content, ParsedCall, ToolCallExtractor
+from .tool_parsers import Content, ToolCallExtractor
 from .tools import ToolPlan, plan_tools
 
 
@@ -87,7 +87,8 @@ class ChatService:
     async def prepare(self, body: ChatCompletionRequest) -> Prepared:
         prompts, limits = self.client.check_ready()
         body.check()
-        plan = plan_tools(body, prompts.tokenizer.chat_template, self.settings.tool_call_parser)
+        template = body.chat_template or (body.chat_template_kwargs or {}).get("chat_template")
+        plan = plan_tools(body, str(template or prompts.tokenizer.chat_template), self.settings.tool_call_parser)
         token_ids = await self.render(body, plan)
         structured = one_of(requested(body))
         forced = plan.forcing(prompts.special_token_id(plan.fmt.start)) if plan is not None else None
@@ -260,23 +261,25 @@ class ChatService:
 
 
 def assistant_message(prepared: Prepared, text: str) -> tuple[AssistantMessage, Any]:
-    """A choice's whole text as the assistant's message, and "tool_calls" if it called any."""
-    extractor = prepared.extractor()
-    if extractor is None:
-        return AssistantMessage(content=text), None
-    events = extractor.feed(text) + extractor.finish()
-    content = "".join(e.text for e in events if isinstance(e, Content))
-    calls = [e for e in events if isinstance(e, ParsedCall)]
-    if not calls:
+    """A choice's whole text as the assistant's message, and "tool_calls" if it called any: the
+    streamed deltas of the same text, added up (so both answers always agree)."""
+    choice = ChoiceStream(prepared)
+    deltas = choice.feed(text, finished=True)
+    content = "".join(d.content for d in deltas if d.content)
+    if not choice.num_calls:
         return AssistantMessage(content=content), None
-    content_or_none = content.strip() or None
-    if prepared.plan is not None and prepared.plan.legacy:
-        first = calls[0]
-        return AssistantMessage(
-            content=content_or_none, function_call=FunctionCall(name=first.name, arguments=first.arguments)
-        ), "function_call"
-    tool_calls = [ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments)) for c in calls]
-    return AssistantMessage(content=content_or_none, tool_calls=tool_calls), "tool_calls"
+    if choice.legacy:
+        call = next(d.function_call for d in deltas if d.function_call is not None)
+        function = FunctionCall(name=call.name or "", arguments=call.arguments or "")
+        return AssistantMessage(content=content or None, function_call=function), "function_call"
+    calls: list[ToolCall] = []
+    for d in deltas:
+        for c in d.tool_calls or []:
+            if c.id is not None:
+                calls.append(ToolCall(id=c.id, function=FunctionCall(name=c.function.name or "", arguments="")))
+            else:
+                calls[c.index].function.arguments += c.function.arguments or ""
+    return AssistantMessage(content=content or None, tool_calls=calls), "tool_calls"
 
 
 class ChoiceStream:
@@ -285,7 +288,9 @@ class ChoiceStream:
     def __init__(self, prepared: Prepared) -> None:
         self.prepared = prepared
         self.extractor = prepared.extractor()
+        self.legacy = prepared.plan is not None and prepared.plan.legacy
         self.num_calls = 0
+        self.blank = ""  # whitespace held back: sent before more text, dropped if calls came last
 
     def called(self) -> Any:
         return self.prepared.called() if self.num_calls else None
@@ -299,8 +304,12 @@ class ChoiceStream:
         out = []
         for event in events:
             if isinstance(event, Content):
-                out.append(DeltaMessage(content=event.text))
-            elif self.prepared.plan is not None and self.prepared.plan.legacy:
+                if not event.text.strip():
+                    self.blank += event.text
+                    continue
+                out.append(DeltaMessage(content=self.blank + event.text))
+                self.blank = ""
+            elif self.legacy:
                 if not self.num_calls:  # the legacy answer has one call
                     out.append(
                         DeltaMessage(function_call=FunctionCallDelta(name=event.name, arguments=event.arguments))
@@ -316,4 +325,6 @@ class ChoiceStream:
                 arguments = ToolCallDelta(index=self.num_calls, function=FunctionCallDelta(arguments=event.arguments))
                 out += [DeltaMessage(tool_calls=[header]), DeltaMessage(tool_calls=[arguments])]
                 self.num_calls += 1
+        if finished and self.blank and not self.num_calls:
+            out.append(DeltaMessage(content=self.blank))
         return out
