@@ -180,6 +180,9 @@ class ResponsesRequest(RequestModel):
             raise BadRequest(f"Invalid request: {exc.errors()[0]['msg']}", "input") from exc
 
 
+RESPONSES_FIELDS = {"response_format": "text", "max_tokens": "max_output_tokens", "messages": "input"}
+
+
 class ResponseObject(BaseModel):
     """The response (``object: "response"``), as OpenAI's SDKs read it."""
 
@@ -213,8 +216,13 @@ class ResponsesService:
 
     async def create(self, body: ResponsesRequest, request: Request) -> ResponseObject | EventStream | None:
         body.check()
-        chat_body = body.as_chat()
-        prepared = await self.chat.prepare(chat_body)
+        try:
+            prepared = await self.chat.prepare(body.as_chat())
+        except BadRequest as exc:  # name the Responses API's field, not the chat one it became
+            field = RESPONSES_FIELDS.get(exc.param or "")
+            if field is None:
+                raise
+            raise BadRequest(exc.message.replace(f"'{exc.param}'", f"'{field}'"), field) from exc
         log = RequestLog(random_id("resp"), "responses", prompt_tokens=len(prepared.token_ids), user=body.user)
         stream = self.chat.client.submit(log.request_id, prepared.token_ids, prepared.params)
         if body.stream:

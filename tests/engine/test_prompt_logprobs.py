@@ -31,19 +31,8 @@ def open_llm(artifact, **kwargs):
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_llama_checkpoint):
-    """prompt ids -> transformers' log-softmax rows [len - 1, vocab] (row j predicts token j + 1)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_llama_checkpoint, dtype=torch.float32).eval()
-
-    def logprobs(ids: list[int]) -> np.ndarray:
-        with torch.inference_mode():
-            logits = model(torch.tensor([ids])).logits[0, :-1]
-        return torch.log_softmax(logits, dim=-1).numpy()
-
-    return logprobs
+def reference(tiny_llama_logprobs):
+    return tiny_llama_logprobs
 
 
 @pytest.fixture(scope="module")

@@ -73,8 +73,10 @@ MISTRAL = """<s>
 {%- if message['role'] == 'user' or message['role'] == 'system' %}[INST] {{ message['content'] }}[/INST]
 {%- elif message['role'] == 'tool' %}[TOOL_RESULTS] {"content": {{ message['content'] | tojson }}}[/TOOL_RESULTS]
 {%- elif message.get('tool_calls') %}[TOOL_CALLS] [
-{%- for call in message['tool_calls'] %}{"name": "{{ call['function']['name'] }}", "arguments": {{ call['function']['arguments'] | tojson }}}
-{%- if not loop.last %}, {% endif %}{% endfor %}]</s>
+{%- for call in message['tool_calls'] %}
+{%- set arguments = call['function']['arguments'] | tojson %}
+{"name": "{{ call['function']['name'] }}", "arguments": {{ arguments }}}{% if not loop.last %}, {% endif %}
+{%- endfor %}]</s>
 {%- else %} {{ message['content'] }}</s>
 {%- endif %}
 {%- endfor %}"""

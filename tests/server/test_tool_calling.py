@@ -122,8 +122,12 @@ def test_legacy_functions_map_onto_tools(api):
     assert choice.finish_reason == "function_call" and choice.message.tool_calls is None
     assert choice.message.function_call.name == "get_weather"
     jsonschema.validate(json.loads(choice.message.function_call.arguments), WEATHER)
-    history = [*QUESTION, {"role": "assistant", "content": None, "function_call": choice.message.function_call.model_dump()},
-               {"role": "function", "name": "get_weather", "content": "sunny"}]  # fmt: skip
+    call = choice.message.function_call.model_dump()
+    history = [
+        *QUESTION,
+        {"role": "assistant", "content": None, "function_call": call},
+        {"role": "function", "name": "get_weather", "content": "sunny"},
+    ]
     answer = api.chat.completions.create(model=TINY_NAME, messages=history, functions=functions, max_tokens=8)
     assert answer.choices[0].message.content
 
@@ -148,7 +152,8 @@ def test_tool_requests_that_cannot_be_served_are_a_400_naming_the_field(api, fie
 @pytest.mark.parametrize("name", list(FORMATS))
 def test_each_parser_reads_its_family_and_leaves_other_text_as_content(name):
     texts = {
-        "hermes": 'Sure. <tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>\n<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>',
+        "hermes": 'Sure. <tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>',
         "llama3_json": '{"name": "f", "parameters": {"a": 1}}; {"name": "g", "parameters": {}}',
         "mistral": 'Sure. [TOOL_CALLS] [{"name": "f", "arguments": {"a": 1}}, {"name": "g", "arguments": {}}]',
     }  # fmt: skip
