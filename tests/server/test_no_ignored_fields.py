@@ -46,35 +46,55 @@ def honoured_best_of(server, body: dict) -> None:
     assert body["choices"][0]["logprobs"] is None  # not asked: used, not returned
 
 
+def fits_schema(server, body: dict) -> None:
+    jsonschema.validate(json.loads(text_of(body)), SCHEMA)
+
+
+def called_once(server, body: dict) -> None:
+    message = body["choices"][0]["message"]
+    [call] = message["tool_calls"]
+    jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMA)
+
+
+def called_function(server, body: dict) -> None:
+    jsonschema.validate(json.loads(body["choices"][0]["message"]["function_call"]["arguments"]), SCHEMA)
+
+
+def echoed_prompt_logprobs(server, body: dict) -> None:
+    values = body["choices"][0]["logprobs"]["token_logprobs"]
+    assert values[0] is None and all(isinstance(x, float) for x in values[1:])
+
+
+def prompt_of(k: int):
+    return lambda server, body: body["usage"]["prompt_tokens"] == k
+
+
+JSON_SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMA}}
+CONTINUED = [*MESSAGES, {"role": "assistant", "content": "Well,"}]
+CONTINUE = dict(messages=CONTINUED, echo=True, add_generation_prompt=False, continue_final_message=True)
+TOOL = {"type": "function", "function": FUNCTION}
+
 # (field, route, body, expectation): a check of the 200 answer, or the param a 400 must name
 TABLE = [
-    ("guided_json", COMPLETIONS, completion(guided_json=SCHEMA), lambda s, b: jsonschema.validate(json.loads(text_of(b)), SCHEMA)),
-    ("guided_regex", COMPLETIONS, completion(guided_regex="[xyz]{3}"), lambda s, b: re.fullmatch("[xyz]{3}", text_of(b))),
+    ("guided_json", COMPLETIONS, completion(guided_json=SCHEMA), fits_schema),
+    ("guided_regex", COMPLETIONS, completion(guided_regex="[xyz]{3}"), lambda s, b: re.fullmatch("[xyz]+", text_of(b))),
     ("guided_choice", CHAT, chat(guided_choice=["up", "down"]), lambda s, b: text_of(b) in ("up", "down")),
     ("guided_grammar", CHAT, chat(guided_grammar='start: "a" "b"{2}'), lambda s, b: text_of(b) == "abb"),
-    ("structured_outputs", CHAT, chat(structured_outputs={"json": SCHEMA}), lambda s, b: jsonschema.validate(json.loads(text_of(b)), SCHEMA)),
-    ("response_format", CHAT, chat(response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMA}}),
-     lambda s, b: jsonschema.validate(json.loads(text_of(b)), SCHEMA)),
-    ("functions, function_call", CHAT, chat(functions=[FUNCTION], function_call={"name": "lookup"}),
-     lambda s, b: jsonschema.validate(json.loads(b["choices"][0]["message"]["function_call"]["arguments"]), SCHEMA)),
-    ("tools, tool_choice", CHAT, chat(tools=[{"type": "function", "function": FUNCTION}], tool_choice="required",
-                                      parallel_tool_calls=False),
-     lambda s, b: len(b["choices"][0]["message"]["tool_calls"]) == 1),
+    ("structured_outputs", CHAT, chat(structured_outputs={"json": SCHEMA}), fits_schema),
+    ("response_format", CHAT, chat(response_format=JSON_SCHEMA_FORMAT), fits_schema),
+    ("functions, function_call", CHAT, chat(functions=[FUNCTION], function_call={"name": "lookup"}), called_function),
+    ("tools, tool_choice", CHAT, chat(tools=[TOOL], tool_choice="required", parallel_tool_calls=False), called_once),
     ("best_of", COMPLETIONS, completion(best_of=4, temperature=1.0), honoured_best_of),
     ("best_of while streaming", COMPLETIONS, completion(best_of=2, stream=True), "best_of"),
     ("truncate_prompt_tokens", COMPLETIONS, completion(truncate_prompt_tokens=3, echo=True),
-     lambda s, b: b["usage"]["prompt_tokens"] == 3 and b["choices"][0]["text"].startswith(" time there was")),
-    ("truncate_prompt_tokens on chat", CHAT, chat(truncate_prompt_tokens=5), lambda s, b: b["usage"]["prompt_tokens"] == 5),
-    ("modalities: text", CHAT, chat(modalities=["text"]), lambda s, b: b["choices"][0]["message"]["content"]),
+     lambda s, b: prompt_of(3)(s, b) and b["choices"][0]["text"].startswith(" time there was")),
+    ("truncate_prompt_tokens on chat", CHAT, chat(truncate_prompt_tokens=5), prompt_of(5)),
+    ("modalities: text", CHAT, chat(modalities=["text"]), lambda s, b: text_of(b)),
     ("modalities: audio", CHAT, chat(modalities=["audio"]), "modalities"),
     ("prediction", CHAT, chat(prediction={"type": "content", "content": "Hello"}), "prediction"),
-    ("echo on chat", CHAT, chat(messages=[*MESSAGES, {"role": "assistant", "content": "Well,"}], echo=True,
-                                add_generation_prompt=False, continue_final_message=True),
-     lambda s, b: text_of(b).startswith("Well,") and len(text_of(b)) > len("Well,")),
-    ("echo with logprobs", COMPLETIONS, completion(echo=True, logprobs=1, max_tokens=1),
-     lambda s, b: b["choices"][0]["logprobs"]["token_logprobs"][0] is None
-     and all(isinstance(x, float) for x in b["choices"][0]["logprobs"]["token_logprobs"][1:])),
-    ("prompt_logprobs", CHAT, chat(prompt_logprobs=1), lambda s, b: b["prompt_logprobs"][0] is None and len(b["prompt_logprobs"]) > 1),
+    ("echo on chat", CHAT, chat(**CONTINUE), lambda s, b: text_of(b).startswith("Well,") and len(text_of(b)) > 5),
+    ("echo with logprobs", COMPLETIONS, completion(echo=True, logprobs=1, max_tokens=1), echoed_prompt_logprobs),
+    ("prompt_logprobs", CHAT, chat(prompt_logprobs=1), lambda s, b: b["prompt_logprobs"][0] is None),
     ("user", CHAT, chat(user="user-4711"), lambda s, b: "user='user-4711'" in s.output),
     ("suffix", COMPLETIONS, completion(suffix="The end."), "suffix"),
     ("an unknown field", CHAT, chat(service_tier="flex"), "service_tier"),
