@@ -69,6 +69,7 @@ def prompt_of(k: int):
     return lambda server, body: body["usage"]["prompt_tokens"] == k
 
 
+REGEX = "[xyz]{3}"
 JSON_SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMA}}
 CONTINUED = [*MESSAGES, {"role": "assistant", "content": "Well,"}]
 CONTINUE = dict(messages=CONTINUED, echo=True, add_generation_prompt=False, continue_final_message=True)
@@ -77,7 +78,7 @@ TOOL = {"type": "function", "function": FUNCTION}
 # (field, route, body, expectation): a check of the 200 answer, or the param a 400 must name
 TABLE = [
     ("guided_json", COMPLETIONS, completion(guided_json=SCHEMA), fits_schema),
-    ("guided_regex", COMPLETIONS, completion(guided_regex="[xyz]{3}"), lambda s, b: re.fullmatch("[xyz]+", text_of(b))),
+    ("guided_regex", COMPLETIONS, completion(guided_regex=REGEX), lambda s, b: re.fullmatch(REGEX, text_of(b))),
     ("guided_choice", CHAT, chat(guided_choice=["up", "down"]), lambda s, b: text_of(b) in ("up", "down")),
     ("guided_grammar", CHAT, chat(guided_grammar='start: "a" "b"{2}'), lambda s, b: text_of(b) == "abb"),
     ("structured_outputs", CHAT, chat(structured_outputs={"json": SCHEMA}), fits_schema),
