@@ -57,10 +57,13 @@ def grammar_text(spec: StructuredOutputs) -> str:
             return str(llguidance.LLMatcher.grammar_from_regex(spec.regex))
         if spec.choice is not None:
             return str(llguidance.grammar_from("choice", json.dumps(spec.choice)))
-        assert spec.grammar is not None
-        return str(llguidance.grammar_from("grammar", spec.grammar))  # Lark, or GBNF converted to Lark
     except ValueError as exc:  # json.JSONDecodeError is one
         raise InvalidParameter("structured_outputs", f"structured_outputs.{spec.kind} is invalid: {exc}") from exc
+    assert spec.grammar is not None
+    try:
+        return str(llguidance.grammar_from("grammar", spec.grammar))  # Lark, or GBNF converted to Lark
+    except Exception as exc:
+        raise InvalidParameter("structured_outputs", f"structured_outputs.grammar is invalid: {exc}") from exc
 
 
 def _limits() -> llguidance.LLParserLimits:

@@ -34,6 +34,7 @@ from .tools import FunctionName
 
 STRICT = ConfigDict(extra="ignore", strict=True)
 FORBID = ConfigDict(extra="forbid", strict=True)
+ONLY_FALSE = WithJsonSchema({"anyOf": [{"const": False}, {"type": "null"}], "description": "Only false"})
 NOT_SUPPORTED = WithJsonSchema({"type": "null", "description": "Not supported (nothing is stored): omit it"})
 
 
@@ -94,8 +95,35 @@ class TextConfig(BaseModel):
     format: Annotated[TextFormat | JsonObjectFormat | JsonSchemaText, Field(discriminator="type")] | None = None
 
 
+FORCED = {"anyOf": [{"const": "required"}, {"type": "object"}]}
+JSON_TEXT = {
+    "type": "object",
+    "properties": {"format": {"type": "object", "properties": {"type": {"enum": ["json_object", "json_schema"]}}}},
+    "required": ["format"],
+}
+
+
 class ResponsesRequest(RequestModel):
     """POST /v1/responses."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        strict=True,
+        json_schema_extra={
+            "allOf": [
+                {
+                    "if": {"properties": {"tool_choice": FORCED}, "required": ["tool_choice"]},
+                    "then": {"properties": {"tools": {"type": "array", "minItems": 1}}, "required": ["tools"]},
+                },
+                {
+                    "not": {
+                        "properties": {"tool_choice": FORCED, "text": JSON_TEXT},
+                        "required": ["tool_choice", "text"],
+                    }
+                },
+            ]
+        },
+    )
 
     model: str | None = None
     input: (
@@ -116,10 +144,14 @@ class ResponsesRequest(RequestModel):
     metadata: Annotated[dict[str, Annotated[str, Field(max_length=512)]], Field(max_length=16)] | None = None
     user: Annotated[str, Field(max_length=256)] | None = None
     truncation: Literal["disabled"] | None = Field(None, description="Only 'disabled': a prompt too long is a 400")
-    store: Literal[False] | None = Field(None, description="Only false: nothing is stored")
+    store: Annotated[bool | None, ONLY_FALSE] = Field(None, description="Only false: nothing is stored")
     previous_response_id: Annotated[Any, NOT_SUPPORTED] = None
 
     def check(self) -> None:
+        if self.store:
+            raise BadRequest(
+                "'store' is not supported: this server stores no responses; omit it or send false", "store"
+            )
         if self.previous_response_id is not None:
             raise BadRequest(
                 "'previous_response_id' is not supported: this server stores no responses; send the "

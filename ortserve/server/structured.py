@@ -63,10 +63,24 @@ class JsonSchemaFormat(BaseModel):
 ResponseFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaFormat, Field(discriminator="type")]
 
 
+def _exactly_one(fields: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """JSON Schema: exactly one of ``fields`` meets its condition."""
+    return {"oneOf": [{"properties": {name: condition}, "required": [name]} for name, condition in fields.items()]}
+
+
+SET = {"not": {"type": "null"}}
+
+
 class StructuredOutputsRequest(BaseModel):
     """vLLM's ``structured_outputs`` object: exactly one of its fields."""
 
-    model_config = FORBID
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra=_exactly_one(
+            {"json": SET, "regex": SET, "choice": SET, "grammar": SET, "json_object": {"const": True}}
+        ),
+    )
     json_: Schema | None = Field(None, alias="json", description="A JSON schema")
     regex: GrammarText | None = None
     choice: Choice | None = None
@@ -123,8 +137,8 @@ def requested(body: Any) -> list[tuple[str, StructuredOutputs]]:
 
 def one_of(found: list[tuple[str, StructuredOutputs]]) -> tuple[str, StructuredOutputs] | None:
     if len(found) > 1:
-        names = " and ".join(f"'{f}'" for f, _ in found)
-        raise BadRequest(f"{names} both constrain the output; give only one of them", found[1][0])
+        names = ", ".join(f"'{f}'" for f, _ in found)
+        raise BadRequest(f"{names} each constrain the output; give only one of them", found[1][0])
     return found[0] if found else None
 
 
