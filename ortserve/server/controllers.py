@@ -21,6 +21,7 @@ from .protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from .response_items import ResponseObject
 from .responses import (
     ChatCompletionChunk,
     ChatCompletionResponse,
@@ -31,7 +32,7 @@ from .responses import (
     ModelList,
     TokenizeResponse,
 )
-from .responses_api import ResponseObject, ResponsesRequest, ResponsesService
+from .responses_api import ResponsesRequest, ResponsesService
 from .sampling import as_bad_request
 from .settings import ServerSettings
 from .streams import EventStream
