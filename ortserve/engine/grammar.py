@@ -23,6 +23,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import llguidance
@@ -78,9 +79,14 @@ def _limits() -> llguidance.LLParserLimits:
 
 def check(spec: StructuredOutputs) -> None:
     """Raise InvalidParameter naming what llguidance rejects in ``spec`` (no tokenizer needed)."""
-    error = llguidance.LLMatcher.validate_grammar(grammar_text(spec), None, limits=_limits())
+    error = _validation_error(grammar_text(spec))
     if error:
         raise InvalidParameter("structured_outputs", f"structured_outputs.{spec.kind} is invalid: {error.strip()}")
+
+
+@lru_cache(maxsize=256)  # a client that repeats its schema pays for the check once
+def _validation_error(text: str) -> str:
+    return str(llguidance.LLMatcher.validate_grammar(text, None, limits=_limits()))
 
 
 class GrammarCompiler:
