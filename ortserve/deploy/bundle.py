@@ -21,6 +21,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from ortserve.artifact import PRECISIONS
+
 HELP = "make an offline bundle (wheels, artifact, install.sh) for a machine with no network or compiler"
 FORBIDDEN = ("torch", "nvidia", "triton")  # serving never needs them; their presence is a packaging bug
 
@@ -46,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--precision",
         default="fp32",
-        choices=["fp32", "int8", "int4"],
+        choices=PRECISIONS,
         help="weight precision when MODEL is not an artifact (default fp32)",
     )
     parser.add_argument(
