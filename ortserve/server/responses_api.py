@@ -148,6 +148,9 @@ class ResponsesRequest(RequestModel):
     truncation: Literal["disabled"] | None = Field(None, description="Only 'disabled': a prompt too long is a 400")
     store: Annotated[bool | None, ONLY_FALSE] = Field(None, description="Only false: nothing is stored")
     previous_response_id: Annotated[Any, NOT_SUPPORTED] = None
+    include: Annotated[list[str], Field(max_length=0)] | None = Field(
+        None, description="Only empty: no extra output (logprobs, reasoning) is available to include"
+    )
 
     def check(self) -> None:
         if self.store:

@@ -130,6 +130,7 @@ def test_streamed_function_calls_have_their_argument_events(api):
         ({"previous_response_id": "resp_123"}, "previous_response_id"),
         ({"store": True}, "store"),
         ({"background": True}, "background"),
+        ({"include": ["message.output_text.logprobs"]}, "include"),
         ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "foo"}}}}, "text"),
     ],
 )

@@ -167,3 +167,15 @@ def test_each_parser_reads_its_family_and_leaves_other_text_as_content(name):
     broken = ToolCallExtractor(FORMATS[name])
     events = broken.feed("no call {here") + broken.finish()
     assert [e.text for e in events] == ["no call {here"]
+
+
+def test_the_parser_comes_from_the_template_unless_the_flag_names_one():
+    from chat_templates import HERMES, LLAMA3, MISTRAL
+
+    from ortserve.server.protocol import ChatCompletionRequest
+    from ortserve.server.tools import plan_tools
+
+    body = ChatCompletionRequest.model_validate({"messages": QUESTION, "tools": TOOLS}, strict=False)
+    for template, name in ((HERMES, "hermes"), (LLAMA3, "llama3_json"), (MISTRAL, "mistral"), (None, "hermes")):
+        assert plan_tools(body, template, "auto").fmt.name == name
+        assert plan_tools(body, template, "mistral").fmt.name == "mistral"
