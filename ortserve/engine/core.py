@@ -87,7 +87,7 @@ class EngineCore:
     def enable_structured_outputs(self, tokenizer: Any) -> None:
         """Grammars need the tokenizer (llguidance reads its vocabulary; built in the background)."""
         self.grammars = GrammarCompiler(tokenizer, self.manifest.vocab_size, sorted(self.eos_token_ids))
-        self.masks = MaskWorker(self.manifest.vocab_size)
+        self.masks = MaskWorker(self.manifest.vocab_size, self.threads.cores if self.threads.bind else ())
 
     # -- requests ------------------------------------------------------------------------------
     def add_request(self, request: EngineRequest) -> None:

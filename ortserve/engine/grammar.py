@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -128,13 +129,17 @@ def _llg_tokenizer(tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) ->
 
 
 class MaskWorker:
-    """The token bitmasks of one step's sampling rows, computed in a worker thread."""
+    """The token bitmasks of one step's sampling rows, computed in a worker thread. ``cores``: the
+    engine's cores; the worker (and llguidance's own thread, started from it) may run on any of
+    them, where a thread started by the pinned engine thread would share its one core."""
 
-    def __init__(self, vocab_size: int) -> None:
+    def __init__(self, vocab_size: int, cores: Sequence[int] = ()) -> None:
         self.vocab_size = vocab_size
         self.words = (vocab_size + 31) // 32
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
-        self._executor = llguidance.LLExecutor(num_threads=1)
+        self._pool = ThreadPoolExecutor(
+            1, thread_name_prefix="grammar-masks", initializer=_widen_affinity, initargs=(tuple(cores),)
+        )
+        self._executor: llguidance.LLExecutor | None = None  # made in the worker, with its affinity
         self._bitmask = np.empty((0, self.words), np.int32)
 
     def start(self, matchers: Sequence[llguidance.LLMatcher | None]) -> Future[np.ndarray] | None:
@@ -148,11 +153,18 @@ class MaskWorker:
         return self._pool.submit(self._fill, rows, bitmask)
 
     def _fill(self, rows: list[tuple[llguidance.LLMatcher, int]], bitmask: np.ndarray) -> np.ndarray:
+        if self._executor is None:
+            self._executor = llguidance.LLExecutor(num_threads=1)
         fill_next_token_bitmask_par(self._executor, rows, bitmask)
         return bitmask
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _widen_affinity(cores: tuple[int, ...]) -> None:
+    if cores:
+        os.sched_setaffinity(0, cores)  # this thread only (Linux: 0 is the calling thread)
 
 
 def allowed_tokens(bitmask_row: np.ndarray, vocab_size: int) -> np.ndarray:
