@@ -97,8 +97,8 @@ class ChatService:
         spec = None
         if structured is not None:
             spec = await checked(*structured)
-        elif forced is not None:
-            spec = await checked("tool_choice" if not plan or not plan.legacy else "function_call", forced)
+        elif plan is not None and forced is not None:
+            spec = await checked("function_call" if plan.legacy else "tool_choice", forced)
         if body.truncate_prompt_tokens is not None:
             token_ids = token_ids[-body.truncate_prompt_tokens :]
         keep_special = plan is not None and plan.parses and prompts.special_token_id(plan.fmt.start) is not None
