@@ -79,6 +79,22 @@ def test_a_tool_loop_calls_gets_the_result_and_answers(api, tiny_server, family)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
+def test_each_template_shows_the_tools_to_the_model_unless_tool_choice_is_none(api, family, tiny_llama_artifact):
+    from ortserve.tokenizer import load_tokenizer
+
+    def prompt_tokens(**fields) -> int:
+        reply = api.chat.completions.create(
+            model=TINY_NAME, messages=QUESTION, max_tokens=1, extra_body=template(family), **fields
+        )
+        return reply.usage.prompt_tokens
+
+    listing = len(load_tokenizer(tiny_llama_artifact).encode(json.dumps(TOOLS)))
+    plain = prompt_tokens()
+    assert prompt_tokens(tools=TOOLS) - plain >= 0.8 * listing  # the definitions are in the prompt
+    assert prompt_tokens(tools=TOOLS, tool_choice="none") == plain
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_streamed_call_deltas_reassemble_into_the_same_calls(api, family):
     kwargs = dict(model=TINY_NAME, messages=QUESTION, tools=TOOLS, tool_choice="required", max_tokens=150, seed=4)
     whole = api.chat.completions.create(**kwargs, extra_body=template(family)).choices[0].message
