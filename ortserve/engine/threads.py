@@ -84,7 +84,7 @@ def _read_cpu_list(path: Path) -> list[int] | None:
 
 def physical_cores(allowed: list[int]) -> list[int]:
     """The first logical CPU of each physical core in ``allowed``, on the NUMA node of the first
-    allowed CPU (one engine serves one node, docs/design.md §6)."""
+    allowed CPU (one engine serves one node, docs/design.md §7)."""
     node_cpus = None
     for node in sorted(SYS_NODE.glob("node[0-9]*")):
         cpus = _read_cpu_list(node / "cpulist")

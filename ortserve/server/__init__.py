@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP server (docs/design.md §5).
+"""The OpenAI-compatible HTTP server (docs/design.md §5-6).
 
 Two processes: this package's Litestar app (HTTP, tokenisation, chat templates, detokenisation,
 streaming) and the engine core (scheduler + runner, pinned to the inference cores), which
