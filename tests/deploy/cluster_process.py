@@ -14,7 +14,17 @@ import httpx
 from server_process import ServerProcess
 
 SERVED_NAME = "tiny"
-REPLICA_FLAGS = ("--served-model-name", SERVED_NAME, "--kv-cache-space", "0.05", "--public-metrics")
+# Two sequences per engine step: a replica busy with two long streams keeps what comes next waiting
+# in its engine, not started, which is what the kill test needs.
+REPLICA_FLAGS = (
+    "--served-model-name",
+    SERVED_NAME,
+    "--kv-cache-space",
+    "0.05",
+    "--public-metrics",
+    "--max-num-seqs",
+    "2",
+)
 
 
 def free_port() -> int:

@@ -174,26 +174,41 @@ async def stream_chat(url: str, prompt: str, max_tokens: int, started: asyncio.E
     return seen
 
 
-async def kill_one_replica(cluster: Cluster, victim: dict) -> tuple[list[dict], list[dict]]:
-    """Long streams on the replicas; once they all produce tokens, SIGKILL the victim's process
-    and send fresh requests at once. Returns (long, fresh) as the clients saw them."""
-    events = [asyncio.Event() for _ in range(6)]
+async def kill_one_replica(cluster: Cluster, victim: dict, busy: bool) -> tuple[list[dict], list[dict]]:
+    """SIGKILL the victim's process and see what the clients saw: (long, fresh).
+
+    Busy: 4 long streams fill both engines (2 sequences each) and produce tokens; 8 fresh requests
+    are sent and wait, not started, in the engines' queues; then the kill. The victim's waiting
+    requests must be served by the other replica. Idle: the kill first, then the fresh requests,
+    while the router may still pick the dead replica."""
+    events = [asyncio.Event() for _ in range(4 if busy else 0)]
     long = [
         asyncio.create_task(stream_chat(cluster.url, f"Long story number {i}", 1500, events[i]))
         for i in range(len(events))
     ]
     await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 120)
+    fresh_started = [asyncio.Event() for _ in range(8)]
+    fresh = []
+    if busy:
+        fresh = [
+            asyncio.create_task(stream_chat(cluster.url, f"Fresh {i}", 16, e)) for i, e in enumerate(fresh_started)
+        ]
+        await asyncio.sleep(1.5)  # routed and waiting in the engines
+        assert not any(e.is_set() for e in fresh_started), "a fresh request started before the kill"
     os.kill(victim["pid"], signal.SIGKILL)
-    fresh = [asyncio.create_task(stream_chat(cluster.url, f"Fresh question {i}", 16)) for i in range(8)]
+    if not busy:
+        fresh = [asyncio.create_task(stream_chat(cluster.url, f"Fresh {i}", 16)) for i in range(8)]
     return list(await asyncio.gather(*long)), list(await asyncio.gather(*fresh))
 
 
 def test_killing_a_replica_loses_no_request_that_had_not_started(prefix_cluster, ray_long, report_figure):
-    for round_ in range(3 if ray_long else 1):
+    for round_ in range(6 if ray_long else 2):
+        busy = round_ % 2 == 0
         replicas = prefix_cluster.wait_replicas(2)
         victim = replicas[round_ % 2]
-        long, fresh = asyncio.run(kill_one_replica(prefix_cluster, victim))
-        for outcome in fresh:  # sent after the kill: none may be lost
+        retries_before = prefix_cluster.process.output.count("the replica died before answering")
+        long, fresh = asyncio.run(kill_one_replica(prefix_cluster, victim, busy))
+        for outcome in fresh:  # not started at the kill: none may be lost
             assert outcome["status"] == 200 and outcome["error"] is None, outcome
             assert outcome["finish"] == "length" and outcome["chunks"] >= 16 and outcome["done"], outcome
             assert outcome["replica"] != victim["replica_id"], outcome
@@ -206,9 +221,11 @@ def test_killing_a_replica_loses_no_request_that_had_not_started(prefix_cluster,
         started = time.monotonic()
         back = prefix_cluster.wait_replicas(2, timeout=180, exclude={victim["replica_id"]})
         assert victim["replica_id"] not in {r["replica_id"] for r in back}
+        retried = prefix_cluster.process.output.count("the replica died before answering") - retries_before
         report_figure(
-            f"kill round {round_ + 1}: {len(fresh)} requests sent after the kill all answered; {cut} of "
-            f"{len(long)} started streams were on the killed replica; replaced in {time.monotonic() - started:.0f} s"
+            f"kill round {round_ + 1} ({'busy' if busy else 'idle'} replica): {len(fresh)} requests not started at "
+            f"the kill all answered ({retried} sent again by the ingress); {cut} of {len(long)} started streams "
+            f"were on the killed replica; a new replica reported in after {time.monotonic() - started:.0f} s"
         )
         reply = chat(prefix_cluster.url, [{"role": "user", "content": "still there?"}])
         assert reply.status_code == 200
