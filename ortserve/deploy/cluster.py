@@ -64,6 +64,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     cluster.add_argument("--router", choices=ROUTER_CHOICES, default="prefix", help="replica choice (default prefix)")
     cluster.add_argument(
+        "--ingress-replicas",
+        type=int,
+        default=1,
+        help="ingress replicas (each routes on its own prefix index; more for many replicas; default 1)",
+    )
+    cluster.add_argument(
         "--attempts", type=int, default=3, help="tries per request while no replica has started it (default 3)"
     )
     cluster.add_argument("--address", default=None, help="a running Ray cluster (default: start a local one)")
@@ -172,7 +178,7 @@ def build_application(args: argparse.Namespace, plan: ClusterPlan, artifact: str
         **({"autoscaling_config": plan.autoscaling} if plan.autoscaling else {"num_replicas": plan.replicas}),
     )
     ingress = serve.deployment(serve.ingress()(Ingress), name="Ingress").options(
-        num_replicas=1,
+        num_replicas=args.ingress_replicas,
         ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=100_000,  # it only forwards; the engine replicas' limits apply
         logging_config={"enable_access_log": False},
@@ -205,6 +211,10 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    for flag in ("ingress_replicas", "attempts", "max_ongoing_requests"):
+        if getattr(args, flag) < 1:
+            print(f"error: --{flag.replace('_', '-')} {getattr(args, flag)}: give at least 1", file=sys.stderr)
+            return 2
     try:
         plan = plan_cluster(args, usable_nodes())
         artifact = str(resolve_artifact(EngineConfig.from_args(args)).resolve())
