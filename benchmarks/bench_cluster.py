@@ -120,7 +120,7 @@ def main() -> None:
         rows.append((name, replicas, latency, record))
         print(f"{name}: probe {latency * 1000:.1f} ms, {record['output_throughput']:.1f} output tok/s", flush=True)
     single = rows[0][2]
-    print(f"\n| set-up | replicas | output tok/s | per replica | TTFT p50 ms | one-token request ms | overhead ms |")
+    print("\n| set-up | replicas | output tok/s | per replica | TTFT p50 ms | one-token request ms | overhead ms |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, replicas, latency, record in rows:
         throughput = record["output_throughput"]
