@@ -44,6 +44,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from ortserve.artifact import PRECISIONS
+
 BENCH_DIR = Path(__file__).resolve().parent
 PEER_NAMES = {"smollm2-135m-instruct": "smollm2-135m"}  # built-in model -> benchmarks/runners name
 
@@ -334,7 +336,7 @@ def genai_dir(model: str, precision: str, pattern: str | None, build: bool) -> P
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m-instruct", help="built-in model name (ortserve.models)")
-    p.add_argument("--precision", nargs="+", default=["int4", "fp32"], choices=("fp32", "int8", "int4"))
+    p.add_argument("--precision", nargs="+", default=["int4", "fp32"], choices=PRECISIONS)
     p.add_argument(
         "--artifact",
         action="append",

@@ -41,6 +41,8 @@ from runners.common import (
     wait_idle,
 )
 
+from ortserve.artifact import PRECISIONS
+
 PEER_SYSTEMS = {"llama.cpp", "genai-static", "genai-engine", "transformers"}
 
 
@@ -151,7 +153,7 @@ def main() -> int:
     p.add_argument("--systems", nargs="+", default=list(RUNNERS), choices=list(RUNNERS))
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
-    p.add_argument("--precisions", nargs="+", default=["fp32", "int8", "int4"], choices=["fp32", "int8", "int4"])
+    p.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
     p.add_argument("--force", action="store_true", help="re-run parts that already have a record")
     p.add_argument("--remeasure-machine", action="store_true", help="re-run the bandwidth benchmark")
     p.add_argument(

@@ -7,9 +7,11 @@ Modules, in data-flow order: ``checkpoint`` (safetensors reader), ``config`` + `
 ``cli``. Nothing here imports torch except ``validate``'s transformers comparison.
 """
 
+from ortserve.artifact import PRECISIONS
+
 from .architectures import ARCHITECTURES, SUPPORTED_MODEL_TYPES, architecture_for
 from .errors import ExportError
-from .pipeline import PRECISIONS, export_model
+from .pipeline import export_model
 
 # Bumped whenever the same SRC would export to a different artifact (graph or weights): caches
 # of exported artifacts (ortserve.models) key on it.

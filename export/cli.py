@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ortserve.artifact import PRECISIONS
+
 HELP = "export a Hugging Face checkpoint, .gguf file or built-in model to an ortserve artifact"
-PRECISION_CHOICES = ("fp32", "int8", "int4")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -14,13 +15,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", dest="out", required=True, metavar="OUT", help="artifact directory to write")
     parser.add_argument(
         "--precision",
-        choices=PRECISION_CHOICES,
+        choices=PRECISIONS,
         default="fp32",
         help="weight precision of the linear layers (int4/int8: MatMulNBits, block 32)",
     )
     parser.add_argument(
         "--lm-head-precision",
-        choices=PRECISION_CHOICES,
+        choices=PRECISIONS,
         default=None,
         help="precision of the LM head (default: fp32 for fp32, else int8: the head is the most "
         "quantisation-sensitive matmul)",

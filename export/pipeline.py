@@ -20,7 +20,7 @@ from pathlib import Path
 
 import onnx
 
-from ortserve.artifact import MODEL_FILE, ArtifactManifest, is_artifact, save_manifest
+from ortserve.artifact import MODEL_FILE, PRECISIONS, ArtifactManifest, is_artifact, save_manifest
 
 from .architectures import architecture_for
 from .checkpoint import Checkpoint
@@ -29,7 +29,6 @@ from .errors import ExportError
 from .graph import DecoderBuilder
 from .weights import DATA_FILE, WeightFile, WeightSource
 
-PRECISIONS = ("fp32", "int8", "int4")
 # The LM head (often the tied embedding) is the matmul most sensitive to quantisation: at int4 it
 # costs SmolLM2-135M 14 points of top-1 agreement with fp32 that int8 keeps, for 20 MB.
 DEFAULT_LM_HEAD = {"fp32": "fp32", "int8": "int8", "int4": "int8"}

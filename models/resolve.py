@@ -23,7 +23,7 @@ import logging
 import time
 from pathlib import Path
 
-from ortserve.artifact import FORMAT_VERSION, ArtifactError, is_artifact, load_manifest
+from ortserve.artifact import FORMAT_VERSION, PRECISIONS, ArtifactError, is_artifact, load_manifest
 
 from . import cache
 from .gguf_checkpoint import CONVERTER_VERSION, convert_gguf
@@ -32,7 +32,6 @@ from .registry import DEFAULT_MODEL, BuiltinModel, ModelSourceError, builtin_nam
 logger = logging.getLogger(__name__)
 
 SOURCE_STAMP = "ortserve-source.json"
-PRECISIONS = ("fp32", "int8", "int4")
 
 
 def prepare_checkpoint(name_or_gguf_path: str | Path, *, progress: bool = True) -> Path:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -24,6 +24,7 @@ MANIFEST = "ortserve.json"
 MODEL_FILE = "model.onnx"
 
 Precision = Literal["fp32", "int8", "int4"]
+PRECISIONS: tuple[str, ...] = get_args(Precision)  # the one list: export, resolve, CLIs and benchmarks read it
 
 
 class ArtifactManifest(BaseModel):

@@ -27,6 +27,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ortserve.artifact import PRECISIONS
+
 HELP = "make an offline bundle (wheels, artifact, install.sh) for a machine with no network or compiler"
 FORBIDDEN = ("torch", "nvidia", "triton")  # serving never needs them; their presence is a packaging bug
 # Wheel platform tags -> the glibc they need (PEP 600, and the legacy aliases).
@@ -58,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--precision",
         default="fp32",
-        choices=["fp32", "int8", "int4"],
+        choices=PRECISIONS,
         help="weight precision when MODEL is not an artifact (default fp32)",
     )
     parser.add_argument(
