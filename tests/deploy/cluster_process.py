@@ -69,6 +69,8 @@ def our_processes(ray_tmp: Path) -> list[int]:
 
 def stop_cluster(cluster: Cluster) -> None:
     """SIGTERM, exit 0, and nothing left behind (what is left is killed, by pid, and reported)."""
+    if cluster.process.proc.poll() is None:
+        assert len(our_processes(cluster.ray_tmp)) > 5, "the leak check cannot see this cluster's processes"
     code = cluster.process.stop(120)
     deadline = time.monotonic() + 30
     while (left := our_processes(cluster.ray_tmp)) and time.monotonic() < deadline:
