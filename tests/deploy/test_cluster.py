@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import time
 from collections import defaultdict
@@ -143,8 +144,9 @@ def test_greedy_output_is_the_single_servers(prefix_cluster, single_server, ray_
     assert bad.status_code == reference.status_code == 400 and bad.json() == reference.json()
 
 
-async def stream_chat(url: str, prompt: str, max_tokens: int, started: asyncio.Event | None = None) -> dict:
-    """A streamed chat; what the client saw: status, replica, tokens, finish reason, error event."""
+async def stream_chat(url: str, prompt: str, max_tokens: int, seen: dict | None = None) -> dict:
+    """A streamed chat; what the client saw: status, replica, tokens, finish reason, error event.
+    ``seen`` fills as it goes: ``seen["started"]`` is set with the first event."""
     body = {
         "model": SERVED_NAME,
         "temperature": 0,
@@ -153,7 +155,8 @@ async def stream_chat(url: str, prompt: str, max_tokens: int, started: asyncio.E
         "stream": True,
         "messages": [{"role": "user", "content": prompt}],
     }
-    seen: dict = {"status": None, "replica": None, "chunks": 0, "finish": None, "error": None, "done": False}
+    seen = seen if seen is not None else {}
+    seen.update(status=None, replica=None, chunks=0, finish=None, error=None, done=False, started=asyncio.Event())
     async with (
         httpx.AsyncClient(timeout=180) as client,
         client.stream("POST", f"{url}/v1/chat/completions", json=body) as response,
@@ -169,45 +172,68 @@ async def stream_chat(url: str, prompt: str, max_tokens: int, started: asyncio.E
                     continue
                 seen["chunks"] += 1
                 seen["finish"] = event["choices"][0]["finish_reason"] or seen["finish"]
-                if started is not None:
-                    started.set()
+                seen["started"].set()
     return seen
 
 
-async def kill_one_replica(cluster: Cluster, victim: dict, busy: bool) -> tuple[list[dict], list[dict]]:
-    """SIGKILL the victim's process and see what the clients saw: (long, fresh).
+# The fresh requests share this prefix with the victim's seed request, so prefix affinity sends them
+# to the victim: it is the replica that must not take them down with it.
+SEED = "Seed story: the replica that holds this prefix is the one that will be killed. " * 3
 
-    Busy: 4 long streams fill both engines (2 sequences each) and produce tokens; 8 fresh requests
-    are sent and wait, not started, in the engines' queues; then the kill. The victim's waiting
-    requests must be served by the other replica. Idle: the kill first, then the fresh requests,
-    while the router may still pick the dead replica."""
-    events = [asyncio.Event() for _ in range(4 if busy else 0)]
+
+async def all_waiting(replica_url: str, count: int) -> None:
+    """Until the replica's engine has ``count`` requests waiting (its own /metrics)."""
+    async with httpx.AsyncClient(timeout=10) as client:
+        while True:
+            text = (await client.get(f"{replica_url}/metrics")).text
+            gauge = re.search(r"^ortserve:num_requests_waiting\{[^}]*\} (\S+)$", text, re.MULTILINE)
+            if gauge and float(gauge.group(1)) >= count:
+                return
+            await asyncio.sleep(0.05)
+
+
+async def kill_one_replica(cluster: Cluster, busy: bool) -> tuple[dict, list[dict], list[dict]]:
+    """SIGKILL the replica holding SEED, and see what the clients saw: (victim, long, fresh).
+
+    Busy: 4 long streams (one of them SEED's) fill both engines (2 sequences each) and produce
+    tokens; 8 fresh requests with SEED's prefix are routed to the victim, and once its engine
+    reports them waiting (not started), the kill. Idle: a short SEED request picks the victim, the kill, then the fresh
+    requests, while the router may still believe the victim alive."""
+    long_seen: list[dict] = [{} for _ in range(4 if busy else 0)]
+    prompts = [SEED + "Part one.", *(f"Long story number {i}" for i in range(1, len(long_seen)))]
     long = [
-        asyncio.create_task(stream_chat(cluster.url, f"Long story number {i}", 1500, events[i]))
-        for i in range(len(events))
+        asyncio.create_task(stream_chat(cluster.url, prompt, 1500, seen)) for prompt, seen in zip(prompts, long_seen)
     ]
-    await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 120)
-    fresh_started = [asyncio.Event() for _ in range(8)]
-    fresh = []
+    if busy:
+        await asyncio.sleep(0.5)  # the tasks have filled in their `started` events
+        await asyncio.wait_for(asyncio.gather(*(s["started"].wait() for s in long_seen)), 120)
+        victim_id = long_seen[0]["replica"]
+    else:
+        victim_id = (await stream_chat(cluster.url, SEED + "Warm-up.", 4))["replica"]
+    victim = next(r for r in cluster.replicas() if r["replica_id"] == victim_id)
+    fresh_seen: list[dict] = [{} for _ in range(8)]
+    fresh: list[asyncio.Task] = []
     if busy:
         fresh = [
-            asyncio.create_task(stream_chat(cluster.url, f"Fresh {i}", 16, e)) for i, e in enumerate(fresh_started)
+            asyncio.create_task(stream_chat(cluster.url, SEED + f"Fresh question {i}.", 16, seen))
+            for i, seen in enumerate(fresh_seen)
         ]
-        await asyncio.sleep(1.5)  # routed and waiting in the engines
-        assert not any(e.is_set() for e in fresh_started), "a fresh request started before the kill"
+        await asyncio.wait_for(all_waiting(victim["url"], len(fresh)), 60)  # routed to the victim, not started
+        assert not any(s["started"].is_set() for s in fresh_seen), "a fresh request started before the kill"
     os.kill(victim["pid"], signal.SIGKILL)
     if not busy:
-        fresh = [asyncio.create_task(stream_chat(cluster.url, f"Fresh {i}", 16)) for i in range(8)]
-    return list(await asyncio.gather(*long)), list(await asyncio.gather(*fresh))
+        fresh = [
+            asyncio.create_task(stream_chat(cluster.url, SEED + f"Fresh question {i}.", 16, seen))
+            for i, seen in enumerate(fresh_seen)
+        ]
+    return victim, list(await asyncio.gather(*long)), list(await asyncio.gather(*fresh))
 
 
 def test_killing_a_replica_loses_no_request_that_had_not_started(prefix_cluster, ray_long, report_figure):
     for round_ in range(6 if ray_long else 2):
         busy = round_ % 2 == 0
-        replicas = prefix_cluster.wait_replicas(2)
-        victim = replicas[round_ % 2]
-        retries_before = prefix_cluster.process.output.count("the replica died before answering")
-        long, fresh = asyncio.run(kill_one_replica(prefix_cluster, victim, busy))
+        prefix_cluster.wait_replicas(2)
+        victim, long, fresh = asyncio.run(kill_one_replica(prefix_cluster, busy))
         for outcome in fresh:  # not started at the kill: none may be lost
             assert outcome["status"] == 200 and outcome["error"] is None, outcome
             assert outcome["finish"] == "length" and outcome["chunks"] >= 16 and outcome["done"], outcome
@@ -221,11 +247,10 @@ def test_killing_a_replica_loses_no_request_that_had_not_started(prefix_cluster,
         started = time.monotonic()
         back = prefix_cluster.wait_replicas(2, timeout=180, exclude={victim["replica_id"]})
         assert victim["replica_id"] not in {r["replica_id"] for r in back}
-        retried = prefix_cluster.process.output.count("the replica died before answering") - retries_before
         report_figure(
-            f"kill round {round_ + 1} ({'busy' if busy else 'idle'} replica): {len(fresh)} requests not started at "
-            f"the kill all answered ({retried} sent again by the ingress); {cut} of {len(long)} started streams "
-            f"were on the killed replica; a new replica reported in after {time.monotonic() - started:.0f} s"
+            f"kill round {round_ + 1} ({'busy' if busy else 'idle'} replica): {len(fresh)} requests with the killed "
+            f"replica's prefix, not started at the kill, all answered by the other; {cut} of {len(long)} started "
+            f"streams were on the killed replica; a new replica reported in after {time.monotonic() - started:.0f} s"
         )
         reply = chat(prefix_cluster.url, [{"role": "user", "content": "still there?"}])
         assert reply.status_code == 200
