@@ -181,13 +181,14 @@ async def stream_chat(url: str, prompt: str, max_tokens: int, seen: dict | None 
 SEED = "Seed story: the replica that holds this prefix is the one that will be killed. " * 3
 
 
-async def all_waiting(replica_url: str, count: int) -> None:
-    """Until the replica's engine has ``count`` requests waiting (its own /metrics)."""
+async def all_waiting(replica_url: str, fresh: list[dict]) -> None:
+    """Until the replica's engine reports every fresh request waiting (its own /metrics)."""
     async with httpx.AsyncClient(timeout=10) as client:
         while True:
+            assert not any(s["started"].is_set() for s in fresh), "a fresh request started before the kill"
             text = (await client.get(f"{replica_url}/metrics")).text
             gauge = re.search(r"^ortserve:num_requests_waiting\{[^}]*\} (\S+)$", text, re.MULTILINE)
-            if gauge and float(gauge.group(1)) >= count:
+            if gauge and float(gauge.group(1)) >= len(fresh):
                 return
             await asyncio.sleep(0.05)
 
@@ -201,8 +202,8 @@ async def kill_one_replica(cluster: Cluster, busy: bool) -> tuple[dict, list[dic
     requests, while the router may still believe the victim alive."""
     long_seen: list[dict] = [{} for _ in range(4 if busy else 0)]
     prompts = [SEED + "Part one.", *(f"Long story number {i}" for i in range(1, len(long_seen)))]
-    long = [
-        asyncio.create_task(stream_chat(cluster.url, prompt, 1500, seen)) for prompt, seen in zip(prompts, long_seen)
+    long = [  # 1,900 tokens: max_model_len is 2048
+        asyncio.create_task(stream_chat(cluster.url, prompt, 1900, seen)) for prompt, seen in zip(prompts, long_seen)
     ]
     if busy:
         await asyncio.sleep(0.5)  # the tasks have filled in their `started` events
@@ -218,8 +219,7 @@ async def kill_one_replica(cluster: Cluster, busy: bool) -> tuple[dict, list[dic
             asyncio.create_task(stream_chat(cluster.url, SEED + f"Fresh question {i}.", 16, seen))
             for i, seen in enumerate(fresh_seen)
         ]
-        await asyncio.wait_for(all_waiting(victim["url"], len(fresh)), 60)  # routed to the victim, not started
-        assert not any(s["started"].is_set() for s in fresh_seen), "a fresh request started before the kill"
+        await asyncio.wait_for(all_waiting(victim["url"], fresh_seen), 60)  # routed to the victim, not started
     os.kill(victim["pid"], signal.SIGKILL)
     if not busy:
         fresh = [
