@@ -154,6 +154,7 @@ def build_application(args: argparse.Namespace, plan: ClusterPlan, artifact: str
     from ray.serve.config import RequestRouterConfig
 
     from ortserve.engine.config import engine_flags
+    from ortserve.models import DEFAULT_MODEL
 
     from .ingress import Ingress, IngressSettings
     from .replica import EngineReplica, ReplicaSpec
@@ -161,7 +162,7 @@ def build_application(args: argparse.Namespace, plan: ClusterPlan, artifact: str
 
     server_args = [
         "--served-model-name",
-        args.served_model_name or args.model_arg or args.model or "smollm2-135m-instruct",
+        args.served_model_name or args.model or DEFAULT_MODEL,
         *(["--api-key", args.api_key] if args.api_key else []),
         *(["--public-metrics"] if args.public_metrics else []),
         *engine_flags(args, skip=("model", "threads_bind", "reserved_cpus")),

@@ -41,6 +41,7 @@ FORWARDED_REQUEST_HEADERS = ("authorization", "content-type", "accept", "x-reque
 DIRECTORY_NAME = "ortserve-replicas"
 DIRECTORY_NAMESPACE = "ortserve"
 HEARTBEAT_S = 2.0
+UNHEALTHY_GRACE = 120.0  # seconds of /health 503 (an engine restarting) before Ray replaces the replica
 
 
 @dataclass(frozen=True)
@@ -191,6 +192,7 @@ class EngineReplica:
         self.server = ReplicaServer(spec, slot)
         url = await self.server.wait_ready(spec.startup_timeout)
         self.client = httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(None, connect=5))
+        self._unhealthy_since: float | None = None
         self.info = ReplicaInfo(
             self.replica_id,
             ray.util.get_node_ip_address(),
@@ -239,13 +241,22 @@ class EngineReplica:
             await response.aclose()  # also when the ingress cancels: the server sees the client leave
 
     async def check_health(self) -> None:
-        """Ray Serve calls this every few seconds; three failures in a row replace the replica."""
+        """Ray Serve calls this every few seconds; three failures in a row replace the replica. A
+        server that exited fails at once; a /health of 503 only after UNHEALTHY_GRACE seconds,
+        since the server restarts a dead engine itself (and gives up, exiting, past its limit)."""
         code = self.server.proc.poll()
         if code is not None:
             raise RuntimeError(f"replica {self.replica_id}: its ortserve server exited with code {code}")
         status = (await self.client.get("/health", timeout=10)).status_code
-        if status != 200:
-            raise RuntimeError(f"replica {self.replica_id}: its ortserve server's /health is {status}")
+        if status == 200:
+            self._unhealthy_since = None
+            return
+        self._unhealthy_since = self._unhealthy_since or time.monotonic()
+        if time.monotonic() - self._unhealthy_since > UNHEALTHY_GRACE:
+            raise RuntimeError(
+                f"replica {self.replica_id}: its ortserve server's /health has been {status} for "
+                f"{time.monotonic() - self._unhealthy_since:.0f} s"
+            )
 
     def __del__(self) -> None:
         heartbeat = getattr(self, "_heartbeat", None)

@@ -69,7 +69,7 @@ def prefix_cache(cluster: Cluster) -> tuple[float, float]:
 
 
 def test_prefix_affinity_beats_round_robin_in_prefix_cache_hits(start_cluster, ray_long, report_figure, request):
-    groups, questions = (6, 8) if ray_long else (3, 4)
+    groups, questions = (7, 8) if ray_long else (3, 4)  # an odd count: round robin alternates each group
     rates = {}
     for router in ("round-robin", "prefix"):
         cluster = start_cluster(router) if router == "round-robin" else request.getfixturevalue("prefix_cluster")
