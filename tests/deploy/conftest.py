@@ -6,6 +6,7 @@ CI runs the short form of the Ray tests; ``pytest tests/deploy --ray-long`` runs
 
 from __future__ import annotations
 
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -50,3 +51,4 @@ def start_cluster(tiny_llama_artifact: Path) -> Iterator:
     for cluster in started:
         if cluster.process.proc.poll() is None or our_processes(cluster.ray_tmp):
             stop_cluster(cluster)
+        shutil.rmtree(cluster.ray_tmp, ignore_errors=True)
