@@ -32,7 +32,7 @@ from ortserve.engine.memory import GIB, KVCachePlan, MemoryCheckError, plan_kv_c
 from ortserve.engine.sampler import Sampler
 from ortserve.engine.scheduler import ScheduledBatch, Scheduler
 from ortserve.engine.sequence import Request
-from ortserve.engine.threads import pin_calling_thread, plan_threads
+from ortserve.engine.threads import bind_memory, pin_calling_thread, plan_threads
 from ortserve.sampling_params import InvalidParameter, PromptLimits, SamplingParams
 
 __all__ = ["EngineCore", "MemoryCheckError"]
@@ -46,6 +46,7 @@ class EngineCore:
         self.artifact_dir = resolve_artifact(config)
         self.manifest = manifest = load_manifest(self.artifact_dir)
         self.threads = plan_threads(config.threads_bind, config.reserved_cpus)
+        self.memory_nodes = bind_memory(self.threads)  # before the weights and the KV cache are allocated
         self.kv_plan = plan_kv_cache(manifest, config.block_size, config.kv_cache_space, DEFAULT_KV_CACHE_SPACE_GIB)
         self.max_model_len = settle_max_model_len(config, manifest, self.kv_plan)
         self.limits = PromptLimits(self.max_model_len, manifest.vocab_size)
@@ -267,7 +268,8 @@ def startup_report(core: EngineCore, load_seconds: float) -> str:
                 f"  platform  {platform.system()} {platform.machine()}, {cpu_description()}, "
                 f"{os.cpu_count()} CPUs online; onnxruntime {onnxruntime.__version__}, numpy {np.__version__}"
             ),
-            f"  threads   {threads.describe()}",
+            f"  threads   {threads.describe()}"
+            + (f"; memory bound to NUMA node {','.join(map(str, core.memory_nodes))}" if core.memory_nodes else ""),
             (
                 f"  KV cache  {kv.num_blocks} blocks x {kv.block_size} tokens = {kv.num_tokens} tokens, "
                 f"{kv.total_bytes / GIB:.2f} GiB ({per_token / 1024:.1f} KiB per token; {m.num_layers} layers x "
