@@ -16,7 +16,7 @@ from typing import Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ortserve.artifact import Precision
+from ortserve.artifact import KVCacheDtype, Precision
 
 KVCACHE_SPACE_ENV = "ORTSERVE_KVCACHE_SPACE"
 THREADS_BIND_ENV = "ORTSERVE_THREADS_BIND"
@@ -62,6 +62,11 @@ class EngineConfig(BaseModel):
         description=f"KV cache size in GiB (env {KVCACHE_SPACE_ENV}; default "
         f"{DEFAULT_KV_CACHE_SPACE_GIB:g} or what fits in memory)",
         json_schema_extra={"metavar": "GiB"},
+    )
+    kv_cache_dtype: KVCacheDtype = Field(
+        "fp32",
+        description="KV cache element type: fp32, fp16 (half the memory and bandwidth) or int8 (about a "
+        "quarter; one scale per row); fp16 and int8 need an artifact of op_version 3 or later",
     )
     max_num_seqs: int = Field(DEFAULT_MAX_NUM_SEQS, ge=1, description="most sequences in one step")
     max_num_batched_tokens: int = Field(DEFAULT_MAX_NUM_BATCHED_TOKENS, ge=1, description="most tokens in one step")
