@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP server (docs/design.md §5-6).
+"""The OpenAI-compatible HTTP server (docs/design.md §5, §7).
 
 Two processes: this package's Litestar app (HTTP, tokenisation, chat templates, detokenisation,
 streaming) and the engine core (scheduler + runner, pinned to the inference cores), which

@@ -214,12 +214,18 @@ class ChatService:
 
         status: Any = 200
         try:
-            for index in range(body.n):  # OpenAI opens each choice with the role alone
-                yield chunk(ChatChunkChoice(index=index, delta=DeltaMessage(role="assistant", content="")))
-                if prepared.echo:
-                    yield chunk(ChatChunkChoice(index=index, delta=DeltaMessage(content=prepared.echo)))
+            opened = False
             async with aclosing(stream):
                 async for delta in stream:
+                    if not opened:
+                        # OpenAI opens each choice with the role alone; as vLLM does, once the first
+                        # token exists, so no byte goes out for a request that has not started (the
+                        # cluster's ingress sends such a request to another replica if this one dies)
+                        opened = True
+                        for index in range(body.n):
+                            yield chunk(ChatChunkChoice(index=index, delta=DeltaMessage(role="assistant", content="")))
+                            if prepared.echo:
+                                yield chunk(ChatChunkChoice(index=index, delta=DeltaMessage(content=prepared.echo)))
                     totals.add(delta)
                     for out in delta.samples:
                         logprobs = (
