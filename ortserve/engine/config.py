@@ -95,7 +95,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     group = parser.add_argument_group("engine")
     for name, info in EngineConfig.model_fields.items():
         extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-        flag = str(extra.get("flag") or "--" + name.replace("_", "-"))
+        flag = _flag(name)
         default = info.get_default(call_default_factory=False)
         help_text = info.description or ""
         if info.annotation is bool:  # a flag that turns a default-on option off
@@ -114,6 +114,26 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
             help=help_text,
         )
     return parser
+
+
+def engine_flags(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> list[str]:
+    """The flags that give another process (a cluster replica's server) the engine options set in
+    ``args``: the inverse of ``add_engine_arguments``."""
+    flags: list[str] = []
+    for name, info in EngineConfig.model_fields.items():
+        value = getattr(args, name, None)
+        if value is None or name in skip:
+            continue
+        if info.annotation is bool:
+            flags += [] if value else [_flag(name)]  # only the flag that turns a default-on option off
+        else:
+            flags += [_flag(name), str(value)]
+    return flags
+
+
+def _flag(name: str) -> str:
+    extra = EngineConfig.model_fields[name].json_schema_extra
+    return str((extra.get("flag") if isinstance(extra, dict) else None) or "--" + name.replace("_", "-"))
 
 
 def _scalar_type(annotation: object) -> tuple[type, list[str] | None]:
