@@ -16,8 +16,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--precision",
         choices=PRECISIONS,
-        default="fp32",
-        help="weight precision of the linear layers (int4/int8: MatMulNBits, block 32)",
+        default=None,
+        help="weight precision of the linear layers (int4/int8: MatMulNBits, block 32). Default: the "
+        "source's own -- fp32 for a checkpoint; a GGUF file's quantised tensors keep their codes exactly "
+        "(under any precision but fp32)",
     )
     parser.add_argument(
         "--lm-head-precision",

@@ -26,6 +26,7 @@ class BuiltinModel:
     package: str  # the importable folder that holds the file, found with importlib, never imported
     gguf_file: str
     license: str
+    precision: str = "fp32"  # what `ortserve serve NAME` exports it to when no --precision is given
 
     def gguf_path(self) -> Path:
         """The GGUF file, or a ModelSourceError that says which wheel to install."""

@@ -51,9 +51,15 @@ class EngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
     model: str | None = Field(
-        None, description="artifact directory or built-in model name (default: the embedded SmolLM2)"
+        None,
+        description="artifact directory, Hugging Face checkpoint directory, .gguf file or built-in model "
+        "name (default: the embedded SmolLM2); anything but an artifact is exported on first use and cached",
     )
-    precision: Precision = Field("fp32", description="weight precision when MODEL is a built-in name")
+    precision: Precision | None = Field(
+        None,
+        description="weight precision when MODEL is not an artifact (default: the source's own -- fp32 for a "
+        "checkpoint, a GGUF file's quantised codes, a built-in model's default)",
+    )
     chat_template: str | None = Field(None, description="a chat template (file or Jinja text) replacing the model's")
     block_size: int = Field(DEFAULT_BLOCK_SIZE, ge=1, le=256, description="tokens per KV block")
     kv_cache_space: float | None = Field(
