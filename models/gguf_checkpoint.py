@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from .chat_templates import builtin_template
 from .registry import ModelSourceError
 
 logger = logging.getLogger(__name__)
@@ -239,7 +240,31 @@ def _tokenizer(metadata: dict[str, Any]):
         token_id = metadata.get(f"tokenizer.ggml.{key}_token_id")
         tokenizer_config[f"{role}_token"] = tokens[token_id] if token_id is not None else None
     backend, extra = convert_gguf_tokenizer(metadata["general.architecture"], tokenizer_dict)
-    return TokenizersBackend(tokenizer_object=backend, **tokenizer_config, **extra)
+    tokenizer = TokenizersBackend(tokenizer_object=backend, **tokenizer_config, **extra)
+    if not tokenizer_config.get("chat_template"):
+        _fall_back_to_builtin_template(tokenizer, metadata)
+    return tokenizer
+
+
+def _fall_back_to_builtin_template(tokenizer, metadata: dict[str, Any]) -> None:
+    """A file without a chat template gets the built-in one of its family, said in the log."""
+    gguf_arch, name = metadata["general.architecture"], metadata.get("general.name", "this GGUF file")
+    template = builtin_template(gguf_arch, set(tokenizer.get_vocab()))
+    if template is None:
+        logger.warning(
+            "%s has no chat template and no built-in one fits a %s vocabulary: chat needs --chat-template "
+            "FILE|STRING (completions work without)",
+            name,
+            gguf_arch,
+        )
+        return
+    tokenizer.chat_template = template.source
+    logger.warning(
+        "%s has no chat template; using the built-in %r template for %s (override with --chat-template FILE|STRING)",
+        name,
+        template.name,
+        gguf_arch,
+    )
 
 
 def _generation_config(metadata: dict[str, Any], tokenizer):
@@ -251,7 +276,7 @@ def _generation_config(metadata: dict[str, Any], tokenizer):
         token_id = metadata.get(f"tokenizer.ggml.{key}_token_id")
         if token_id is not None and token_id not in eos_ids:
             eos_ids.append(int(token_id))
-    template = metadata.get("tokenizer.chat_template") or ""
+    template = tokenizer.chat_template or ""
     vocab = tokenizer.get_vocab()
     for token in _TURN_END_TOKENS:
         if token in template and token in vocab and vocab[token] not in eos_ids:

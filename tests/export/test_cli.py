@@ -55,6 +55,18 @@ def test_unsupported_architecture_lists_supported_ones(broken, tmp_path):
     assert_clean_failure(ortserve_export(str(broken), "-o", str(out)), out, "'falcon'", "llama", "gemma3_text", "gpt2")
 
 
+def test_head_dim_below_the_ops_range_is_refused_at_export_naming_the_limit(broken, tmp_path):
+    """PagedAttention runs head sizes 32..256: a 16-wide head fails at export, not at inference."""
+    config = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**config, "head_dim": 16}))
+    out = tmp_path / "out"
+    assert_clean_failure(
+        ortserve_export(str(broken), "-o", str(out)),
+        out,
+        "head_dim 16 (config.json) is outside the 32..256 that ortserve's PagedAttention op supports",
+    )
+
+
 def test_corrupt_config_json_is_one_line_error(broken, tmp_path):
     (broken / "config.json").write_text("{ not json")
     out = tmp_path / "out"
