@@ -120,6 +120,21 @@ class Checkpoint:
             array = array.astype(np.float32)
         return np.ascontiguousarray(array)
 
+    def read_rows(self, name: str, count: int) -> np.ndarray:
+        """The first ``count`` rows of a 2-D tensor as float32, without reading the rest."""
+        shape = self.shape(name)
+        shard, header_len, entry = self._entry(name)
+        count = min(count, shape[0])
+        try:
+            if entry["dtype"] == "BF16":
+                start = entry["data_offsets"][0]
+                raw = np.fromfile(shard, dtype="<u2", count=count * shape[1], offset=8 + header_len + start)
+                return (raw.astype(np.uint32) << 16).view(np.float32).reshape(count, shape[1])
+            with safe_open(shard, framework="np") as f:
+                return np.ascontiguousarray(f.get_slice(entry["stored_name"])[:count], dtype=np.float32)
+        except (OSError, ValueError, TypeError) as exc:
+            raise ExportError(f"could not read '{name}' from {shard} ({exc}); the checkpoint looks corrupt") from exc
+
     def gguf_type(self, name: str) -> str:
         return "F32"  # safetensors tensors are floats; they are read as float32
 

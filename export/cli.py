@@ -40,6 +40,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="compare the artifact's logits with transformers (needs torch: pip install ortserve[validate])",
     )
+    parser.add_argument(
+        "--no-quality-check",
+        dest="quality_check",
+        action="store_false",
+        help="skip the quality check of a quantised export (top-1 agreement and perplexity ratio against an "
+        "fp32 export of the same source, on built-in text; it needs the fp32 export's disk space for a moment)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bars or summary")
 
 
@@ -55,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
             lm_head_precision=args.lm_head_precision,
             max_model_len=args.max_model_len,
             validate=args.validate,
+            quality_check=args.quality_check,
             progress=not args.quiet,
         )
     except ExportError as exc:

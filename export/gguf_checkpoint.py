@@ -127,6 +127,9 @@ class GgufCheckpoint:
             array = array.T
         return np.ascontiguousarray(array, dtype=np.float32)
 
+    def read_rows(self, name: str, count: int) -> np.ndarray:
+        return self.read(name)[:count]
+
     def import_blocks(self, name: str) -> QuantizedWeight:
         """The tensor's codes, exactly, as MatMulNBits needs them ([out, in] rows)."""
         tensor = self._tensor(name)

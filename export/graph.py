@@ -126,7 +126,7 @@ class DecoderBuilder:
         W's scales and zero points in GatherBlockQuantized's layout (for a tied embedding)."""
         transpose = self.arch.conv1d if conv1d is None else conv1d
         weights = [share] if share else [self.src.expect(f"{m}.weight", (rows, k), transpose) for m, rows in parts]
-        plans = [storage.FP32 if share else storage.plan(self.src, w, precision) for w in weights]
+        plans = [storage.FP32 if share else storage.plan(self.src, w, precision, transpose) for w in weights]
         if len({p.key for p in plans}) > 1:
             starts = [i for i in range(len(parts)) if i == 0 or plans[i].key != plans[i - 1].key]
             pieces = [parts[a:b] for a, b in zip(starts, [*starts[1:], len(parts)])]
@@ -158,7 +158,7 @@ class DecoderBuilder:
             if plan.kind == "exact":
                 q = concat_rows([self.src.import_blocks(w) for w in weights])
             else:
-                q = quantize(full_weight(), plan.bits)
+                q = quantize(full_weight(), plan.bits, offsets=plan.offsets)
             arrays = {f"{label}.qweight": q.packed, f"{label}.scales": q.scales}
             if plan.zero_points:
                 arrays[zero_points] = q.zero_points

@@ -190,6 +190,7 @@ def export_model(
     lm_head_precision: str | None = None,
     max_model_len: int | None = None,
     validate: bool = False,
+    quality_check: bool = False,
     progress: bool = True,
 ) -> ArtifactManifest:
     """Export a checkpoint directory, .gguf file or built-in model name to an artifact at ``out``.
@@ -271,13 +272,32 @@ def export_model(
                 bar.update()
             if not report.ok:
                 raise ExportError(f"validation failed: {report.summary()}")
+        quality = None
+        if quality_check and any(p.kind != "fp32" for p in builder.stored.values()):
+            with bars.stage("quality", 1) as bar:
+                quality = _quality(src, tmp, max_model_len)
+                bar.update()
         _publish(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if progress:
-        _print_summary(manifest, out, time.perf_counter() - started, export_peak, report)
+        _print_summary(manifest, out, time.perf_counter() - started, export_peak, report, quality)
+    if quality is not None and quality.warning():
+        logger.warning("%s", quality.warning())
     return manifest
+
+
+def _quality(src: str | os.PathLike, artifact: Path, max_model_len: int | None):
+    """The quantised artifact against an fp32 export of the same source (made and deleted here)."""
+    from .quality import check
+
+    reference = artifact / ".fp32-reference"
+    try:
+        export_model(src, reference, precision="fp32", max_model_len=max_model_len, progress=False)
+        return check(artifact, reference)
+    finally:
+        shutil.rmtree(reference, ignore_errors=True)
 
 
 def _reference_checkpoint(folder: Path) -> Path:
@@ -300,7 +320,7 @@ def _warn_requantised(stored: dict[str, Storage]) -> None:
         )
 
 
-def _print_summary(m: ArtifactManifest, out: Path, seconds: float, export_peak: int, report) -> None:
+def _print_summary(m: ArtifactManifest, out: Path, seconds: float, export_peak: int, report, quality=None) -> None:
     size = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
     lines = [
         f"exported {m.architecture} to {out}",
@@ -314,4 +334,6 @@ def _print_summary(m: ArtifactManifest, out: Path, seconds: float, export_peak: 
     ]
     if report is not None:
         lines.append(f"  validation   {report.summary()}")
+    if quality is not None:
+        lines.append(f"  quality      {quality.summary()}" + ("" if quality.ok else "  << below the check"))
     print("\n".join(lines), file=sys.stderr)

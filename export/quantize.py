@@ -52,33 +52,96 @@ class QuantizedWeight:
         )
 
 
-def quantize(weight: np.ndarray, bits: int, block_size: int = BLOCK_SIZE) -> QuantizedWeight:
-    """Quantise a float linear weight in [out, in] (N, K) layout along K."""
-    return round_to_nearest(weight, bits, block_size)
+_ROWS = 2048  # rows per chunk: bounds the float temporaries of a large embedding
+SCALE_CANDIDATES = np.linspace(0.80, 1.04, 13, dtype=np.float32)  # x the min/max step
+OFFSET_GAIN = 0.5  # float block offsets only where they halve the squared error
 
 
-def round_to_nearest(
-    weight: np.ndarray, bits: int, block_size: int = BLOCK_SIZE, symmetric: bool = False
-) -> QuantizedWeight:
-    """ORT's quantiser: asymmetric, or ``symmetric`` (zero point = the code midpoint, left out
-    of the graph)."""
-    from onnxruntime.capi._pybind_state import (
-        quantize_matmul_4bits,
-        quantize_matmul_8bits,
+def quantize(weight: np.ndarray, bits: int, block_size: int = BLOCK_SIZE, offsets: bool = False) -> QuantizedWeight:
+    """Quantise a float linear weight in [out, in] (N, K) layout along K, block by block, with the
+    scale and integer zero point that minimise the block's squared error (a search over shrunk
+    min/max steps, each refitted by least squares: llama.cpp's make_qkx2_quants idea), or with
+    ``offsets``, as ``step * q + min`` with a float minimum (Q4_1's form; see ``prefers_offsets``)."""
+    parts = [_quantize_rows(weight[r : r + _ROWS], bits, block_size, offsets) for r in range(0, len(weight), _ROWS)]
+    return concat_rows(parts)
+
+
+def prefers_offsets(rows: np.ndarray, bits: int, block_size: int = BLOCK_SIZE) -> bool:
+    """Whether float block minimums fit these rows (a sample of a weight) much better than integer
+    zero points: weights that sit on a ``min + step * q`` grid already, as dequantised Q4_1 or Q4_K
+    blocks do, are kept on it; natural weights are not worth the extra Gemm."""
+
+    def error(q: QuantizedWeight) -> float:
+        return float(((dequantize(q, rows.shape[1]) - rows) ** 2).sum())
+
+    return error(quantize(rows, bits, block_size, True)) < OFFSET_GAIN * error(quantize(rows, bits, block_size))
+
+
+def _blocks(weight: np.ndarray, block_size: int) -> np.ndarray:
+    n, k = weight.shape
+    if k % block_size:
+        weight = np.pad(weight, ((0, 0), (0, block_size - k % block_size)))
+    return weight.reshape(n, -1, block_size).astype(np.float32)
+
+
+def _quantize_rows(weight: np.ndarray, bits: int, block_size: int, offsets: bool) -> QuantizedWeight:
+    blocks = _blocks(weight, block_size)
+    levels = np.float32((1 << bits) - 1)
+    if offsets:
+        codes, scales, zero, shift = _on_min_grid(blocks, levels)
+    else:
+        codes, scales, zero = _searched(blocks, levels)
+        shift = None
+    n, k_blocks = scales.shape
+    return QuantizedWeight(
+        pack(codes.astype(np.uint8), bits),
+        np.ascontiguousarray(scales, np.float32),
+        pack(zero.astype(np.uint8).reshape(n, k_blocks), bits),
+        bits,
+        block_size,
+        shift,
     )
 
-    n, k = weight.shape
-    k_blocks = -(-k // block_size)
-    kmajor = np.zeros((k_blocks * block_size, n), np.float32)  # the quantiser reads the MatMul layout [K, N]
-    kmajor[:k] = weight.T
-    packed = np.zeros((n, k_blocks, block_size * bits // 8), np.uint8)
-    scales = np.zeros((n, k_blocks), np.float32)
-    zero_points = np.zeros((n, -(-k_blocks * bits // 8)), np.uint8)
-    quantizer = {4: quantize_matmul_4bits, 8: quantize_matmul_8bits}[bits]
-    quantizer(packed, kmajor, scales, zero_points, block_size, n, k_blocks * block_size, symmetric)
-    if symmetric:  # the quantiser leaves them untouched: the kernel's default is the midpoint
-        zero_points = pack(np.full(scales.shape, 1 << (bits - 1), np.uint8), bits)
-    return QuantizedWeight(packed, scales, zero_points, bits, block_size)
+
+def _codes(blocks: np.ndarray, scales: np.ndarray, zero: np.ndarray, levels: np.float32) -> np.ndarray:
+    safe = np.where(scales == 0, np.float32(1), scales)
+    return np.clip(np.rint(blocks / safe[..., None]) + zero[..., None], 0, levels)
+
+
+def _searched(blocks: np.ndarray, levels: np.float32) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per block, the best of the candidate steps: codes, scale, integer zero point."""
+    lo, hi = np.minimum(blocks.min(-1), 0), np.maximum(blocks.max(-1), 0)
+    span = (hi - lo) / levels
+    best = (np.zeros(blocks.shape, np.float32), span, np.zeros(span.shape, np.float32))
+    best_error = np.full(span.shape, np.inf, np.float32)
+    for factor in SCALE_CANDIDATES:
+        scale = span * factor
+        zero = np.clip(np.rint(-lo / np.where(scale == 0, np.float32(1), scale)), 0, levels)
+        codes = _codes(blocks, scale, zero, levels)
+        centred = codes - zero[..., None]
+        # least squares: the scale that fits these codes best
+        denominator = (centred * centred).sum(-1)
+        fitted = np.where(denominator > 0, (blocks * centred).sum(-1) / np.maximum(denominator, 1e-30), scale)
+        error = ((blocks - fitted[..., None] * centred) ** 2).sum(-1)
+        better = error < best_error
+        best_error = np.where(better, error, best_error)
+        best = (
+            np.where(better[..., None], codes, best[0]),
+            np.where(better, fitted, best[1]).astype(np.float32),
+            np.where(better, zero, best[2]),
+        )
+    return best
+
+
+def _on_min_grid(blocks: np.ndarray, levels: np.float32) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``min + step * q`` per block (exact for weights already on such a grid), as centred codes:
+    w = step * (q - z) + offset with z the code nearest zero and offset = min + step * z."""
+    lo, hi = blocks.min(-1), blocks.max(-1)
+    scale = ((hi - lo) / levels).astype(np.float32)
+    safe = np.where(scale == 0, np.float32(1), scale)
+    codes = np.clip(np.rint((blocks - lo[..., None]) / safe[..., None]), 0, levels)
+    zero = np.where(scale == 0, 0, np.clip(np.rint(-lo / safe), 0, levels)).astype(np.float32)
+    return codes, scale, zero, (lo + scale * zero).astype(np.float32)
 
 
 def concat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight:

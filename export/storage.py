@@ -6,7 +6,7 @@ quantised here. One rule, decided per tensor before any weight is read:
   the precision (Q8_0 stays 8-bit under int4: re-quantising would only lose information).
 - a GGUF tensor of another quantised format (Q2_K, Q3_K, IQ*): dequantised, then quantised to
   the precision (int4 when none is given) -- export lists these.
-- a float tensor: the precision (fp32 when none is given).
+- a float tensor: the precision (fp32 when none is given), quantised by ``quantize.quantize``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .gguf_blocks import FORMATS
-from .quantize import BITS, BLOCK_SIZE
+from .quantize import BITS, BLOCK_SIZE, prefers_offsets
 from .weights import WeightSource
 
 
@@ -46,8 +46,10 @@ FLOAT_TYPES = ("F32", "F16", "BF16")
 FP32 = Storage("fp32")
 
 
-def plan(source: WeightSource, name: str, precision: str | None) -> Storage:
-    """How the linear weight ``name`` is stored, for ``precision`` (None: the source's own)."""
+def plan(source: WeightSource, name: str, precision: str | None, transpose: bool = False) -> Storage:
+    """How the linear weight ``name`` is stored, for ``precision`` (None: the source's own).
+    Quantised here, it gets float block offsets only when a sample of its rows sits on a
+    ``min + step * q`` grid (``quantize.prefers_offsets``)."""
     source_type = source.gguf_type(name)
     if precision == "fp32":
         return Storage("fp32", source_type=source_type)
@@ -57,4 +59,6 @@ def plan(source: WeightSource, name: str, precision: str | None) -> Storage:
         return Storage("exact", fmt.bits, fmt.block_size, not midpoint, fmt.offsets, source_type)
     if source_type in FLOAT_TYPES and precision is None:
         return Storage("fp32", source_type=source_type)
-    return Storage("quantize", BITS[precision or "int4"], BLOCK_SIZE, True, False, source_type)
+    bits = BITS[precision or "int4"]
+    offsets = prefers_offsets(source.sample(name, transpose=transpose), bits)
+    return Storage("quantize", bits, BLOCK_SIZE, True, offsets, source_type)

@@ -99,3 +99,45 @@ def test_lm_head_precision_is_chosen_separately(tiny_checkpoint, tmp_path):
     assert {a.name: a.i for a in heads[0].attribute}["bits"] == 8
     layers = [n for n in graph.node if n.op_type == "MatMulNBits" and not n.name.startswith("lm_head")]
     assert layers and all({a.name: a.i for a in n.attribute}["bits"] == 4 for n in layers)
+
+
+# ---- the quantiser ---------------------------------------------------------------------------
+def ort_round_to_nearest(weight: np.ndarray, bits: int) -> np.ndarray:
+    """onnxruntime's own MatMulNBits quantiser (asymmetric min/max), dequantised: the reference."""
+    from onnxruntime.capi._pybind_state import quantize_matmul_4bits, quantize_matmul_8bits
+
+    n, k = weight.shape
+    packed = np.zeros((n, k // 32, 32 * bits // 8), np.uint8)
+    scales = np.zeros((n, k // 32), np.float32)
+    zero_points = np.zeros((n, -(-(k // 32) * bits // 8)), np.uint8)
+    quantizer = {4: quantize_matmul_4bits, 8: quantize_matmul_8bits}[bits]
+    quantizer(packed, np.ascontiguousarray(weight.T), scales, zero_points, 32, n, k, False)
+    from ortserve.export.quantize import QuantizedWeight
+
+    return dequantize(QuantizedWeight(packed, scales, zero_points, bits), k)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_the_scale_search_beats_round_to_nearest_on_natural_weights(bits):
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((64, 512)) * rng.uniform(0.5, 2.0, (64, 1))).astype(np.float32)
+    w[:, ::37] *= 4  # a few outliers per row, as real weights have
+    ours = float(((dequantize(quantize(w, bits), 512) - w) ** 2).mean())
+    reference = float(((ort_round_to_nearest(w, bits) - w) ** 2).mean())
+    assert ours < 0.95 * reference, (ours, reference)  # int4: 7 % lower, int8: more
+
+
+def test_weights_on_a_min_step_grid_keep_it_with_float_offsets_and_natural_ones_do_not():
+    """Dequantised Q4_1 blocks (gguf's own quantiser) are recovered by float block minimums;
+    Gaussian weights stay with integer zero points (no extra Gemm)."""
+    import gguf
+    from ortserve.export.quantize import prefers_offsets
+
+    rng = np.random.default_rng(1)
+    natural = rng.standard_normal((32, 256)).astype(np.float32)
+    grid = gguf.quants.dequantize(
+        gguf.quants.quantize(natural, gguf.GGMLQuantizationType.Q4_1), gguf.GGMLQuantizationType.Q4_1
+    )
+    assert prefers_offsets(grid, 4) and not prefers_offsets(natural, 4)
+    recovered = dequantize(quantize(grid, 4, offsets=True), 256)
+    assert np.abs(recovered - grid).max() <= 1e-6 * np.abs(grid).max()

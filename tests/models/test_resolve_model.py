@@ -179,6 +179,6 @@ def test_two_processes_resolving_at_once_convert_and_export_once(tmp_path: Path,
     outputs = [proc.communicate(timeout=600) for proc in procs]
     assert [proc.returncode for proc in procs] == [0, 0], [err[-2000:] for _, err in outputs]
     artifacts = {out.strip().splitlines()[-1] for out, _ in outputs}
-    assert artifacts == {str(tmp_path / "cache" / "artifacts" / "smollm2-135m-instruct-fp32")}
+    assert artifacts == {str(tmp_path / "cache" / "artifacts" / "smollm2-135m-instruct-native")}
     logs = "".join(err for _, err in outputs)
     assert logs.count("Converting SmolLM2") == 1 and logs.count("Exporting smollm2") == 1, logs[-2000:]
