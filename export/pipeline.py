@@ -273,7 +273,8 @@ def export_model(
             if not report.ok:
                 raise ExportError(f"validation failed: {report.summary()}")
         quality = None
-        if quality_check and any(p.kind != "fp32" for p in builder.stored.values()):
+        quality_check = quality_check and any(p.kind != "fp32" for p in builder.stored.values())
+        if quality_check:
             with bars.stage("quality", 1) as bar:
                 quality = _quality(src, tmp, max_model_len)
                 bar.update()
@@ -282,7 +283,7 @@ def export_model(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if progress:
-        _print_summary(manifest, out, time.perf_counter() - started, export_peak, report, quality)
+        _print_summary(manifest, out, time.perf_counter() - started, export_peak, report, quality, quality_check)
     if quality is not None and quality.warning():
         logger.warning("%s", quality.warning())
     return manifest
@@ -320,7 +321,9 @@ def _warn_requantised(stored: dict[str, Storage]) -> None:
         )
 
 
-def _print_summary(m: ArtifactManifest, out: Path, seconds: float, export_peak: int, report, quality=None) -> None:
+def _print_summary(
+    m: ArtifactManifest, out: Path, seconds: float, export_peak: int, report, quality, quality_checked: bool
+) -> None:
     size = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
     lines = [
         f"exported {m.architecture} to {out}",
@@ -336,4 +339,6 @@ def _print_summary(m: ArtifactManifest, out: Path, seconds: float, export_peak: 
         lines.append(f"  validation   {report.summary()}")
     if quality is not None:
         lines.append(f"  quality      {quality.summary()}" + ("" if quality.ok else "  << below the check"))
+    elif quality_checked:
+        lines.append("  quality      not checked: the source has no tokenizer.json to read the built-in text with")
     print("\n".join(lines), file=sys.stderr)

@@ -148,3 +148,28 @@ def test_export_replaces_an_existing_artifact(tiny_checkpoint, tmp_path):
     assert ortserve_export(str(tiny_checkpoint("gpt2_conv1d")), "-o", str(out), "--quiet").returncode == 0
     assert load_manifest(out).architecture == "gpt2"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["artifact"]
+
+
+def test_int4_export_reports_the_quality_check_against_fp32(tiny_llama_checkpoint, tmp_path):
+    """The printed top-1 agreement and perplexity ratio are those of the int4 artifact against
+    transformers' fp32 model on the check's built-in text."""
+    import re
+
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ortserve.export import quality
+
+    result = ortserve_export(str(tiny_llama_checkpoint), "-o", str(tmp_path / "int4"), "--precision", "int4")
+    assert result.returncode == 0, result.stderr
+    line = next(x for x in result.stderr.splitlines() if x.strip().startswith("quality") and "agreement" in x)
+    top1, ratio = re.search(r"agreement with fp32 ([\d.]+)%.*\(ratio ([\d.]+)\)", line).groups()  # type: ignore[union-attr]
+    sequences = quality.text_ids(tmp_path / "int4")
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_checkpoint, dtype=torch.float32).eval()
+    with torch.no_grad():
+        reference = [model(torch.tensor([s])).logits[0].numpy() for s in sequences]
+    expected = quality.compare(quality.all_logits(tmp_path / "int4", sequences), reference, sequences)
+    assert abs(float(top1) - 100 * expected.top1_agreement) <= 0.1 and abs(float(ratio) - expected.ppl_ratio) <= 1e-3
+    assert ("below the check" in line) == (not expected.ok)
+    assert not (tmp_path / "int4" / ".fp32-reference").exists()
