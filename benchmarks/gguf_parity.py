@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runners.common import BENCH_DIR, LLAMA_BIN, PEERS_PY, RESULTS
 from runners.llamacpp import convert_script
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3", "gpt2")
+FAMILIES = ("llama", "llama3-rope", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3", "gpt2")
 TYPES = ("F32", "Q8_0", "Q4_0", "Q4_K_M")
 WORK = RESULTS / "gguf-parity"
 TABLE = BENCH_DIR / "tables" / "gguf_parity.md"
@@ -161,7 +161,7 @@ def main() -> int:
     parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
     parser.add_argument("--types", nargs="+", default=list(TYPES), choices=TYPES)
     args = parser.parse_args()
-    if not (WORK / "hf" / "gpt2" / "config.json").is_file():
+    if not all((WORK / "hf" / family / "config.json").is_file() for family in FAMILIES):
         from ortserve.models import BUILTIN_MODELS, DEFAULT_MODEL, gguf_checkpoint
 
         smollm2 = gguf_checkpoint(BUILTIN_MODELS[DEFAULT_MODEL].gguf_path(), progress=False)

@@ -25,6 +25,21 @@ GEMMA = dict(head_dim=32, query_pre_attn_scalar=32)  # llama.cpp scales queries 
 FAMILIES: dict[str, tuple[str, dict, str]] = {
     # family -> (model_type, config overrides, tokenizer kind)
     "llama": ("llama", dict(SIZES, tie_word_embeddings=False), "bpe"),
+    "llama3-rope": (  # Llama 3.1's frequency scaling: llama.cpp writes it as a rope_freqs tensor
+        "llama",
+        dict(
+            SIZES,
+            rope_parameters=dict(
+                rope_type="llama3",
+                rope_theta=500000.0,
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=64,
+            ),
+        ),
+        "bpe",
+    ),
     "mistral": ("mistral", dict(SIZES, sliding_window=None), "bpe"),
     "qwen2": ("qwen2", dict(SIZES, tie_word_embeddings=True), "bpe"),
     "qwen3": ("qwen3", dict(SIZES, head_dim=32, tie_word_embeddings=True), "bpe"),

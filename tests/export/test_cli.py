@@ -155,11 +155,9 @@ def test_int4_export_reports_the_quality_check_against_fp32(tiny_llama_checkpoin
     transformers' fp32 model on the check's built-in text."""
     import re
 
-    import numpy as np
     import torch
-    from transformers import AutoModelForCausalLM
-
     from ortserve.export import quality
+    from transformers import AutoModelForCausalLM
 
     result = ortserve_export(str(tiny_llama_checkpoint), "-o", str(tmp_path / "int4"), "--precision", "int4")
     assert result.returncode == 0, result.stderr
