@@ -1,183 +1,18 @@
-// ortserve::PagedAttention (domain "ortserve", version 1): see docs/design.md §1 and
-// paged_attention_reference.py, which is the specification this kernel matches.
-#define ORT_API_MANUAL_INIT
-#include "onnxruntime_lite_custom_op.h"
-#undef ORT_API_MANUAL_INIT
+// ortserve::PagedAttention (domain "ortserve"): query, key and value come separately (rotary
+// already applied). See docs/design.md §1 and paged_attention_reference.py, the specification.
+// PackedPagedAttention (paged_attention_packed.cc) takes the packed qkv projection instead.
+#include "paged_attention.h"
 
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstdlib>
-#include <cstring>
-#include <limits>
 #include <memory>
-#include <mutex>
-#include <numeric>
-#include <string>
-#include <thread>
-#include <vector>
 
-#include "append_block_sums.h"
-#include "paged_attention_kernel.h"
+#include "paged_attention_core.h"
 
 namespace {
 
 using namespace ortserve;
-using Ort::Custom::Tensor;
-
-std::string ShapeStr(const std::vector<int64_t>& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
-
-using RunFn = void (*)(const Problem&, const WorkItem&);
-
-// The best kernel build this CPU supports; ORTSERVE_PAGED_ATTENTION_ISA=avx2|generic caps it
-// (to test every build on one machine).
-RunFn PickKernel() {
-#ifndef ORTSERVE_GENERIC_KERNEL_ONLY
-  const char* cap = std::getenv("ORTSERVE_PAGED_ATTENTION_ISA");
-  const std::string want = cap ? cap : "avx512";
-  if (want == "avx512" && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw"))
-    return avx512::RunWorkItem;
-  if (want != "generic" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return avx2::RunWorkItem;
-#endif
-  return generic::RunWorkItem;
-}
-
-// Online CPUs: an upper bound on the session's intra-op threads (which a kernel cannot query).
-// Splitting for more threads than there are costs little: pieces are >= 256 positions.
-int64_t CpuCount() {
-  static const int64_t count = std::max(1u, std::thread::hardware_concurrency());
-  return count;
-}
-
-constexpr int64_t kMinSplitKeys = 256;  // a split-K piece covers at least this many positions
-
-// The parallel work of one call. items[order[i]] is the i-th task handed to the thread pool
-// (largest first, for balance); split[g] = (first item, piece count) of each split-K tile.
-struct Plan {
-  std::vector<WorkItem> items;
-  std::vector<size_t> order;
-  std::vector<std::pair<size_t, size_t>> split;
-  std::vector<float> partials;
-  const Problem* problem;
-  RunFn run;
-};
-
-// Work items over (sequence, kv head, query tile): a tile packs whole query rows times the
-// kv head's query heads into <= 16 lanes, so each cached K/V row is read once per tile.
-// With fewer tiles than 4x the CPUs, long key ranges are split into >= 256-position pieces.
-void PlanWork(const Problem& P, Plan& plan) {
-  const int64_t heads = std::min<int64_t>(P.group, kMaxLanes);
-  const int64_t rows_per_tile = std::max<int64_t>(1, kMaxLanes / heads);
-  std::vector<WorkItem> tiles;
-  for (int32_t b = 0; b < P.B; ++b) {
-    const int64_t q_begin = P.qsl[b], q_end = P.qsl[b + 1], ctx = P.context_lens[b];
-    for (int64_t r = q_begin; r < q_end; r += rows_per_tile) {
-      const int64_t r_end = std::min(r + rows_per_tile, q_end);
-      const int64_t first_pos = ctx - (q_end - q_begin) + (r - q_begin);  // position of row r
-      const int64_t key_begin = P.window > 0 ? std::max<int64_t>(0, first_pos - P.window + 1) : 0;
-      const int64_t key_end = ctx - (q_end - r_end);  // last row's position + 1
-      for (int64_t g = 0; g < P.KVH; ++g)
-        for (int64_t h = g * P.group; h < (g + 1) * P.group; h += heads)
-          tiles.push_back(WorkItem{b, int32_t(g), int32_t(h), int32_t(std::min(h + heads, (g + 1) * P.group)),
-                                   int32_t(r), int32_t(r_end), int32_t(key_begin), int32_t(key_end), nullptr});
-    }
-  }
-  const int64_t target = 4 * CpuCount();
-  const int64_t want = tiles.empty() ? 1 : (target + tiles.size() - 1) / tiles.size();
-  for (const WorkItem& t : tiles) {
-    const int64_t keys = t.key_end - t.key_begin;
-    const int64_t pieces = std::max<int64_t>(1, std::min(want, keys / kMinSplitKeys));
-    if (pieces == 1) {
-      plan.items.push_back(t);
-      continue;
-    }
-    const int64_t step = ((keys + pieces - 1) / pieces + 15) / 16 * 16;
-    const size_t first = plan.items.size();
-    for (int64_t k = t.key_begin; k < t.key_end; k += step) {
-      WorkItem piece = t;
-      piece.key_begin = int32_t(k), piece.key_end = int32_t(std::min<int64_t>(k + step, t.key_end));
-      plan.items.push_back(piece);
-    }
-    plan.split.emplace_back(first, plan.items.size() - first);
-  }
-  plan.partials.assign(plan.split.empty() ? 0 : plan.items.size() * PartialFloats(P.D), 0.f);
-  for (const auto& [first, count] : plan.split)
-    for (size_t i = first; i < first + count; ++i) plan.items[i].partial = plan.partials.data() + i * PartialFloats(P.D);
-  std::vector<int64_t> cost(plan.items.size());  // ~ lanes x positions
-  for (size_t i = 0; i < cost.size(); ++i) {
-    const WorkItem& w = plan.items[i];
-    cost[i] = int64_t{w.row_end - w.row_begin} * (w.head_end - w.head_begin) * (w.key_end - w.key_begin);
-  }
-  plan.order.resize(plan.items.size());
-  std::iota(plan.order.begin(), plan.order.end(), 0);
-  std::stable_sort(plan.order.begin(), plan.order.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });
-}
-
-void RunTask(void* data, size_t index) {
-  auto* plan = static_cast<const Plan*>(data);
-  plan->run(*plan->problem, plan->items[plan->order[index]]);
-}
-
-// Merge split-K pieces s of one tile: m = max_s m_s, out = sum_s e^{m_s - m} acc_s / sum_s e^{m_s - m} l_s.
-void MergeSplits(const Problem& P, const Plan& plan) {
-  std::vector<float> acc(P.D);
-  for (const auto& [first, count] : plan.split) {
-    const WorkItem& w = plan.items[first];
-    const int64_t heads = w.head_end - w.head_begin;
-    for (int64_t r = w.row_begin; r < w.row_end; ++r) {
-      for (int64_t h = w.head_begin; h < w.head_end; ++h) {
-        const int64_t m = (r - w.row_begin) * heads + (h - w.head_begin);
-        float max = -std::numeric_limits<float>::infinity(), sum = 0.f;
-        for (size_t i = first; i < first + count; ++i) max = std::max(max, plan.items[i].partial[m]);
-        std::fill(acc.begin(), acc.end(), 0.f);
-        for (size_t i = first; i < first + count; ++i) {
-          const float* part = plan.items[i].partial;
-          const float weight = std::exp(part[m] - max);
-          sum += weight * part[kMaxLanes + m];
-          for (int64_t d = 0; d < P.D; ++d) acc[d] += weight * part[2 * kMaxLanes + d * kMaxLanes + m];
-        }
-        float* out = P.out + (r * P.H + h) * P.D;
-        for (int64_t d = 0; d < P.D; ++d) out[d] = acc[d] / sum;
-      }
-    }
-  }
-}
 
 struct PagedAttention {
-  PagedAttention(const OrtApi* api, const OrtKernelInfo* info) {
-    auto get_int = [&](const char* name, int64_t fallback, bool required) {
-      int64_t v = fallback;
-      if (OrtStatus* st = api->KernelInfoGetAttribute_int64(info, name, &v)) {
-        api->ReleaseStatus(st);
-        if (required) attr_error_ += std::string("attribute '") + name + "' is required; ";
-        v = fallback;
-      }
-      return v;
-    };
-    auto get_float = [&](const char* name, float fallback) {
-      float v = fallback;
-      if (OrtStatus* st = api->KernelInfoGetAttribute_float(info, name, &v)) {
-        api->ReleaseStatus(st);
-        v = fallback;
-      }
-      return v;
-    };
-    num_heads_ = get_int("num_heads", 0, true);
-    num_kv_heads_ = get_int("num_kv_heads", 0, true);
-    sliding_window_ = get_int("sliding_window", 0, false);
-    scale_ = get_float("scale", 0.f);
-    softcap_ = get_float("softcap", 0.f);
-    if (attr_error_.empty() && (num_heads_ <= 0 || num_kv_heads_ <= 0 || num_heads_ % num_kv_heads_ != 0))
-      attr_error_ = "num_heads (" + std::to_string(num_heads_) + ") must be a positive multiple of num_kv_heads (" +
-                    std::to_string(num_kv_heads_) + "); ";
-    if (sliding_window_ < 0) attr_error_ += "sliding_window must be >= 0 (0 = none); ";
-    if (softcap_ < 0.f) attr_error_ += "softcap must be >= 0 (0 = none); ";
-  }
+  PagedAttention(const OrtApi* api, const OrtKernelInfo* info) : attrs_(api, info) {}
 
   Ort::Status Compute(OrtKernelContext* context, const Tensor<float>& query, const Tensor<float>& key,
                       const Tensor<float>& value, const Tensor<float>& key_cache, const Tensor<float>& value_cache,
@@ -185,146 +20,62 @@ struct PagedAttention {
                       const Tensor<int32_t>& context_lens, const Tensor<int32_t>& query_start_loc,
                       Tensor<float>& output, Tensor<float>& key_cache_out, Tensor<float>& value_cache_out) {
     try {
-      std::string err;
       Problem P{};
-      if (!attr_error_.empty()) return Error("PagedAttention: " + attr_error_);
-      err = Validate(query, key, value, key_cache, value_cache, slot_mapping, block_tables, context_lens,
-                     query_start_loc, P);
-      if (!err.empty()) return Error("PagedAttention: " + err);
-
-      // The caches are outputs aliased to the inputs: the caller binds one OrtValue to both.
-      P.kc = key_cache_out.Allocate(key_cache.Shape());
-      P.vc = value_cache_out.Allocate(value_cache.Shape());
-      if (P.kc != key_cache.Data() || P.vc != value_cache.Data())
-        return Error("PagedAttention: key_cache_out/value_cache_out must be the same OrtValue as key_cache/"
-                     "value_cache (bind each cache as both input and output with IOBinding); got a separate "
-                     "buffer, so the in-place cache update would be lost");
+      std::string err = Validate(query, key, value, key_cache, value_cache, slot_mapping, block_tables,
+                                 context_lens, query_start_loc, P);
+      if (err.empty()) err = AliasCaches(key_cache, value_cache, key_cache_out, value_cache_out, P);
+      if (!err.empty()) return OpError(err);
       P.out = output.Allocate({P.T, P.H * P.D});
-
+      P.q = query.Data();
       // 1. Write the new key/value rows at their slots (in token order; -1 = skip).
-      const int64_t* slots = slot_mapping.Data();
       for (int64_t t = 0; t < P.T; ++t) {
-        if (slots[t] < 0) continue;
-        const int64_t blk = slots[t] / P.block_size, off = slots[t] % P.block_size;
+        if (P.slots[t] < 0) continue;
         for (int64_t g = 0; g < P.KVH; ++g) {
-          const int64_t row = ((blk * P.KVH + g) * P.block_size + off) * P.D;
-          std::memcpy(P.kc + row, key.Data() + (t * P.KVH + g) * P.D, P.D * sizeof(float));
-          std::memcpy(P.vc + row, value.Data() + (t * P.KVH + g) * P.D, P.D * sizeof(float));
+          const int64_t row = CacheRowOffset(P, P.slots[t], g);
+          WriteRow(P, P.kc + row, key.Data() + (t * P.KVH + g) * P.D);
+          WriteRow(P, P.vc + row, value.Data() + (t * P.KVH + g) * P.D);
         }
       }
-
-      // 2. Attention, parallel over (sequence, kv head, query tile[, split-K piece]).
-      Plan plan;
-      plan.problem = &P, plan.run = PickKernel();
-      PlanWork(P, plan);
-      if (!plan.items.empty()) Ort::KernelContext(context).ParallelFor(RunTask, plan.items.size(), 0, &plan);
-      MergeSplits(P, plan);
+      // 2. Attention.
+      Attend(context, P);
       return Ort::Status{nullptr};
     } catch (const std::exception& e) {
-      return Error(std::string("PagedAttention: ") + e.what());
+      return OpError(e.what());
     }
   }
 
  private:
-  static Ort::Status Error(const std::string& msg) { return Ort::Status(msg.c_str(), ORT_INVALID_ARGUMENT); }
-
   std::string Validate(const Tensor<float>& query, const Tensor<float>& key, const Tensor<float>& value,
                        const Tensor<float>& key_cache, const Tensor<float>& value_cache,
                        const Tensor<int64_t>& slot_mapping, const Tensor<int32_t>& block_tables,
                        const Tensor<int32_t>& context_lens, const Tensor<int32_t>& query_start_loc, Problem& P) {
+    if (!attrs_.error.empty()) return attrs_.error;
     const auto &qs = query.Shape(), &ks = key.Shape(), &vs = value.Shape();
-    const auto &kcs = key_cache.Shape(), &vcs = value_cache.Shape();
-    const auto &sms = slot_mapping.Shape(), &bts = block_tables.Shape();
-    const auto &cls = context_lens.Shape(), &qls = query_start_loc.Shape();
-    if (qs.size() != 2 || qs[1] % num_heads_ != 0)
-      return "query must be [T, num_heads*head_size] with num_heads=" + std::to_string(num_heads_) + ", got " +
+    if (qs.size() != 2 || qs[1] % attrs_.num_heads != 0)
+      return "query must be [T, num_heads*head_size] with num_heads=" + std::to_string(attrs_.num_heads) + ", got " +
              ShapeStr(qs);
-    P.T = qs[0], P.H = num_heads_, P.KVH = num_kv_heads_, P.D = qs[1] / num_heads_, P.group = P.H / P.KVH;
-    if (P.D < 32 || P.D > 256)
-      return "head_size (query width " + std::to_string(qs[1]) + " / num_heads " + std::to_string(P.H) +
-             ") = " + std::to_string(P.D) + " is outside the supported range [32, 256]";
+    P.T = qs[0], P.cache = CacheType::kF32;
+    const std::string how = "query width " + std::to_string(qs[1]) + " / num_heads " + std::to_string(attrs_.num_heads);
+    std::string err = SetHeads(attrs_, qs[1] / attrs_.num_heads, how, P);
+    if (!err.empty()) return err;
     const std::vector<int64_t> kv_shape{P.T, P.KVH * P.D};
     if (ks != kv_shape) return "key must be [T, num_kv_heads*head_size] = " + ShapeStr(kv_shape) + ", got " + ShapeStr(ks);
     if (vs != kv_shape) return "value must be [T, num_kv_heads*head_size] = " + ShapeStr(kv_shape) + ", got " + ShapeStr(vs);
-    if (kcs.size() != 4 || kcs[1] != P.KVH || kcs[3] != P.D || kcs[2] <= 0)
-      return "key_cache must be [num_blocks, num_kv_heads=" + std::to_string(P.KVH) + ", block_size, head_size=" +
-             std::to_string(P.D) + "], got " + ShapeStr(kcs);
-    if (vcs != kcs) return "value_cache shape " + ShapeStr(vcs) + " differs from key_cache shape " + ShapeStr(kcs);
-    P.num_blocks = kcs[0], P.block_size = kcs[2];
-    if (sms != std::vector<int64_t>{P.T}) return "slot_mapping must be [T] = [" + std::to_string(P.T) + "], got " + ShapeStr(sms);
-    if (bts.size() != 2) return "block_tables must be [B, max_blocks], got " + ShapeStr(bts);
-    P.B = bts[0], P.max_blocks = bts[1];
-    if (cls != std::vector<int64_t>{P.B})
-      return "context_lens must be [B] = [" + std::to_string(P.B) + "] (rows of block_tables), got " + ShapeStr(cls);
-    if (qls != std::vector<int64_t>{P.B + 1})
-      return "query_start_loc must be [B+1] = [" + std::to_string(P.B + 1) + "], got " + ShapeStr(qls);
-
-    P.scale = scale_ != 0.f ? scale_ : 1.f / std::sqrt(static_cast<float>(P.D));
-    P.softcap = softcap_, P.window = sliding_window_;
-    P.q = query.Data(), P.block_tables = block_tables.Data(), P.context_lens = context_lens.Data();
-    P.qsl = query_start_loc.Data();
-
-    // Slots: -1 or inside the cache.
-    const int64_t* slots = slot_mapping.Data();
-    const int64_t num_slots = P.num_blocks * P.block_size;
-    for (int64_t t = 0; t < P.T; ++t)
-      if (slots[t] < -1 || slots[t] >= num_slots)
-        return "slot_mapping[" + std::to_string(t) + "] = " + std::to_string(slots[t]) +
-               " is outside the cache (valid: -1 or 0.." + std::to_string(num_slots - 1) + " = num_blocks*block_size-1)";
-    // query_start_loc: starts at 0, non-decreasing, ends at T; each q_len <= context_len.
-    if (P.qsl[0] != 0) return "query_start_loc[0] = " + std::to_string(P.qsl[0]) + ", must be 0";
-    if (P.qsl[P.B] != P.T)
-      return "query_start_loc[B=" + std::to_string(P.B) + "] = " + std::to_string(P.qsl[P.B]) +
-             " must equal the number of query rows T = " + std::to_string(P.T);
-    for (int64_t b = 0; b < P.B; ++b) {
-      const int64_t q_len = int64_t{P.qsl[b + 1]} - P.qsl[b], ctx = P.context_lens[b];
-      if (q_len < 0)
-        return "query_start_loc must be non-decreasing, but query_start_loc[" + std::to_string(b) + "] = " +
-               std::to_string(P.qsl[b]) + " > query_start_loc[" + std::to_string(b + 1) + "] = " + std::to_string(P.qsl[b + 1]);
-      if (ctx < q_len)
-        return "context_lens[" + std::to_string(b) + "] = " + std::to_string(ctx) + " is less than the sequence's " +
-               "query length " + std::to_string(q_len) + " (from query_start_loc); context_lens counts the cached tokens "
-               "including this step's";
-      if (ctx > P.max_blocks * P.block_size)
-        return "context_lens[" + std::to_string(b) + "] = " + std::to_string(ctx) + " exceeds block_tables capacity " +
-               std::to_string(P.max_blocks) + " blocks * block_size " + std::to_string(P.block_size);
-      if (q_len == 0) continue;
-      // Every block this sequence reads must be a real block.
-      const int64_t first = P.window > 0 ? std::max<int64_t>(0, ctx - q_len - P.window + 1) : 0;
-      for (int64_t j = first / P.block_size; j * P.block_size < ctx; ++j) {
-        const int32_t blk = P.block_tables[b * P.max_blocks + j];
-        if (blk < 0 || blk >= P.num_blocks)
-          return "block_tables[" + std::to_string(b) + "][" + std::to_string(j) + "] = " + std::to_string(blk) +
-                 " is out of range: the cache has num_blocks = " + std::to_string(P.num_blocks);
-      }
-    }
-    return {};
+    return ValidateBatch(key_cache.Shape(), value_cache.Shape(), slot_mapping, block_tables, context_lens,
+                         query_start_loc, P);
   }
 
-  int64_t num_heads_ = 0, num_kv_heads_ = 0, sliding_window_ = 0;
-  float scale_ = 0.f, softcap_ = 0.f;
-  std::string attr_error_;
+  AttentionAttrs attrs_;
 };
 
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL
-RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
-  Ort::InitApi(api_base->GetApi(ORT_API_VERSION));
-  // The op and its domains must outlive every session that uses them.
+namespace ortserve {
+
+Ort::Custom::OrtLiteCustomOp* PagedAttentionOp() {
   static std::unique_ptr<Ort::Custom::OrtLiteCustomOp> op{
       Ort::Custom::CreateLiteCustomOp<PagedAttention>("PagedAttention", "CPUExecutionProvider", 1)};
-  static std::vector<Ort::CustomOpDomain> domains;
-  static std::mutex mutex;
-  try {
-    std::lock_guard<std::mutex> lock(mutex);
-    Ort::CustomOpDomain domain{"ortserve"};
-    domain.Add(op.get());
-    domain.Add(ortserve::AppendBlockSumsOp());
-    Ort::UnownedSessionOptions(options).Add(domain);
-    domains.push_back(std::move(domain));
-  } catch (const std::exception& e) {
-    return Ort::Status(e).release();
-  }
-  return nullptr;
+  return op.get();
 }
+
+}  // namespace ortserve

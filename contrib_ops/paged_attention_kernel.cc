@@ -5,6 +5,8 @@
 // a vector holds one value per lane (query), so every loop over head_size is plain FMAs with a
 // broadcast key/value element, and head_size needs no tail handling.
 // Uses nothing from the C++ standard library, so no inline function is shared between builds.
+// The caches may hold float, half or int8 rows (CacheType): each 16-row chunk is read as floats,
+// converted into a scratch buffer first when the cache is not float.
 #include "paged_attention_kernel.h"
 
 #ifndef ORTSERVE_ISA
@@ -18,57 +20,26 @@ namespace ORTSERVE_ISA {
 namespace {
 
 constexpr int kChunk = 16;         // positions per online-softmax step
-constexpr int kMaxHeadSize = 256;  // validated by the op
 constexpr float kMasked = -1e30f;  // score of a masked position (finite, so max - max is 0)
 
-template <int W>
-struct V {
-  typedef float F __attribute__((vector_size(W * 4)));
-  typedef int32_t I __attribute__((vector_size(W * 4)));
-};
+#include "simd_math.h"  // V<W>, Splat, Max, Min, Exp, Softcap: in this ISA's namespace
 
-template <class F> ALWAYS_INLINE F Splat(float s) { return F{} + s; }
-template <class F> ALWAYS_INLINE F Max(F a, F b) { return a > b ? a : b; }
-template <class F> ALWAYS_INLINE F Min(F a, F b) { return a < b ? a : b; }
-
-// e^x for x in [-87, 88] (clamped), Cephes polynomial: x = n ln2 + r, e^x = 2^n e^r.
-template <class F, class I>
-ALWAYS_INLINE F Exp(F x) {
-  x = Min(Max(x, Splat<F>(-87.f)), Splat<F>(88.f));
-  const F n = (x * 1.44269504f + 12582912.f) - 12582912.f;  // round(x / ln2) via the 1.5*2^23 trick
-  const F r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  // x - n ln2 in two steps (hi, lo)
-  F p = Splat<F>(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.f;                                         // e^r
-  const I pow2 = (__builtin_convertvector(n, I) + 127) << 23;         // 2^n as float bits
-  return p * (F)pow2;
+// Step d of a loop over D prefetches line d / 8 of row d % 8 of the next chunk's 8 raw cache rows,
+// while line d / 8 is inside the row (8 rows x row_bytes / 64 lines): spread out, the loads overlap
+// the math.
+ALWAYS_INLINE void PrefetchStep(const unsigned char* const* rows, int64_t d, int64_t row_bytes) {
+  if ((d >> 3) * 64 < row_bytes) __builtin_prefetch(rows[d & 7] + (d >> 3) * 64);
 }
 
-// c * tanh(s / c), with tanh(x) = 1 - 2 / (e^{2x} + 1).
-template <class F, class I>
-ALWAYS_INLINE F Softcap(F s, float c) {
-  return (1.f - 2.f / (Exp<F, I>(s * (2.f / c)) + 1.f)) * c;
-}
-
-// Step d of a loop over D prefetches line d / 8 of row d % 8 of the next chunk's 8 rows, for
-// d < D / 2 (8 rows x D / 16 lines): spread out, the loads overlap the math.
-ALWAYS_INLINE void PrefetchStep(const float* const* rows, int64_t d, int64_t D) {
-  if (d < D / 2) __builtin_prefetch(rows[d & 7] + (d >> 3) * 16);
-}
-
-// s[j] = <q_lane, k_j> for 8 keys: qt is [D][W] (lanes innermost), k_j a cached row.
+// s[j] = <q_lane, k_j> for 8 keys: qt is [D][W] (lanes innermost), k_j a row of floats.
 template <int W>
 ALWAYS_INLINE void Scores8(const float* qt, const float* const* k, typename V<W>::F* s, int64_t D,
-                           const float* const* prefetch) {
+                           const unsigned char* const* prefetch, int64_t row_bytes) {
   typedef typename V<W>::F F;
   const float *k0 = k[0], *k1 = k[1], *k2 = k[2], *k3 = k[3], *k4 = k[4], *k5 = k[5], *k6 = k[6], *k7 = k[7];
   F s0{}, s1{}, s2{}, s3{}, s4{}, s5{}, s6{}, s7{};
   for (int64_t d = 0; d < D; ++d) {
-    PrefetchStep(prefetch, d, D);
+    PrefetchStep(prefetch, d, row_bytes);
     const F q = *reinterpret_cast<const F*>(qt + d * W);
     s0 += q * k0[d], s1 += q * k1[d], s2 += q * k2[d], s3 += q * k3[d];
     s4 += q * k4[d], s5 += q * k5[d], s6 += q * k6[d], s7 += q * k7[d];
@@ -79,12 +50,13 @@ ALWAYS_INLINE void Scores8(const float* qt, const float* const* k, typename V<W>
 // acc[d] = acc[d] * alpha + sum_j p[j] * v_j[d] for 8 value rows; acc is [D][W].
 template <int W>
 ALWAYS_INLINE void Accumulate8(float* acc, const float* const* v, const typename V<W>::F* p,
-                               typename V<W>::F alpha, int64_t D, const float* const* prefetch) {
+                               typename V<W>::F alpha, int64_t D, const unsigned char* const* prefetch,
+                               int64_t row_bytes) {
   typedef typename V<W>::F F;
   const float *v0 = v[0], *v1 = v[1], *v2 = v[2], *v3 = v[3], *v4 = v[4], *v5 = v[5], *v6 = v[6], *v7 = v[7];
   const F p0 = p[0], p1 = p[1], p2 = p[2], p3 = p[3], p4 = p[4], p5 = p[5], p6 = p[6], p7 = p[7];
   for (int64_t d = 0; d < D; ++d) {
-    PrefetchStep(prefetch, d, D);
+    PrefetchStep(prefetch, d, row_bytes);
     F* a = reinterpret_cast<F*>(acc + d * W);
     const F even = *a * alpha + p0 * v0[d] + p2 * v2[d] + p4 * v4[d] + p6 * v6[d];  // two chains
     const F odd = p1 * v1[d] + p3 * v3[d] + p5 * v5[d] + p7 * v7[d];              // halve latency
@@ -94,18 +66,18 @@ ALWAYS_INLINE void Accumulate8(float* acc, const float* const* v, const typename
 
 // Walks a sequence's cached positions block by block, 16 rows at a time.
 struct RowCursor {
-  const float *kc, *vc;
+  const unsigned char *kc, *vc;
   const int32_t* table;  // this sequence's block table
-  int64_t block_size, block_stride, row_stride, head_offset, blk, off, pos, end;
+  int64_t block_size, block_stride, row_bytes, head_offset, blk, off, pos, end;
   RowCursor(const Problem& p, const int32_t* t, int64_t kv_head, int64_t begin, int64_t e)
-      : kc(p.kc), vc(p.vc), table(t), block_size(p.block_size), block_stride(p.KVH * p.block_size * p.D),
-        row_stride(p.D), head_offset(kv_head * p.block_size * p.D), blk(begin / p.block_size),
+      : kc(p.kc), vc(p.vc), table(t), block_size(p.block_size), block_stride(p.KVH * p.block_size * p.row_bytes),
+        row_bytes(p.row_bytes), head_offset(kv_head * p.block_size * p.row_bytes), blk(begin / p.block_size),
         off(begin % p.block_size), pos(begin), end(e) {}
-  // Pointers to the K and V rows of the next 16 positions (past the end: repeats of the last).
-  ALWAYS_INLINE void Next(const float** k, const float** v) {
+  // The raw K and V rows of the next 16 positions (past the end: repeats of the last).
+  ALWAYS_INLINE void Next(const unsigned char** k, const unsigned char** v) {
     for (int j = 0; j < kChunk; ++j, ++pos) {
       if (pos < end) {
-        const int64_t row = table[blk] * block_stride + head_offset + off * row_stride;
+        const int64_t row = table[blk] * block_stride + head_offset + off * row_bytes;
         k[j] = kc + row, v[j] = vc + row;
         if (++off == block_size) off = 0, ++blk;
       } else {
@@ -115,13 +87,87 @@ struct RowCursor {
   }
 };
 
-template <int W>
+// half -> float, for the build without F16C: sign, exponent rebias, subnormals normalised.
+ALWAYS_INLINE float HalfToFloat(uint16_t h) {
+  const uint32_t sign = (uint32_t{h} & 0x8000u) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);  // inf, nan
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);  // 112 = 127 - 15
+  } else if (mant == 0) {
+    bits = sign;
+  } else {  // subnormal: mant * 2^-24
+    float f = static_cast<float>(mant) * (1.f / 16777216.f);
+    __builtin_memcpy(&bits, &f, 4);
+    bits |= sign;
+  }
+  float f;
+  __builtin_memcpy(&f, &bits, 4);
+  return f;
+}
+
+// One raw cache row -> D floats in `out`.
+template <CacheType C>
+ALWAYS_INLINE void RowToFloats(const unsigned char* row, float* out, int64_t D) {
+  if constexpr (C == CacheType::kF16) {
+    int64_t d = 0;
+#if defined(__F16C__)
+    for (; d + 8 <= D; d += 8) {
+      typedef short H8 __attribute__((vector_size(16)));
+      typedef float F8 __attribute__((vector_size(32)));
+      H8 h;
+      __builtin_memcpy(&h, row + 2 * d, 16);
+      const F8 f = __builtin_ia32_vcvtph2ps256(h);
+      __builtin_memcpy(out + d, &f, 32);
+    }
+#endif
+    for (; d < D; ++d) {
+      uint16_t h;
+      __builtin_memcpy(&h, row + 2 * d, 2);
+      out[d] = HalfToFloat(h);
+    }
+  } else {  // kI8: codes, then the row's scale
+    typedef int8_t C16 __attribute__((vector_size(16)));
+    typedef float F16 __attribute__((vector_size(64)));
+    float scale;
+    __builtin_memcpy(&scale, row + D, 4);
+    int64_t d = 0;
+    for (; d + 16 <= D; d += 16) {
+      C16 c;
+      __builtin_memcpy(&c, row + d, 16);
+      const F16 f = __builtin_convertvector(c, F16) * scale;
+      __builtin_memcpy(out + d, &f, 64);
+    }
+    for (; d < D; ++d) out[d] = static_cast<float>(static_cast<int8_t>(row[d])) * scale;
+  }
+}
+
+// Float views of 16 raw rows: the rows themselves for a float cache, else converted into scratch.
+template <CacheType C>
+ALWAYS_INLINE void ChunkRows(const unsigned char* const* raw, float* scratch, const float** rows, int n,
+                             int64_t D) {
+  for (int j = 0; j < kChunk; ++j) {
+    if constexpr (C == CacheType::kF32) {
+      rows[j] = reinterpret_cast<const float*>(raw[j]);
+    } else if (j < n) {
+      RowToFloats<C>(raw[j], scratch + j * D, D);
+      rows[j] = scratch + j * D;
+    } else {
+      rows[j] = rows[j - 1];  // padding: masked, never weighed
+    }
+  }
+}
+
+template <int W, CacheType C>
 void RunTile(const Problem& P, const WorkItem& w) {
   typedef typename V<W>::F F;
   typedef typename V<W>::I I;
   alignas(64) float qt[kMaxHeadSize * W], acc[kMaxHeadSize * W];  // 32 KiB of stack at most
+  // converted K and V rows of the chunk (fp16 / int8 caches): 32 KiB more at most
+  alignas(64) float scratch[2][C == CacheType::kF32 ? 1 : kChunk * kMaxHeadSize];
   alignas(64) int32_t lo_lane[W], hi_lane[W];
-  const int64_t D = P.D, heads = w.head_end - w.head_begin;
+  const int64_t D = P.D, heads = w.head_end - w.head_begin, row_bytes = P.row_bytes;
   const int64_t qs = P.qsl[w.seq], q_len = P.qsl[w.seq + 1] - qs, ctx = P.context_lens[w.seq];
 
   // Lanes: query vector (row, head) -> visible positions [lo, hi]; unused lanes see nothing.
@@ -141,22 +187,25 @@ void RunTile(const Problem& P, const WorkItem& w) {
 
   F run_max = Splat<F>(kMasked), run_sum{};
   const int32_t* table = P.block_tables + w.seq * P.max_blocks;
-  // Row pointers are double-buffered so that the four passes over a chunk can prefetch the next
+  // Raw row pointers are double-buffered so that the passes over a chunk can prefetch the next
   // chunk's rows: cache blocks are scattered and the hardware prefetcher stops at every block
   // edge. (The last chunk "prefetches" its own rows: cache hits.)
   RowCursor cursor(P, table, w.kv_head, w.key_begin, w.key_end);
-  const float* rows[2][2][kChunk];  // [buffer][key, value][position in chunk]
-  cursor.Next(rows[0][0], rows[0][1]);
+  const unsigned char* raw[2][2][kChunk];  // [buffer][key, value][position in chunk]
+  const float* rows[2][kChunk];            // float views of this chunk's [key, value] rows
+  cursor.Next(raw[0][0], raw[0][1]);
   int cur = 0;
   for (int64_t c = w.key_begin; c < w.key_end; c += kChunk, cur ^= 1) {
     const int n = static_cast<int>(w.key_end - c < kChunk ? w.key_end - c : kChunk);
-    const float *const *k = rows[cur][0], *const *v = rows[cur][1];
+    ChunkRows<C>(raw[cur][0], scratch[0], rows[0], n, D);
+    ChunkRows<C>(raw[cur][1], scratch[1], rows[1], n, D);
     const bool more = c + kChunk < w.key_end;
-    if (more) cursor.Next(rows[cur ^ 1][0], rows[cur ^ 1][1]);
-    const float *const *next_k = more ? rows[cur ^ 1][0] : k, *const *next_v = more ? rows[cur ^ 1][1] : v;
+    if (more) cursor.Next(raw[cur ^ 1][0], raw[cur ^ 1][1]);
+    const unsigned char *const *next_k = raw[more ? cur ^ 1 : cur][0], *const *next_v = raw[more ? cur ^ 1 : cur][1];
+    const float *const *k = rows[0], *const *v = rows[1];
     F s[kChunk], p[kChunk];
-    Scores8<W>(qt, k, s, D, next_k);
-    if (n > 8) Scores8<W>(qt, k + 8, s + 8, D, next_k + 8);
+    Scores8<W>(qt, k, s, D, next_k, row_bytes);
+    if (n > 8) Scores8<W>(qt, k + 8, s + 8, D, next_k + 8, row_bytes);
     // Mask positions outside [lo, hi] (and the padding), then the chunk's max per lane.
     F chunk_max = Splat<F>(kMasked);
     I valid[kChunk];
@@ -177,8 +226,8 @@ void RunTile(const Problem& P, const WorkItem& w) {
     }
     run_sum = run_sum * alpha + chunk_sum;
     run_max = new_max;
-    Accumulate8<W>(acc, v, p, alpha, D, next_v);  // acc = acc e^{m - m'} + sum_j p_j v_j
-    if (n > 8) Accumulate8<W>(acc, v + 8, p + 8, Splat<F>(1.f), D, next_v + 8);
+    Accumulate8<W>(acc, v, p, alpha, D, next_v, row_bytes);  // acc = acc e^{m - m'} + sum_j p_j v_j
+    if (n > 8) Accumulate8<W>(acc, v + 8, p + 8, Splat<F>(1.f), D, next_v + 8, row_bytes);
   }
 
   alignas(64) float max_lane[W], sum_lane[W];
@@ -201,14 +250,23 @@ void RunTile(const Problem& P, const WorkItem& w) {
   }
 }
 
+template <int W>
+void RunTileOf(const Problem& p, const WorkItem& w) {
+  switch (p.cache) {
+    case CacheType::kF16: return RunTile<W, CacheType::kF16>(p, w);
+    case CacheType::kI8: return RunTile<W, CacheType::kI8>(p, w);
+    default: return RunTile<W, CacheType::kF32>(p, w);
+  }
+}
+
 }  // namespace
 
 void RunWorkItem(const Problem& p, const WorkItem& w) {
   const int64_t lanes = (w.row_end - w.row_begin) * (w.head_end - w.head_begin);
   if (lanes <= 8) {
-    RunTile<8>(p, w);  // decode with a small GQA group: 8-lane vectors waste fewer lanes
+    RunTileOf<8>(p, w);  // decode with a small GQA group: 8-lane vectors waste fewer lanes
   } else {
-    RunTile<16>(p, w);
+    RunTileOf<16>(p, w);
   }
 }
 

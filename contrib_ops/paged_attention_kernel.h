@@ -6,6 +6,16 @@
 
 namespace ortserve {
 
+// How the caches hold one row (one position of one kv head): D floats, D halves, or D int8 codes
+// followed by their float32 scale (x = code * scale, scale = max |x| / 127, codes rounded to even).
+enum class CacheType : int32_t { kF32 = 0, kF16 = 1, kI8 = 2 };
+
+// The cache's last dimension, in elements of its type, for a head of D values.
+inline int64_t CacheRowWidth(CacheType t, int64_t D) { return t == CacheType::kI8 ? D + 4 : D; }
+inline int64_t CacheRowBytes(CacheType t, int64_t D) {
+  return t == CacheType::kF32 ? 4 * D : t == CacheType::kF16 ? 2 * D : D + 4;
+}
+
 // One validated call of the op. Shapes as in docs/design.md §1; D = head_size.
 struct Problem {
   int64_t T, H, KVH, D, group, num_blocks, block_size, B, max_blocks;
@@ -13,13 +23,17 @@ struct Problem {
   int64_t window;  // sliding window, 0 = none
   const float* q;  // [T, H, D]
   float* out;      // [T, H, D]
-  float* kc;       // [num_blocks, KVH, block_size, D]
-  float* vc;       // same
+  CacheType cache;
+  int64_t row_bytes;  // CacheRowBytes(cache, D)
+  unsigned char* kc;  // [num_blocks, KVH, block_size, row]
+  unsigned char* vc;  // same
   const int32_t* block_tables;
   const int32_t* context_lens;
   const int32_t* qsl;  // query_start_loc
+  const int64_t* slots;  // slot_mapping [T]: block*block_size + offset of each new token, -1 = none
 };
 
+constexpr int kMinHeadSize = 32, kMaxHeadSize = 256;  // validated by the op
 constexpr int kMaxLanes = 16;  // query vectors per work item = SIMD lanes of the kernel
 
 // Query heads [head_begin, head_end) of one kv head, for query rows [row_begin, row_end) of one

@@ -3,15 +3,16 @@
 Everything is 2-D over the flattened batch [T, ·]: no padding, no batch axis. Per layer:
 
     x, h = SkipNorm(delta, h)                  # residual add fused with the next norm
-    q, k, v = Split(Linear_qkv(x))             # one fused projection
-    q, k = RotaryEmbedding(QKNorm(q, k), positions)   # one call over [q | k] without q/k norms
-    a = Linear_o(PagedAttention(q, k, v, caches, slots, tables, ...))
+    a = Linear_o(PackedPagedAttention(Linear_qkv(x), caches, slots, tables, ..., positions, cos, sin
+                                      [, q_norm, k_norm]))   # split, q/k norm, rotary, cache, attention
     x, h = SkipNorm(PostNorm(a), h)            # PostNorm: Gemma 2/3 only
-    delta = PostNorm(Linear_down(act(gate) * up))
+    delta = PostNorm(Linear_down(GatedActivation(Linear_gate_up(x))))   # act(gate) * up, one node
 
 Hidden states are gathered at ``logits_indices`` before the final norm and the LM head.
 CPU-fast ORT contrib ops: SimplifiedLayerNormalization, SkipSimplifiedLayerNormalization,
-SkipLayerNormalization, RotaryEmbedding, MatMulNBits, GatherBlockQuantized. fp32 linears are
+SkipLayerNormalization, MatMulNBits, GatherBlockQuantized; ours (domain ``ortserve``):
+PackedPagedAttention, GatedActivation. Every node is a kernel launch and a
+decode step of a small model is mostly launches, so each layer is as few nodes as we can make it. fp32 linears are
 ``MatMul`` on [in, out] weights (a tied fp32 LM head transposes the embedding once, at load); a
 tied quantised LM head serves the embedding lookup too. Quantised linears are MatMulNBits (GGUF
 tensors keep their own codes, see ``storage.py``); GGUF formats with float block minimums add
@@ -31,11 +32,13 @@ from ortserve.artifact import LOGITS_OUTPUT, STEP_INPUTS, ArtifactManifest
 from . import storage
 from .architectures import Architecture
 from .config import ModelSpec
+from .errors import ExportError
 from .quantize import ACCURACY_LEVEL, concat_rows, quantize
 from .rope import rope_table
 from .weights import WeightJob, WeightSource
 
 MS, OURS = "com.microsoft", "ortserve"
+GATED_ACTIVATIONS = ("silu", "gelu_tanh")  # what ortserve.GatedActivation computes
 OPSETS = [helper.make_opsetid("", 21), helper.make_opsetid(MS, 1), helper.make_opsetid(OURS, 1)]
 IR_VERSION = 10  # onnxruntime 1.31 loads IR <= 13; onnx 1.23 would write 14
 
@@ -252,36 +255,30 @@ class DecoderBuilder:
             )
         return out[0], out[3]
 
-    def rotary(self, x3d: str, heads: int, layer: int, positions: dict[str, str]) -> str:
+    def rope_inputs(self, layer: int, positions: dict[str, str]) -> list[str]:
+        """[positions, cos_cache, sin_cache] of this layer's rope (tables shared by every layer with
+        the same rope; Gemma's local and global layers differ)."""
         key = self.spec.rope_key(layer)
-        rope = self.spec.ropes[key]
         cos, sin = f"rope.{key}.cos", f"rope.{key}.sin"
         if key not in positions:
-            table = rope_table(rope, self.max_model_len)
+            table = rope_table(self.spec.ropes[key], self.max_model_len)
             self.plan(f"rope.{key}", lambda t=table: {cos: t.cos, sin: t.sin})
             positions[key] = self.rope_positions(table.long_offset)
-        return self.op(
-            "RotaryEmbedding",
-            [x3d, positions[key], cos, sin],
-            domain=MS,
-            name="rope",
-            num_heads=heads,
-            rotary_embedding_dim=rope.rotary_dim,
-            interleaved=0,
-        )[0]
+        return [positions[key], cos, sin]
 
     def rope_positions(self, long_offset: int) -> str:
-        pos = self.op("Unsqueeze", ["positions", self.ints(0)], name="pos2d")[0]  # [1, T]
         if not long_offset:
-            return pos
+            return "positions"
         # longrope: every row reads the long half once any position reaches the original length
         longest = self.op("ReduceMax", ["positions"], keepdims=1, name="max_pos")[0]
         switch = self.op(
             "Cast", [self.op("GreaterOrEqual", [longest, self.ints(long_offset)])[0]], to=TensorProto.INT64
         )[0]
-        return self.op("Add", [pos, self.op("Mul", [switch, self.ints(long_offset)])[0]], name="pos_long")[0]
+        return self.op("Add", ["positions", self.op("Mul", [switch, self.ints(long_offset)])[0]], name="pos_long")[0]
 
     def attention(self, x: str, layer: int, positions: dict[str, str]) -> str:
+        """One PackedPagedAttention node on the fused qkv projection: it splits q/k/v, applies the
+        q/k norms (Qwen3, Gemma 3) and rotary, writes the cache and attends."""
         s, n, i = self.spec, self.arch.names, layer
         q_size, kv_size = s.num_heads * s.head_size, s.num_kv_heads * s.head_size
         parts = (
@@ -290,53 +287,34 @@ class DecoderBuilder:
             else [(n.q.format(i=i), q_size), (n.k.format(i=i), kv_size), (n.v.format(i=i), kv_size)]
         )
         qkv = self.linear(x, f"layers.{i}.qkv", parts, s.hidden_size, self.precision)
-        if s.ropes and not (n.q_norm or n.k_norm):  # one rotary call for q and k: fewer nodes
-            qk, v = self.op("Split", [qkv, self.ints(q_size + kv_size, kv_size)], 2, axis=1, name="split_qk_v")
-            qk = self.op("Reshape", [qk, self.ints(1, -1, q_size + kv_size)])[0]
-            qk = self.rotary(qk, s.num_heads + s.num_kv_heads, i, positions)
-            qk = self.op("Reshape", [qk, self.ints(-1, q_size + kv_size)])[0]
-            q, k = self.op("Split", [qk, self.ints(q_size, kv_size)], 2, axis=1, name="split_q_k")
-        else:
-            q, k, v = self.op("Split", [qkv, self.ints(q_size, kv_size, kv_size)], 3, axis=1, name="split_qkv")
-            q, k = (
-                self.head_norm_and_rotary(t, heads, norm, i, positions)
-                for t, heads, norm in ((q, s.num_heads, n.q_norm), (k, s.num_kv_heads, n.k_norm))
-            )
+        optional = self.rope_inputs(i, positions) if s.ropes else []
+        if n.q_norm or n.k_norm:  # positional optional inputs: the norms come after the rope tables
+            if not (s.ropes and n.q_norm and n.k_norm):
+                raise ExportError(f"{s.model_type}: q/k norms need rotary and both of q_norm, k_norm")
+            optional += [self.norm_weights(m.format(i=i), s.head_size)[0] for m in (n.q_norm, n.k_norm)]
         attn, _, _ = self.op(
-            "PagedAttention",
+            "PackedPagedAttention",
             [
-                q,
-                k,
-                v,
+                qkv,
                 f"key_cache.{i}",
                 f"value_cache.{i}",
                 "slot_mapping",
                 "block_tables",
                 "context_lens",
                 "query_start_loc",
+                *optional,
             ],
             outputs=[f"layers.{i}.attn", f"key_cache_out.{i}", f"value_cache_out.{i}"],
             domain=OURS,
+            name=f"layers.{i}.attention",
             num_heads=s.num_heads,
             num_kv_heads=s.num_kv_heads,
             scale=float(s.attn_scales[i]),
             sliding_window=s.window_for(i),
             softcap=float(s.attn_softcap),
+            norm_epsilon=float(s.norm_eps),
         )
         return self.linear(attn, f"layers.{i}.o", [(n.o.format(i=i), s.hidden_size)], q_size, self.precision)
-
-    def head_norm_and_rotary(self, t: str, heads: int, norm: str | None, layer: int, positions: dict[str, str]) -> str:
-        """Qwen3 / Gemma 3: RMSNorm over each head's vector, then rotary; [T, heads * head_size]."""
-        s = self.spec
-        if norm:
-            t = self.op("Reshape", [t, self.ints(-1, heads, s.head_size)])[0]
-            t = self.norm(t, norm.format(i=layer), s.head_size)
-        if s.ropes:
-            t = self.op("Reshape", [t, self.ints(1, -1, heads * s.head_size)])[0]
-            t = self.rotary(t, heads, layer, positions)
-        if norm or s.ropes:
-            t = self.op("Reshape", [t, self.ints(-1, heads * s.head_size)])[0]
-        return t
 
     def mlp(self, x: str, layer: int) -> str:
         s, n, i = self.spec, self.arch.names, layer
@@ -352,8 +330,13 @@ class DecoderBuilder:
                 else [(n.gate.format(i=i), size), (n.up.format(i=i), size)]
             )
             gate_up = self.linear(x, f"layers.{i}.gate_up", parts, s.hidden_size, self.precision)
-            gate, up = self.op("Split", [gate_up, self.ints(size, size)], 2, axis=1, name="split_gate_up")
-            hidden = self.op("Mul", [self.activation(gate), up], name="gated")[0]
+            if s.activation in GATED_ACTIVATIONS:  # one node for split, activation and product
+                hidden = self.op(
+                    "GatedActivation", [gate_up], domain=OURS, name=f"layers.{i}.gated", activation=s.activation
+                )[0]
+            else:
+                gate, up = self.op("Split", [gate_up, self.ints(size, size)], 2, axis=1, name="split_gate_up")
+                hidden = self.op("Mul", [self.activation(gate), up], name="gated")[0]
         return self.linear(hidden, f"layers.{i}.down", [(n.down.format(i=i), s.hidden_size)], size, self.precision)
 
     def activation(self, x: str) -> str:

@@ -47,16 +47,18 @@ class PagedRunner:
         threads: int = 0,
         seed: int = 0,
         options=None,
+        kv_cache_dtype: str = "fp32",
     ):
         """``options``: an ``onnxruntime.SessionOptions`` to use (profiling, spinning); the op
-        library is registered on it, and ``threads`` is then ignored."""
+        library is registered on it, and ``threads`` is then ignored. ``kv_cache_dtype``: fp32,
+        fp16 or int8 cache rows."""
         from ortserve.engine.memory import KVCachePlan
         from ortserve.engine.model_runner import ModelRunner
         from ortserve.engine.threads import ThreadPlan
 
         self.manifest = m = load_manifest(artifact)
-        per_block = m.kv_bytes_per_token() * block_size
-        plan = KVCachePlan(num_blocks, block_size, per_block, per_block * num_blocks)
+        per_block = m.kv_bytes_per_token(kv_cache_dtype) * block_size
+        plan = KVCachePlan(num_blocks, block_size, per_block, per_block * num_blocks, kv_cache_dtype)
         cores = tuple(range(threads or os.cpu_count() or 1))
         self.runner = ModelRunner(Path(artifact), m, plan, ThreadPlan(cores, bind=False), 64, options)
         self.session = self.runner.session

@@ -18,12 +18,20 @@ from pydantic import BaseModel, ConfigDict, Field
 
 FORMAT_VERSION = 1
 # The custom-op set the installed libortserve_ops.so provides: 1 = PagedAttention,
-# 2 = + AppendBlockSums. An artifact records the set its graph needs.
-OP_VERSION = 2
+# 2 = + AppendBlockSums, 3 = + PackedPagedAttention, GatedActivation. An artifact records the set
+# its graph needs.
+OP_VERSION = 3
 MANIFEST = "ortserve.json"
 MODEL_FILE = "model.onnx"
 
 Precision = Literal["fp32", "int8", "int4"]
+KVCacheDtype = Literal["fp32", "fp16", "int8"]
+KV_CACHE_DTYPES: tuple[str, ...] = get_args(KVCacheDtype)
+# One cached row (one position of one kv head) per KV cache dtype: its numpy type, and how many
+# elements follow the head's values (int8: its float32 scale, as 4 bytes). The op's layout:
+# contrib_ops/paged_attention_kernel.h CacheRowWidth; graphs from op_version 3 take all three.
+KV_ROW: dict[str, tuple[str, int]] = {"fp32": ("float32", 0), "fp16": ("float16", 0), "int8": ("int8", 4)}
+COMPACT_KV_OP_VERSION = 3
 PRECISIONS: tuple[str, ...] = get_args(Precision)  # the one list: export, resolve, CLIs and benchmarks read it
 
 
@@ -70,9 +78,24 @@ class ArtifactManifest(BaseModel):
     def value_cache_output(layer: int) -> str:
         return f"value_cache_out.{layer}"
 
-    def kv_bytes_per_token(self) -> int:
-        """Bytes of K and V for one token across all layers (fp32 cache)."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_size * 4
+    @classmethod
+    def cache_names(cls, layer: int) -> tuple[str, str, str, str]:
+        """The graph's four cache names of one layer: key and value, input and output."""
+        return (
+            cls.key_cache_input(layer),
+            cls.value_cache_input(layer),
+            cls.key_cache_output(layer),
+            cls.value_cache_output(layer),
+        )
+
+    def kv_row_width(self, dtype: str = "fp32") -> int:
+        """The caches' last dimension, in elements of ``dtype``."""
+        return self.head_size + KV_ROW[dtype][1]
+
+    def kv_bytes_per_token(self, dtype: str = "fp32") -> int:
+        """Bytes of K and V for one token across all layers."""
+        itemsize = {"float32": 4, "float16": 2, "int8": 1}[KV_ROW[dtype][0]]
+        return 2 * self.num_layers * self.num_kv_heads * self.kv_row_width(dtype) * itemsize
 
 
 @dataclass(frozen=True)

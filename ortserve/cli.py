@@ -16,6 +16,7 @@ COMMANDS = {
     "serve": "ortserve.server.cli",
     "bench": "ortserve.bench.cli",
     "bundle": "ortserve.deploy.bundle",
+    "serve-cluster": "ortserve.deploy.cluster",
 }
 
 

@@ -163,9 +163,9 @@ class SamplingParams:
         for token_id in self.stop_token_ids or ():
             check("stop_token_ids", token_id, "token_id")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise InvalidParameter(
-                "min_tokens", f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}"
-            )
+            # max_tokens always ends a choice; min_tokens only holds back EOS and stop conditions
+            # until then (a rule between two fields that the OpenAPI schema could not state)
+            self.min_tokens = self.max_tokens
 
     @property
     def greedy(self) -> bool:

@@ -19,6 +19,7 @@ import importlib
 import os
 import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,6 +49,19 @@ TINY_LLAMA = dict(
     pad_token_id=2,
 )
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Each run gets its own temp root (unless --basetemp is given): pytest's shared default root
+    keeps only the newest runs and deletes the rest, so two runs at once on one machine (two
+    checkouts, or CI beside a developer) would delete each other's directories mid-test."""
+    if not config.option.basetemp:
+        config.option.basetemp = str(Path(tempfile.gettempdir()) / f"ortserve-pytest-{os.getpid()}")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if Path(config.option.basetemp or "").name.startswith("ortserve-pytest-"):
+        shutil.rmtree(config.option.basetemp, ignore_errors=True)
 
 
 _FIGURES: list[str] = []

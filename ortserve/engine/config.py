@@ -16,7 +16,7 @@ from typing import Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ortserve.artifact import Precision
+from ortserve.artifact import KVCacheDtype, Precision
 from ortserve.tokenizer import read_chat_template
 
 KVCACHE_SPACE_ENV = "ORTSERVE_KVCACHE_SPACE"
@@ -75,6 +75,11 @@ class EngineConfig(BaseModel):
         f"{DEFAULT_KV_CACHE_SPACE_GIB:g} or what fits in memory)",
         json_schema_extra={"metavar": "GiB"},
     )
+    kv_cache_dtype: KVCacheDtype = Field(
+        "fp32",
+        description="KV cache element type: fp32, fp16 (half the memory and bandwidth) or int8 (about a "
+        "quarter; one scale per row); fp16 and int8 need an artifact of op_version 3 or later",
+    )
     max_num_seqs: int = Field(DEFAULT_MAX_NUM_SEQS, ge=1, description="most sequences in one step")
     max_num_batched_tokens: int = Field(DEFAULT_MAX_NUM_BATCHED_TOKENS, ge=1, description="most tokens in one step")
     max_model_len: int | None = Field(
@@ -110,7 +115,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     group = parser.add_argument_group("engine")
     for name, info in EngineConfig.model_fields.items():
         extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-        flag = str(extra.get("flag") or "--" + name.replace("_", "-"))
+        flag = _flag(name)
         default = info.get_default(call_default_factory=False)
         help_text = info.description or ""
         if info.annotation is bool:  # a flag that turns a default-on option off
@@ -129,6 +134,26 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
             help=help_text,
         )
     return parser
+
+
+def engine_flags(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> list[str]:
+    """The flags that give another process (a cluster replica's server) the engine options set in
+    ``args``: the inverse of ``add_engine_arguments``."""
+    flags: list[str] = []
+    for name, info in EngineConfig.model_fields.items():
+        value = getattr(args, name, None)
+        if value is None or name in skip:
+            continue
+        if info.annotation is bool:
+            flags += [] if value else [_flag(name)]  # only the flag that turns a default-on option off
+        else:
+            flags += [_flag(name), str(value)]
+    return flags
+
+
+def _flag(name: str) -> str:
+    extra = EngineConfig.model_fields[name].json_schema_extra
+    return str((extra.get("flag") if isinstance(extra, dict) else None) or "--" + name.replace("_", "-"))
 
 
 def _scalar_type(annotation: object) -> tuple[type, list[str] | None]:

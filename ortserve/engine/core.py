@@ -32,7 +32,7 @@ from ortserve.engine.memory import GIB, KVCachePlan, MemoryCheckError, plan_kv_c
 from ortserve.engine.sampler import Sampler
 from ortserve.engine.scheduler import ScheduledBatch, Scheduler
 from ortserve.engine.sequence import Request
-from ortserve.engine.threads import pin_calling_thread, plan_threads
+from ortserve.engine.threads import bind_memory, pin_calling_thread, plan_threads
 from ortserve.sampling_params import InvalidParameter, PromptLimits, SamplingParams
 
 __all__ = ["EngineCore", "MemoryCheckError"]
@@ -46,7 +46,10 @@ class EngineCore:
         self.artifact_dir = resolve_artifact(config)
         self.manifest = manifest = load_manifest(self.artifact_dir)
         self.threads = plan_threads(config.threads_bind, config.reserved_cpus)
-        self.kv_plan = plan_kv_cache(manifest, config.block_size, config.kv_cache_space, DEFAULT_KV_CACHE_SPACE_GIB)
+        self.memory_nodes = bind_memory(self.threads)  # before the weights and the KV cache are allocated
+        self.kv_plan = plan_kv_cache(
+            manifest, config.block_size, config.kv_cache_space, DEFAULT_KV_CACHE_SPACE_GIB, dtype=config.kv_cache_dtype
+        )
         self.max_model_len = settle_max_model_len(config, manifest, self.kv_plan)
         self.limits = PromptLimits(self.max_model_len, manifest.vocab_size)
         self.eos_token_ids = frozenset(manifest.eos_token_ids)
@@ -256,7 +259,7 @@ def startup_report(core: EngineCore, load_seconds: float) -> str:
     import onnxruntime
 
     m, kv, config, threads = core.manifest, core.kv_plan, core.config, core.threads
-    per_token = m.kv_bytes_per_token()
+    per_token = m.kv_bytes_per_token(kv.dtype)
     return "\n".join(
         [
             "ortserve engine ready",
@@ -268,11 +271,12 @@ def startup_report(core: EngineCore, load_seconds: float) -> str:
                 f"  platform  {platform.system()} {platform.machine()}, {cpu_description()}, "
                 f"{os.cpu_count()} CPUs online; onnxruntime {onnxruntime.__version__}, numpy {np.__version__}"
             ),
-            f"  threads   {threads.describe()}",
+            f"  threads   {threads.describe()}"
+            + (f"; memory bound to NUMA node {','.join(map(str, core.memory_nodes))}" if core.memory_nodes else ""),
             (
                 f"  KV cache  {kv.num_blocks} blocks x {kv.block_size} tokens = {kv.num_tokens} tokens, "
                 f"{kv.total_bytes / GIB:.2f} GiB ({per_token / 1024:.1f} KiB per token; {m.num_layers} layers x "
-                f"{m.num_kv_heads} KV heads x {m.head_size}, {m.kv_cache_dtype})"
+                f"{m.num_kv_heads} KV heads x {m.head_size}, {kv.dtype})"
             ),
             (
                 f"  limits    max_model_len {core.max_model_len}; maximum concurrency for {core.max_model_len} tokens "

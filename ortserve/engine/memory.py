@@ -41,6 +41,7 @@ class KVCachePlan:
     block_size: int
     bytes_per_block: int
     budget_bytes: int
+    dtype: str = "fp32"  # KVCacheDtype: fp32, fp16 or int8 rows
 
     @property
     def total_bytes(self) -> int:
@@ -57,10 +58,11 @@ def plan_kv_cache(
     kv_cache_space: float | None,
     default_space: float,
     available: int | None = None,
+    dtype: str = "fp32",
 ) -> KVCachePlan:
     """Blocks for the budget; raises MemoryCheckError when weights + KV exceed available memory."""
     available = available_memory() if available is None else available
-    bytes_per_block = manifest.kv_bytes_per_token() * block_size
+    bytes_per_block = manifest.kv_bytes_per_token(dtype) * block_size
     fixed = int(manifest.weight_bytes * WEIGHT_FACTOR) + RUNTIME_MARGIN
     room = available - fixed
     if kv_cache_space is None:
@@ -93,7 +95,7 @@ def plan_kv_cache(
             f"{_round_up_gib(bytes_per_block * 64):g} or more"
         )
     return KVCachePlan(
-        num_blocks=num_blocks, block_size=block_size, bytes_per_block=bytes_per_block, budget_bytes=budget
+        num_blocks=num_blocks, block_size=block_size, bytes_per_block=bytes_per_block, budget_bytes=budget, dtype=dtype
     )
 
 

@@ -5,7 +5,9 @@
   thread pinned by the engine), and spinning on when the cores are ours.
 - The per-layer KV caches are numpy arrays allocated once from the KV plan, wrapped as OrtValues
   and bound once, each as both the cache input and the cache output (the op writes them in place
-  and checks the pointers are equal).
+  and checks the pointers are equal). The artifact's graph declares fp32 caches; for fp16 or int8
+  rows (``--kv-cache-dtype``) the graph is loaded with its cache types and widths rewritten (the
+  weights stay in the artifact's data file), and PackedPagedAttention picks its kernel by type.
 - Per step: the seven small index arrays are built with vectorised numpy (per-sequence Python only,
   never per token), the logits output is bound to a preallocated buffer with one row per sampling
   sequence, and the session runs once.
@@ -26,7 +28,15 @@ import numpy as np
 import onnxruntime as ort
 
 from ortserve import ops
-from ortserve.artifact import LOGITS_OUTPUT, MODEL_FILE, STEP_INPUTS, ArtifactManifest
+from ortserve.artifact import (
+    COMPACT_KV_OP_VERSION,
+    KV_ROW,
+    LOGITS_OUTPUT,
+    MODEL_FILE,
+    STEP_INPUTS,
+    ArtifactError,
+    ArtifactManifest,
+)
 from ortserve.engine.memory import KVCachePlan
 from ortserve.engine.scheduler import ScheduledBatch
 from ortserve.engine.threads import ThreadPlan
@@ -49,14 +59,16 @@ class ModelRunner:
         self.num_blocks = kv_plan.num_blocks
         if options is not None:
             ops.register(options)
+        options = options or session_options(threads)
         self.session = ort.InferenceSession(
-            str(Path(artifact_dir) / MODEL_FILE),
-            options or session_options(threads),
+            graph_for_kv_dtype(Path(artifact_dir), manifest, kv_plan.dtype, options),
+            options,
             providers=["CPUExecutionProvider"],
         )
-        shape = (kv_plan.num_blocks, manifest.num_kv_heads, kv_plan.block_size, manifest.head_size)
+        width = manifest.kv_row_width(kv_plan.dtype)
+        shape = (kv_plan.num_blocks, manifest.num_kv_heads, kv_plan.block_size, width)
         # np.zeros maps pages lazily: memory is committed as blocks are first written.
-        self.kv_caches = [np.zeros(shape, np.float32) for _ in range(2 * manifest.num_layers)]
+        self.kv_caches = [np.zeros(shape, KV_ROW[kv_plan.dtype][0]) for _ in range(2 * manifest.num_layers)]
         self._kv_values = [ort.OrtValue.ortvalue_from_numpy(a) for a in self.kv_caches]
         self.binding = self.session.io_binding()
         for layer in range(manifest.num_layers):
@@ -130,6 +142,34 @@ class ModelRunner:
             "query_start_loc": query_start_loc.astype(np.int32),
             "logits_indices": logits_indices,
         }
+
+
+def graph_for_kv_dtype(
+    artifact_dir: Path, manifest: ArtifactManifest, dtype: str, options: ort.SessionOptions
+) -> str | bytes:
+    """The artifact's model file for fp32 caches; for fp16 / int8 caches, its graph (without the
+    weights) with the caches' element type and last dimension rewritten, which ONNX Runtime loads
+    with the weights from the artifact's folder."""
+    if dtype == "fp32":
+        return str(artifact_dir / MODEL_FILE)
+    if manifest.op_version < COMPACT_KV_OP_VERSION:
+        raise ArtifactError(
+            f"--kv-cache-dtype {dtype} needs an artifact of op_version {COMPACT_KV_OP_VERSION} or later; "
+            f"{artifact_dir} has {manifest.op_version}: re-export it (ortserve export SRC -o DIR) or use "
+            f"--kv-cache-dtype fp32"
+        )
+    import onnx
+
+    model = onnx.load(str(artifact_dir / MODEL_FILE), load_external_data=False)
+    elem_type = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(KV_ROW[dtype][0]))
+    caches = {name for layer in range(manifest.num_layers) for name in manifest.cache_names(layer)}
+    for value in [*model.graph.input, *model.graph.output]:
+        if value.name in caches:
+            value.type.tensor_type.elem_type = elem_type
+            value.type.tensor_type.shape.dim[3].dim_value = manifest.kv_row_width(dtype)
+    options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(artifact_dir))
+    serialized: bytes = model.SerializeToString()
+    return serialized
 
 
 def session_options(threads: ThreadPlan) -> ort.SessionOptions:

@@ -4,10 +4,16 @@ The plan gives ONNX Runtime ``intra_op_num_threads = len(cores)``; the engine's 
 (which ORT uses as thread 0 of the pool) is pinned to ``cores[0]`` with ``os.sched_setaffinity``
 and the pool's other threads to ``cores[1:]`` through the session config key
 ``session.intra_op_thread_affinities`` (1-based logical processor ids, one entry per thread).
+
+Memory follows the cores: on a machine with several NUMA nodes, ``bind_memory`` binds the engine's
+allocations (weights, KV cache, ORT's pool threads created afterwards) to the nodes of the plan's
+cores with ``set_mempolicy(MPOL_BIND)``, as vLLM's CPU backend does with ``numa_set_membind``.
 """
 
 from __future__ import annotations
 
+import ctypes
+import logging
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -15,6 +21,10 @@ from pathlib import Path
 
 SYS_CPU = Path("/sys/devices/system/cpu")
 SYS_NODE = Path("/sys/devices/system/node")
+MPOL_BIND = 2  # <linux/mempolicy.h>
+SYS_SET_MEMPOLICY = {"x86_64": 238, "aarch64": 237}  # syscall numbers
+
+logger = logging.getLogger("ortserve.engine")
 
 
 class ThreadsBindError(ValueError):
@@ -82,25 +92,43 @@ def _read_cpu_list(path: Path) -> list[int] | None:
         return None
 
 
-def physical_cores(allowed: list[int]) -> list[int]:
-    """The first logical CPU of each physical core in ``allowed``, on the NUMA node of the first
-    allowed CPU (one engine serves one node, docs/design.md §6)."""
-    node_cpus = None
-    for node in sorted(SYS_NODE.glob("node[0-9]*")):
-        cpus = _read_cpu_list(node / "cpulist")
-        if cpus and allowed[0] in cpus:
-            node_cpus = set(cpus)
-            break
+@dataclass(frozen=True)
+class NumaNode:
+    node: int
+    cpus: tuple[int, ...]  # every logical CPU of the node
+    cores: tuple[int, ...]  # the first logical CPU of each physical core, ascending
+
+
+def numa_nodes(sys_node: Path = SYS_NODE, sys_cpu: Path = SYS_CPU) -> list[NumaNode]:
+    """The machine's NUMA nodes and their physical cores (one logical CPU per core: SMT siblings
+    share a core's units, so a second thread on them adds little). A machine without
+    ``/sys/devices/system/node`` reads as one node holding every CPU this process may use."""
+    found: list[tuple[int, list[int]]] = []
+    for folder in sorted(sys_node.glob("node[0-9]*"), key=lambda p: int(p.name[4:])):
+        cpus = _read_cpu_list(folder / "cpulist")
+        if cpus:
+            found.append((int(folder.name[4:]), cpus))
+    if not found:
+        found = [(0, sorted(os.sched_getaffinity(0)))]
+    return [NumaNode(node, tuple(cpus), tuple(_first_of_each_core(cpus, sys_cpu))) for node, cpus in found]
+
+
+def _first_of_each_core(cpus: Iterable[int], sys_cpu: Path = SYS_CPU) -> list[int]:
     chosen: list[int] = []
     seen: set[int] = set()
-    for cpu in allowed:
-        if node_cpus is not None and cpu not in node_cpus:
-            continue
-        siblings = _read_cpu_list(SYS_CPU / f"cpu{cpu}" / "topology" / "thread_siblings_list") or [cpu]
+    for cpu in cpus:
+        siblings = _read_cpu_list(sys_cpu / f"cpu{cpu}" / "topology" / "thread_siblings_list") or [cpu]
         if seen.isdisjoint(siblings):
             chosen.append(cpu)
         seen.update(siblings)
     return chosen
+
+
+def physical_cores(allowed: list[int]) -> list[int]:
+    """The first logical CPU of each physical core in ``allowed``, on the NUMA node of the first
+    allowed CPU (one engine serves one node, docs/design.md §6)."""
+    node = next((n for n in numa_nodes() if allowed[0] in n.cpus), None)
+    return _first_of_each_core(c for c in allowed if node is None or c in node.cpus)
 
 
 def plan_threads(threads_bind: str = "auto", reserved_cpus: int = 0) -> ThreadPlan:
@@ -133,3 +161,32 @@ def pin_calling_thread(plan: ThreadPlan) -> None:
     """Pin the thread that calls ``session.run`` (ORT's thread 0) to the plan's first core."""
     if plan.bind:
         os.sched_setaffinity(0, {plan.cores[0]})
+
+
+def nodes_of(cores: Iterable[int], nodes: list[NumaNode]) -> list[int]:
+    """The NUMA nodes that hold any of ``cores``."""
+    wanted = set(cores)
+    return [n.node for n in nodes if wanted.intersection(n.cpus)]
+
+
+def bind_memory(plan: ThreadPlan, nodes: list[NumaNode] | None = None) -> list[int]:
+    """Bind the calling thread's future allocations (and those of threads it creates) to the NUMA
+    nodes of the plan's cores; returns them ([] when nothing was bound: one node, or nobind).
+    A kernel or container that forbids set_mempolicy leaves memory unbound, with a warning."""
+    nodes = numa_nodes() if nodes is None else nodes
+    if not plan.bind or len(nodes) < 2:
+        return []
+    chosen = nodes_of(plan.cores, nodes)
+    number = SYS_SET_MEMPOLICY.get(os.uname().machine)
+    if not chosen or number is None:
+        return []
+    mask = ctypes.c_ulong(sum(1 << n for n in chosen))
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(number, MPOL_BIND, ctypes.byref(mask), ctypes.c_ulong(ctypes.sizeof(mask) * 8 + 1)) != 0:
+        logger.warning(
+            "could not bind memory to NUMA nodes %s (set_mempolicy: %s); allocations may cross nodes",
+            chosen,
+            os.strerror(ctypes.get_errno()),
+        )
+        return []
+    return chosen

@@ -141,10 +141,16 @@ class ChatService:
 
         status: Any = 200
         try:
-            for index in range(body.n):  # OpenAI opens each choice with the role alone
-                yield chunk(ChatChunkChoice(index=index, delta=DeltaMessage(role="assistant", content="")))
+            opened = False
             async with aclosing(stream):
                 async for delta in stream:
+                    if not opened:
+                        # OpenAI opens each choice with the role alone; as vLLM does, once the first
+                        # token exists, so no byte goes out for a request that has not started (the
+                        # cluster's ingress sends such a request to another replica if this one dies)
+                        opened = True
+                        for index in range(body.n):
+                            yield chunk(ChatChunkChoice(index=index, delta=DeltaMessage(role="assistant", content="")))
                     totals.add(delta)
                     for out in delta.samples:
                         if not out.text and out.finish_reason is None and not body.logprobs:

@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from ortserve.engine.config import EngineConfig
 from ortserve.engine.ipc import (
     AbortRequests,
     AddRequest,
@@ -84,7 +85,7 @@ class _Engine:
 class EngineClient:
     def __init__(
         self,
-        config: Any,
+        config: EngineConfig,
         supervision: Supervision | None = None,
         factory: EngineFactory = build_llm_engine,
         tokenizer_loader: Callable[..., Any] = load_tokenizer,
@@ -222,9 +223,7 @@ class EngineClient:
     async def _on_ready(self, info: EngineInfo) -> None:
         if self.prompts is None:
             try:
-                tokenizer = await asyncio.to_thread(
-                    self.tokenizer_loader, info.artifact_dir, getattr(self.config, "chat_template", None)
-                )
+                tokenizer = await asyncio.to_thread(self.tokenizer_loader, info.artifact_dir, self.config.chat_template)
             except Exception as exc:  # noqa: BLE001 - reported like any start-up failure
                 self._fail(f"loading the tokenizer from {info.artifact_dir} failed: {exc}")
                 return

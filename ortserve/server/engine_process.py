@@ -17,10 +17,11 @@ import signal
 import sys
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING
 
 import msgspec
 
+from ortserve.engine.config import EngineConfig
 from ortserve.engine.ipc import (
     AbortRequests,
     AddRequest,
@@ -35,20 +36,23 @@ from ortserve.engine.ipc import (
     engine_side,
 )
 
+if TYPE_CHECKING:
+    from ortserve.engine.llm_engine import LLMEngine
+
 logger = logging.getLogger("ortserve.engine_process")
 
 # Builds the engine in the engine process from the config. Must be picklable (spawn).
-EngineFactory = Callable[[Any], Any]
+EngineFactory = Callable[[EngineConfig], "LLMEngine"]
 
 
-def build_llm_engine(config: Any) -> Any:
+def build_llm_engine(config: EngineConfig) -> LLMEngine:
     """The real engine; it resolves MODEL itself (exporting a built-in on first run)."""
     from ortserve.engine.llm_engine import LLMEngine
 
     return LLMEngine.from_config(config)
 
 
-def run_engine_process(config: Any, inbox: Connection, outbox: Connection, factory: EngineFactory) -> None:
+def run_engine_process(config: EngineConfig, inbox: Connection, outbox: Connection, factory: EngineFactory) -> None:
     """The engine process's main function."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -78,7 +82,7 @@ def _send_quietly(outbox: Connection, data: bytes) -> None:
 
 
 class EngineLoop:
-    def __init__(self, engine: Any, inbox: Connection, outbox: Connection) -> None:
+    def __init__(self, engine: LLMEngine, inbox: Connection, outbox: Connection) -> None:
         self.engine = engine
         self.inbox = inbox
         self.outbox = outbox
@@ -140,7 +144,7 @@ def _request_id_of(data: bytes) -> str | None:
 class EngineProcess:
     """The HTTP side's handle on one engine process: start it, send to it, receive from it."""
 
-    def __init__(self, config: Any, factory: EngineFactory = build_llm_engine) -> None:
+    def __init__(self, config: EngineConfig, factory: EngineFactory = build_llm_engine) -> None:
         ctx = mp.get_context("spawn")
         inbox_reader, self._inbox = ctx.Pipe(duplex=False)
         self._outbox, outbox_writer = ctx.Pipe(duplex=False)

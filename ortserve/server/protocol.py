@@ -103,7 +103,9 @@ class SamplingRequest(BaseModel):
     model: str | None = Field(None, description="Served model name; defaults to the only model")
     n: Choices = Field(1, description="Choices to generate for each prompt")
     max_tokens: TokenCount | None = Field(None, description="Most tokens to generate per choice")
-    min_tokens: MinTokens = Field(0, description="Tokens to generate before EOS or stop may end")
+    min_tokens: MinTokens = Field(
+        0, description="Tokens to generate before EOS or stop may end a choice (max_tokens still ends it)"
+    )
     ignore_eos: bool = Field(False, description="Keep generating past the EOS token")
     temperature: float = bounded("temperature", 1.0, description="0 = greedy")
     top_p: float = bounded("top_p", 1.0)

@@ -41,14 +41,7 @@ def sampling_params(
     with as_bad_request(type(request).model_fields):
         params = SamplingParams(max_tokens=max_tokens, logprobs=logprobs, **request.sampling_kwargs())
         room = limits.check(prompt_token_ids, params, prompt_param)
-        if max_tokens is None:  # a new SamplingParams, so min_tokens is checked against the budget too
-            if params.min_tokens > room:
-                raise InvalidParameter(
-                    "min_tokens",
-                    f"min_tokens {params.min_tokens} is more than the {room} tokens "
-                    f"left in this model's maximum context length of "
-                    f"{limits.max_model_len}",
-                )
+        if max_tokens is None:  # a new SamplingParams: min_tokens is capped by the settled budget too
             wanted = room if default_max_tokens is None else max(default_max_tokens, params.min_tokens)
             params = replace(params, max_tokens=min(wanted, room))
     return params

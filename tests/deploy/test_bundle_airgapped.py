@@ -9,9 +9,12 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import zipfile
 from pathlib import Path
 
 import pytest
+
+from ortserve.deploy.bundle import glibc_floor
 
 pytestmark = pytest.mark.deploy
 TOOLS = ("sh", "python3", "sha256sum", "dirname", "sleep", "cat", "kill", "ip")
@@ -38,12 +41,34 @@ def bundle(tiny_llama_artifact: Path, tmp_path_factory: pytest.TempPathFactory) 
 def test_the_bundle_holds_binary_wheels_without_torch(bundle: Path):
     wheels = [p.name for p in (bundle / "wheelhouse").iterdir()]
     ours = [w for w in wheels if w.startswith("ortserve-")]
-    assert len(ours) == 1 and not ours[0].endswith("-none-any.whl")  # platform-tagged: the op library is in it
+    assert len(ours) == 1 and "-manylinux_" in ours[0]  # auditwheel's tag: the op library is in it
     assert not [w for w in wheels if w.lower().startswith(("torch", "nvidia"))]
     assert all(w.endswith(".whl") for w in wheels)  # nothing to build on the target
     size = size_mib(bundle)
     print(f"bundle size {size:.0f} MiB, {len(wheels)} wheels")
     assert size < 600
+
+
+def test_the_op_library_needs_only_the_c_library(bundle: Path, tmp_path: Path):
+    """ldd of the library inside the wheel: libc, libm and the loader, nothing else (its C++
+    runtime is linked in), and every one found."""
+    wheel = next((bundle / "wheelhouse").glob("ortserve-*.whl"))
+    with zipfile.ZipFile(wheel) as archive:
+        library = Path(archive.extract("ortserve/ops/libortserve_ops.so", tmp_path))
+    ldd = subprocess.run(["ldd", str(library)], capture_output=True, text=True, check=True).stdout
+    needed = {line.split()[0] for line in ldd.splitlines() if line.strip()}
+    assert "not found" not in ldd
+    assert needed <= {"linux-vdso.so.1", "libc.so.6", "libm.so.6", "/lib64/ld-linux-x86-64.so.2"}, ldd
+
+
+def test_the_readme_states_the_targets_cpu_python_and_glibc(bundle: Path):
+    readme = (bundle / "README.txt").read_text()
+    floor = glibc_floor([p.name for p in (bundle / "wheelhouse").iterdir()])
+    assert floor is not None
+    (major, minor), _ = floor
+    assert f"glibc {major}.{minor} or newer" in readme
+    assert f"Python {sys.version_info.major}.{sys.version_info.minor}" in readme
+    assert "x86-64-v3 (AVX2 + FMA" in readme
 
 
 def test_install_and_serve_with_no_network_and_no_compiler(bundle: Path, tmp_path: Path):

@@ -50,9 +50,9 @@ def test_bad_values_name_the_field_and_range(field, value, words):
     assert str(info.value).startswith(field) and words in str(info.value)
 
 
-def test_min_tokens_above_max_tokens_is_rejected():
-    with pytest.raises(ValueError, match="min_tokens must be <= max_tokens"):
-        SamplingParams(min_tokens=5, max_tokens=4)
+def test_min_tokens_above_max_tokens_is_capped_by_max_tokens():
+    assert SamplingParams(min_tokens=5, max_tokens=4).min_tokens == 4  # max_tokens always ends a choice
+    assert SamplingParams(min_tokens=5, max_tokens=None).min_tokens == 5
 
 
 def test_normalisation_of_stop_bias_and_top_k():

@@ -118,6 +118,8 @@ def test_engine_flags_fill_the_config_and_env_is_the_fallback(monkeypatch):
                 "int4",
                 "--chat-template",
                 "t.jinja",
+                "--kv-cache-dtype",
+                "int8",
             ]
         )
     )
@@ -127,6 +129,7 @@ def test_engine_flags_fill_the_config_and_env_is_the_fallback(monkeypatch):
         "chat_template": "t.jinja",
         "block_size": 32,
         "kv_cache_space": 1.0,
+        "kv_cache_dtype": "int8",
         "max_num_seqs": 4,
         "max_num_batched_tokens": 64,
         "max_model_len": 512,

@@ -40,16 +40,28 @@ def test_graph_inputs_and_outputs_follow_the_contract(tiny_artifact):
 
 def test_hot_path_uses_ort_contrib_ops(tiny_artifact):
     ops = [(n.domain, n.op_type) for n in graph_of(tiny_artifact("llama2")).node]
-    assert ops.count(("ortserve", "PagedAttention")) == 2
-    assert ops.count(("com.microsoft", "RotaryEmbedding")) == 2  # q and k together, once per layer
+    assert ops.count(("ortserve", "PackedPagedAttention")) == 2  # split, rotary, cache and attention
+    assert ops.count(("ortserve", "GatedActivation")) == 2  # split, silu and the product
     assert ops.count(("com.microsoft", "SkipSimplifiedLayerNormalization")) == 4  # 2 in-layer, 1 between, final
     assert ("", "SimplifiedLayerNormalization") in ops
     assert ops.count(("", "MatMul")) == 2 * 4 + 1
+    assert not {"Split", "RotaryEmbedding", "Reshape", "Sigmoid", "Mul"} & {op for _, op in ops}
+
+
+def test_a_decoder_layer_is_eight_nodes(tiny_artifact):
+    """Every node is a kernel launch, and a small model's decode step is mostly launches: a Llama
+    layer is norm, qkv, attention, o, norm, gate_up, gated activation, down; around them only the
+    embedding, the two gathers of the sampled rows, the final norm, the LM head and the output."""
+    nodes = graph_of(tiny_artifact("llama2")).node
+    layer = [n.op_type for n in nodes if n.name.startswith("layers.1.")]
+    assert layer == ["MatMul", "PackedPagedAttention", "MatMul", "MatMul", "GatedActivation", "MatMul"]
+    assert len(nodes) == 8 * 2 + 6
 
 
 def test_layer_norm_models_use_skip_layer_normalization(tiny_artifact):
     ops = [n.op_type for n in graph_of(tiny_artifact("gpt2_conv1d")).node]
     assert ops.count("SkipLayerNormalization") == 4 and "RotaryEmbedding" not in ops
+    assert "GatedActivation" not in ops  # GPT-2's MLP is not gated
 
 
 def test_hidden_states_are_gathered_before_the_final_norm_and_lm_head(tiny_artifact):
@@ -74,7 +86,7 @@ def test_attention_attributes_carry_the_architecture_quirks(tiny_artifact):
     attrs = [
         {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
         for n in graph.node
-        if n.op_type == "PagedAttention"
+        if n.op_type == "PackedPagedAttention"
     ]
     assert [a["sliding_window"] for a in attrs] == [8, 0]
     assert all(a["softcap"] == pytest.approx(2.0) and a["scale"] == pytest.approx(24**-0.5) for a in attrs)

@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
+from ortserve.ops.paged_attention_reference import cache_row_width
 
 import ortserve.ops
 
@@ -173,5 +174,91 @@ def run_op(session: ort.InferenceSession, batch: Batch, *, alias_caches: bool = 
             binding.bind_ortvalue_output(name + "_out", cache)
         else:
             binding.bind_output(name + "_out", "cpu")
+    session.run_with_iobinding(binding)
+    return binding.copy_outputs_to_cpu()[0]
+
+
+# --- PackedPagedAttention: packed qkv, in-op q/k norm and rotary -------------------------------------------
+
+PACKED_INPUTS = (
+    "qkv",
+    "key_cache",
+    "value_cache",
+    "slot_mapping",
+    "block_tables",
+    "context_lens",
+    "query_start_loc",
+    "positions",
+    "cos_cache",
+    "sin_cache",
+    "q_norm",
+    "k_norm",
+)
+
+
+def build_packed_model(
+    num_heads, num_kv_heads, head_size, *, optional_inputs=(), norm_epsilon=1e-6, cache_dtype=np.float32, **attrs
+) -> onnx.ModelProto:
+    """One PackedPagedAttention node taking the first 7 inputs and ``optional_inputs`` (a prefix
+    of positions, cos_cache, sin_cache, q_norm, k_norm), with caches of ``cache_dtype``."""
+    f, i64, i32 = TensorProto.FLOAT, TensorProto.INT64, TensorProto.INT32
+    width = cache_row_width(cache_dtype, head_size)
+    cache_type = helper.np_dtype_to_tensor_dtype(np.dtype(cache_dtype))
+    cache = ["num_blocks", num_kv_heads, "block_size", width]
+    types = {
+        "qkv": (f, ["T", (num_heads + 2 * num_kv_heads) * head_size]),
+        "key_cache": (cache_type, cache),
+        "value_cache": (cache_type, cache),
+        "slot_mapping": (i64, ["T"]),
+        "block_tables": (i32, ["B", "max_blocks"]),
+        "context_lens": (i32, ["B"]),
+        "query_start_loc": (i32, ["B_plus_1"]),
+        "positions": (i64, ["T"]),
+        "cos_cache": (f, ["max_positions", "half"]),
+        "sin_cache": (f, ["max_positions", "half"]),
+        "q_norm": (f, [head_size]),
+        "k_norm": (f, [head_size]),
+    }
+    names = list(PACKED_INPUTS[:7]) + list(optional_inputs)
+    assert tuple(names) == PACKED_INPUTS[: len(names)], "optional inputs are positional: give a prefix"
+    inputs = [helper.make_tensor_value_info(n, *types[n]) for n in names]
+    outputs = [
+        helper.make_tensor_value_info("output", f, ["T", num_heads * head_size]),
+        helper.make_tensor_value_info("key_cache_out", cache_type, cache),
+        helper.make_tensor_value_info("value_cache_out", cache_type, cache),
+    ]
+    node = helper.make_node(
+        "PackedPagedAttention",
+        names,
+        list(OUTPUTS),
+        domain=ortserve.ops.DOMAIN,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        norm_epsilon=float(norm_epsilon),
+        **attrs,
+    )
+    graph = helper.make_graph([node], "paged_attention_packed", inputs, outputs)
+    return helper.make_model(
+        graph,
+        ir_version=10,
+        opset_imports=[
+            helper.make_opsetid("", 17),
+            helper.make_opsetid(ortserve.ops.DOMAIN, ortserve.ops.OPSET_VERSION),
+        ],
+    )
+
+
+def run_packed(session: ort.InferenceSession, arrays: dict[str, np.ndarray]) -> np.ndarray:
+    """Run a PackedPagedAttention node; arrays["key_cache"] / ["value_cache"] are updated in place."""
+    binding = session.io_binding()
+    binding.bind_output("output", "cpu")
+    for graph_input in session.get_inputs():
+        name = graph_input.name
+        if name in ("key_cache", "value_cache"):
+            cache = ort.OrtValue.ortvalue_from_numpy(arrays[name])
+            binding.bind_ortvalue_input(name, cache)
+            binding.bind_ortvalue_output(name + "_out", cache)
+        else:
+            binding.bind_cpu_input(name, np.ascontiguousarray(arrays[name]))
     session.run_with_iobinding(binding)
     return binding.copy_outputs_to_cpu()[0]

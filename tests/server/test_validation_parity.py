@@ -28,7 +28,7 @@ CASES = [
     ("n = 0", {"n": 0}, "n"),
     ("n > 128", {"n": 129}, "n"),
     ("max_tokens = 0", {"max_tokens": 0}, "max_tokens"),
-    ("min_tokens > max_tokens", {"min_tokens": 5, "max_tokens": 4}, "min_tokens"),
+    ("min_tokens < 0", {"min_tokens": -1}, "min_tokens"),
     ("logit_bias key '²'", {"logit_bias": {"²": 1.0}}, "logit_bias"),
     ("logit_bias value > 100", {"logit_bias": {"5": 200.0}}, "logit_bias"),
     ("logit_bias key outside the vocabulary", {"logit_bias": {str(VOCAB): 1.0}}, "logit_bias"),

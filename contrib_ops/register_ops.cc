@@ -1,0 +1,31 @@
+// The library's entry point: every op of domain "ortserve" (ONNX op set 1). An artifact's
+// op_version (ortserve.json) names the ops its graph needs:
+//   1: PagedAttention;  2: + AppendBlockSums;  3: + PackedPagedAttention, GatedActivation
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "append_block_sums.h"
+#include "gated_activation.h"
+#include "paged_attention.h"
+
+extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL
+RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
+  Ort::InitApi(api_base->GetApi(ORT_API_VERSION));
+  // The domains must outlive every session that uses them.
+  static std::vector<Ort::CustomOpDomain> domains;
+  static std::mutex mutex;
+  try {
+    std::lock_guard<std::mutex> lock(mutex);
+    Ort::CustomOpDomain domain{"ortserve"};
+    domain.Add(ortserve::PagedAttentionOp());
+    for (Ort::Custom::OrtLiteCustomOp* op : ortserve::PackedPagedAttentionOps()) domain.Add(op);
+    domain.Add(ortserve::AppendBlockSumsOp());
+    domain.Add(ortserve::GatedActivationOp());
+    Ort::UnownedSessionOptions(options).Add(domain);
+    domains.push_back(std::move(domain));
+  } catch (const std::exception& e) {
+    return Ort::Status(e).release();
+  }
+  return nullptr;
+}

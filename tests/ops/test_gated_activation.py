@@ -1,0 +1,68 @@
+"""GatedActivation (act(gate) * up for x = [gate | up]) matches its numpy reference for both
+activations, every width (vector tails included) and row count; bad input names itself."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+from ortserve.ops.paged_attention_reference import gated_activation as reference
+
+import ortserve.ops
+
+
+def session(activation: str | None) -> ort.InferenceSession:
+    attrs = {} if activation is None else {"activation": activation}
+    node = helper.make_node("GatedActivation", ["x"], ["y"], domain=ortserve.ops.DOMAIN, **attrs)
+    graph = helper.make_graph(
+        [node],
+        "gated",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", "two_i"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["T", "i"])],
+    )
+    model = helper.make_model(
+        graph,
+        ir_version=10,
+        opset_imports=[
+            helper.make_opsetid("", 17),
+            helper.make_opsetid(ortserve.ops.DOMAIN, ortserve.ops.OPSET_VERSION),
+        ],
+    )
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    ortserve.ops.register(options)
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("rows,inner", [(1, 1536), (3, 17), (37, 64), (130, 100)])
+def test_matches_the_numpy_reference(activation, rows, inner):
+    x = np.random.default_rng(rows).normal(0.0, 3.0, (rows, 2 * inner)).astype(np.float32)
+    got = session(activation).run(None, {"x": x})[0]
+    expected = reference(x, activation)
+    assert got.shape == (rows, inner)
+    np.testing.assert_allclose(got, expected, rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+def test_extreme_gates_stay_finite(activation):
+    x = np.array([[-1e4, -90.0, 0.0, 90.0, 1e4, 1e4, 1e4, 1e4, 1e4, 1e4]], np.float32)
+    got = session(activation).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, reference(x, activation), rtol=1e-6, atol=1e-30)
+
+
+def test_an_unknown_activation_is_rejected_naming_the_choices():
+    x = np.ones((1, 4), np.float32)
+    with pytest.raises(Exception, match="activation must be 'silu' or 'gelu_tanh', got 'relu'"):
+        session("relu").run(None, {"x": x})
+
+
+def test_a_missing_activation_is_rejected():
+    with pytest.raises(Exception, match="attribute 'activation' is required"):
+        session(None).run(None, {"x": np.ones((1, 4), np.float32)})
+
+
+def test_an_odd_width_is_rejected():
+    with pytest.raises(Exception, match="x must be \\[T, 2\\*I\\] \\(gate then up\\), got rank 2 with an odd width 5"):
+        session("silu").run(None, {"x": np.ones((2, 5), np.float32)})
