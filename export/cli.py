@@ -44,8 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-quality-check",
         dest="quality_check",
         action="store_false",
-        help="skip the quality check of a quantised export (top-1 agreement and perplexity ratio against an "
-        "fp32 export of the same source, on built-in text; it needs the fp32 export's disk space for a moment)",
+        help="skip the quality check that follows quantising float weights (top-1 agreement and perplexity "
+        "ratio against an fp32 export of the same source, on built-in text; it needs the fp32 export's disk "
+        "space for a moment). A GGUF's own codes are not checked: they are the file's",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bars or summary")
 
