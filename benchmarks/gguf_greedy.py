@@ -211,7 +211,7 @@ def main() -> int:
         )
     lines += [
         "",
-        f"Chat without a template in the file: {' '.join(template_log) or '(no log line)'}; "
+        f"Chat without a template in the file: {' '.join(template_log) or '(the choice is logged at the first conversion; cached since)'}; "
         f'"What is the capital of France?" -> {json.dumps(answer)}',
     ]
     TABLE.parent.mkdir(parents=True, exist_ok=True)

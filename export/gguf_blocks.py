@@ -150,7 +150,7 @@ def _import_rows(data: np.ndarray, qtype_name: str, cols: int) -> QuantizedWeigh
 def centre(scales: np.ndarray, offsets: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
     """Integer zero points z (the code nearest a zero weight) and offsets o' = o + s * z, so that
     ``s * (q - z) + o'`` is ``s * q + o``: the kernel's int8 activations then multiply small
-    centred codes (SmolLM2 Q4_1: 96.6 % top-1 agreement with fp32 instead of 92.8 % with z = 0).
+    centred codes (SmolLM2 Q4_1: 97.6 % top-1 agreement with fp32 instead of 92.8 % with z = 0).
     Kept only where it stays exact: s * (q - z) is exact (at most 17 + 6 mantissa bits), and
     where o + s * z rounds in float32 the block keeps z = 0 and o."""
     safe = np.where(scales == 0, np.float32(1), scales)
