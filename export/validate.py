@@ -27,6 +27,7 @@ class _PagedSequence:
     token_ids: array
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
+    wants_prompt_logprobs: bool = False  # a logits row for each computed token (prompt logprobs)
 
     @property
     def num_tokens(self) -> int:

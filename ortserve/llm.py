@@ -41,8 +41,12 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     num_cached_tokens: int = 0
     finished: bool = False
+    # with SamplingParams.prompt_logprobs: None for the first prompt token, then one per token
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     def add(self, delta: RequestDelta) -> None:
+        if delta.prompt_logprobs is not None:
+            self.prompt_logprobs = [None, *delta.prompt_logprobs]
         for d in delta.samples:
             out = self.outputs[d.index]
             out.text += d.text
@@ -123,6 +127,7 @@ class LLM:
         results: dict[str, RequestOutput] = {}
         try:
             for (text, ids), params in zip(batch, sampling_params):
+                ids = params.truncate(ids)
                 request_id = str(next(self._ids))
                 engine.add_request(request_id, ids, params)
                 results[request_id] = RequestOutput(

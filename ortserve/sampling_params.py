@@ -12,6 +12,7 @@ message says the allowed range, so the server answers 400 naming the parameter.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 MAX_LOGPROBS = 20  # as OpenAI's top_logprobs and vLLM's default max_logprobs
 GREEDY_TEMPERATURE = 1e-5  # a temperature below this samples greedily (vLLM's _SAMPLING_EPS)
 INT32_MAX = 2**31 - 1
+MAX_GRAMMAR_CHARS = 65_536  # a JSON schema (as JSON text), regex or grammar: bounds compilation work
 
 
 class InvalidParameter(ValueError):
@@ -87,6 +89,10 @@ BOUNDS: dict[str, Bound] = {
     "max_tokens": Bound(ge=1, le=INT32_MAX),
     "min_tokens": Bound(ge=0, le=INT32_MAX),
     "logprobs": Bound(ge=0, le=MAX_LOGPROBS, note="0 = only the sampled token"),
+    "prompt_logprobs": Bound(ge=0, le=MAX_LOGPROBS, note="0 = only each prompt token's own"),
+    "truncate_prompt_tokens": Bound(ge=1, le=INT32_MAX, note="keep the prompt's last k tokens"),
+    "grammar": Bound(max_length=MAX_GRAMMAR_CHARS, note="a schema, regex or grammar as text"),
+    "choice": Bound(max_items=1024, max_length=1024),
 }
 
 
@@ -97,8 +103,8 @@ def check(param: str, value: float | None, bound: str | None = None) -> None:
         raise InvalidParameter(param, f"{param} {rule.describe()}, got {value!r}")
 
 
-def check_size(param: str, items: Any) -> None:
-    rule = BOUNDS[param]
+def check_size(param: str, items: Any, bound: str | None = None) -> None:
+    rule = BOUNDS[bound or param]
     if items is not None and rule.max_items is not None and len(items) > rule.max_items:
         raise InvalidParameter(param, f"{param} has {len(items)} entries; at most {rule.max_items} are allowed")
     if rule.max_length is not None:
@@ -107,6 +113,51 @@ def check_size(param: str, items: Any) -> None:
                 raise InvalidParameter(
                     param, f"{param} entries must be at most {rule.max_length} characters, got one of {len(item)}"
                 )
+
+
+@dataclass
+class StructuredOutputs:
+    """What every sample must match (vLLM's ``StructuredOutputsParams``); exactly one is set.
+
+    ``json``: a JSON schema (an object, or its JSON text); ``json_object``: any JSON object;
+    ``regex``; ``choice``: one of these strings; ``grammar``: a Lark grammar (llguidance's
+    syntax) or a GBNF/EBNF one (llama.cpp's). ``engine/grammar.py`` compiles it with llguidance.
+    """
+
+    json: dict[str, Any] | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool = False
+
+    def __post_init__(self) -> None:
+        kinds = self.kinds()
+        if len(kinds) != 1:
+            found = ", ".join(kinds) or "none"
+            raise InvalidParameter(
+                "structured_outputs", f"structured_outputs needs exactly one of {', '.join(KINDS)}; got {found}"
+            )
+        text = self.json if not isinstance(self.json, dict) else json.dumps(self.json)
+        for name, value in (("json", text), ("regex", self.regex), ("grammar", self.grammar)):
+            if value is not None and len(value) > MAX_GRAMMAR_CHARS:
+                raise InvalidParameter(
+                    "structured_outputs",
+                    f"structured_outputs.{name} is {len(value)} characters; at most {MAX_GRAMMAR_CHARS} are allowed",
+                )
+        if self.choice is not None:
+            if not self.choice:
+                raise InvalidParameter("structured_outputs", "structured_outputs.choice must not be empty")
+            check_size("structured_outputs", self.choice, "choice")
+
+    def kinds(self) -> list[str]:
+        return [k for k in KINDS if getattr(self, k) not in (None, False)]
+
+    @property
+    def kind(self) -> str:
+        return self.kinds()[0]
+
+
+KINDS = ("json", "regex", "choice", "grammar", "json_object")
 
 
 @dataclass
@@ -129,6 +180,9 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # k top logprobs per token; 0 = only the sampled token's
     skip_special_tokens: bool = True
+    prompt_logprobs: int | None = None  # k top logprobs per prompt token (the first has none)
+    structured_outputs: StructuredOutputs | None = None  # a grammar every sample must match
+    truncate_prompt_tokens: int | None = None  # keep only the prompt's last k tokens (see truncate)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -152,8 +206,12 @@ class SamplingParams:
             "max_tokens",
             "min_tokens",
             "logprobs",
+            "prompt_logprobs",
+            "truncate_prompt_tokens",
         ):
             check(name, getattr(self, name))
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputs(**self.structured_outputs)
         check_size("logit_bias", self.logit_bias)
         for token_id, bias in (self.logit_bias or {}).items():
             check("logit_bias", token_id, "token_id")
@@ -166,6 +224,12 @@ class SamplingParams:
             # max_tokens always ends a choice; min_tokens only holds back EOS and stop conditions
             # until then (a rule between two fields that the OpenAPI schema could not state)
             self.min_tokens = self.max_tokens
+
+    def truncate(self, prompt_token_ids: list[int]) -> list[int]:
+        """The prompt the engine sees: its last ``truncate_prompt_tokens`` tokens (vLLM's rule),
+        applied by whoever tokenizes (the server, the offline ``LLM``)."""
+        k = self.truncate_prompt_tokens
+        return list(prompt_token_ids) if k is None else list(prompt_token_ids[-k:])
 
     @property
     def greedy(self) -> bool:

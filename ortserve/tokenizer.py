@@ -5,11 +5,20 @@ The server (HTTP process: prompts; engine process: detokenisation), the offline 
 conversations through the chat template (the artifact's, or a ``--chat-template`` override) and
 refuses message content that spells a special token, so a user cannot forge a turn of another
 role, unless that was explicitly allowed.
+
+Tools: a template that reads the ``tools`` variable gets the tools and the history's
+``tool_calls`` / ``tool`` messages as transformers passes them. A template that does not (the
+built-in SmolLM2's ChatML) gets them the Hermes way (``inject_tools``): a system message lists
+them inside ``<tools></tools>`` and asks for ``<tool_call>{"name", "arguments"}</tool_call>``;
+past calls become that text in the assistant's turn, and tool results a user turn of
+``<tool_response>...</tool_response>`` (as Qwen 2.5's template writes them).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,6 +60,59 @@ def load_tokenizer(artifact_dir: str | Path, chat_template: str | None = None) -
     return tokenizer
 
 
+TOOLS_PROMPT = (
+    "You can call functions to answer. They are described in JSON Schema inside <tools></tools>:\n"
+    "<tools>\n{tools}\n</tools>\n\n"
+    "To call a function, answer with one JSON object per call, holding the function's name and "
+    "its arguments, each inside <tool_call></tool_call> tags:\n"
+    '<tool_call>\n{{"name": <function-name>, "arguments": <arguments-object>}}\n</tool_call>'
+)
+
+
+def renders_tools(template: str | None) -> bool:
+    """Whether a chat template reads the ``tools`` variable (and so renders tools itself)."""
+    return bool(template) and re.search(r"\btools\b", template or "") is not None
+
+
+def inject_tools(conversation: list[Message], tools: list[dict[str, Any]] | None) -> list[Message]:
+    """The Hermes rendering for a template that knows no tools: a system message lists them,
+    past calls become <tool_call> text, tool results a user turn of <tool_response>s."""
+    out: list[Message] = []
+    responses = False  # out[-1] is a turn of tool results
+    for entry in conversation:
+        if entry["role"] == "tool":
+            response = f"<tool_response>\n{entry.get('content') or ''}\n</tool_response>"
+            if responses:  # consecutive results share one turn
+                out[-1]["content"] += "\n" + response
+            else:
+                out.append({"role": "user", "content": response})
+            responses = True
+            continue
+        responses = False
+        entry = dict(entry)
+        calls = entry.pop("tool_calls", None)
+        if calls:
+            texts = [_tool_call_text(c["function"]["name"], c["function"]["arguments"]) for c in calls]
+            entry["content"] = "\n".join(filter(None, [entry.get("content") or "", *texts]))
+        out.append(entry)
+    if tools:
+        listing = TOOLS_PROMPT.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools))
+        if out and out[0]["role"] == "system":
+            out[0] = {**out[0], "content": f"{out[0].get('content') or ''}\n\n{listing}".lstrip()}
+        else:
+            out.insert(0, {"role": "system", "content": listing})
+    return out
+
+
+def _tool_call_text(name: str, arguments: Any) -> str:
+    call = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+    return f"<tool_call>\n{call}\n</tool_call>"
+
+
+def _uses_tools(conversation: list[Message]) -> bool:
+    return any(m.get("role") == "tool" or m.get("tool_calls") for m in conversation)
+
+
 @dataclass
 class ChatPrompts:
     """Text and conversations -> token ids, and token ids -> text, for one tokenizer."""
@@ -67,6 +129,13 @@ class ChatPrompts:
     @property
     def has_chat_template(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def special_token_id(self, text: str) -> int | None:
+        """The id of ``text`` when it is one special (added) token, else None."""
+        if text not in self.special_tokens:
+            return None
+        token_id = self.tokenizer.convert_tokens_to_ids(text)
+        return token_id if isinstance(token_id, int) else None
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
@@ -102,8 +171,10 @@ class ChatPrompts:
         continue_final_message: bool = False,
         template_kwargs: dict[str, Any] | None = None,
         chat_template: str | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
-        """The conversation through the chat template, as text (its special tokens included)."""
+        """The conversation through the chat template, as text (its special tokens included);
+        ``tools`` as OpenAI's (``{"type": "function", "function": {...}}``)."""
         if not self.has_chat_template and chat_template is None:
             raise InvalidParameter(
                 "messages",
@@ -113,6 +184,12 @@ class ChatPrompts:
             raise InvalidParameter(
                 "continue_final_message", "continue_final_message needs the last message to be the assistant's"
             )
+        kwargs = dict(template_kwargs or {})
+        if tools or _uses_tools(conversation):
+            if renders_tools(chat_template or self.tokenizer.chat_template):
+                kwargs["tools"] = tools
+            else:
+                conversation = inject_tools(conversation, tools)
         self.check_content(conversation)
         try:
             text = self.tokenizer.apply_chat_template(
@@ -121,7 +198,7 @@ class ChatPrompts:
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,
                 chat_template=chat_template,
-                **(template_kwargs or {}),
+                **kwargs,
             )
         except Exception as exc:  # jinja raises on conversations the template refuses
             raise InvalidParameter("messages", f"the chat template refused messages: {exc}") from exc
@@ -133,6 +210,9 @@ class ChatPrompts:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
-        text = self.render_chat(conversation, add_generation_prompt, continue_final_message, template_kwargs)
+        text = self.render_chat(
+            conversation, add_generation_prompt, continue_final_message, template_kwargs, tools=tools
+        )
         return self.encode(text, add_special_tokens=False)  # the template wrote BOS and role markers

@@ -9,6 +9,8 @@ None of them skips. A missing prerequisite fails the test with the command that 
 - ``tiny_llama_checkpoint``: a random 2-layer Llama (hidden 64, 4 heads, 2 kv heads of size 32,
   untied LM head) with SmolLM2's real tokenizer (vocab 49152) and chat template.
 - ``tiny_llama_artifact``: its fp32 export.
+- ``tiny_llama_logprobs``: transformers' log-softmax of a prompt on that checkpoint (the
+  reference for prompt logprobs).
 - ``report_figure``: record a measured figure (a time, an RSS, an agreement); all figures are
   printed together at the end of the run, so CI logs show them without ``-s``.
 """
@@ -136,6 +138,22 @@ def tiny_llama_artifact(tmp_path_factory: pytest.TempPathFactory, tiny_llama_che
     out = tmp_path_factory.mktemp("tiny-llama-artifact") / "fp32"
     export_model(tiny_llama_checkpoint, out, precision="fp32", progress=False)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_logprobs(tiny_llama_checkpoint: Path):
+    """prompt ids -> transformers' log-softmax rows [len - 1, vocab] (row j predicts token j + 1)."""
+    torch = require("torch", "pip install torch==2.13.0 (exactly this spelling: the CPU wheel)")
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_checkpoint, dtype=torch.float32).eval()
+
+    def logprobs(ids: list[int]):
+        with torch.inference_mode():
+            logits = model(torch.tensor([ids])).logits[0, :-1]
+        return torch.log_softmax(logits, dim=-1).numpy()
+
+    return logprobs
 
 
 # --- servers (tests/server, tests/reliability) -------------------------------------------------

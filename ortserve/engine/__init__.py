@@ -7,6 +7,7 @@
 - ``block_manager``: KV blocks, ref counts, the LRU free queue, prefix caching.
 - ``scheduler``: what runs each step (budget, cap, chunked prefill, preemption).
 - ``model_runner``: the ONNX Runtime session, the KV OrtValues, one IOBinding run per step.
+- ``grammar``: structured outputs with llguidance (compiled grammars, masks per step).
 - ``sampler``: logits -> tokens in numpy, vectorised over the batch.
 - ``threads`` and ``memory``: the core and memory plans made before start-up.
 - ``core``: ``EngineCore``: schedule -> run -> sample -> update, with faults contained per request.

@@ -3,7 +3,8 @@
 Start-up, in order: resolve the model to an artifact, plan the threads, plan the KV cache and
 check it fits in memory (before anything big is loaded), settle max_model_len, load the session,
 pin the calling thread, warm up, and log one summary block. Each step then runs
-schedule -> model runner -> sampler -> scheduler update.
+schedule -> model runner (while a worker thread computes the grammar masks of structured
+outputs) -> prompt logprobs of the rows that asked -> sampler -> scheduler update.
 
 ``LLMEngine`` (engine/llm_engine.py) drives it: in the server's engine process and in the offline
 ``LLM``'s. Messages in and out are the msgspec structs of ``engine.ipc``.
@@ -21,15 +22,17 @@ import platform
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from ortserve.artifact import ArtifactManifest, is_artifact, load_manifest
 from ortserve.engine.block_manager import BlockManager
 from ortserve.engine.config import DEFAULT_KV_CACHE_SPACE_GIB, EngineConfig
+from ortserve.engine.grammar import GrammarCompiler, MaskWorker
 from ortserve.engine.ipc import EngineCoreOutput, EngineInfo, EngineRequest, StatsUpdate, TokenLogprob
 from ortserve.engine.memory import GIB, KVCachePlan, MemoryCheckError, plan_kv_cache
-from ortserve.engine.sampler import Sampler
+from ortserve.engine.sampler import Sampler, prompt_token_logprobs
 from ortserve.engine.scheduler import ScheduledBatch, Scheduler
 from ortserve.engine.sequence import Request
 from ortserve.engine.threads import bind_memory, pin_calling_thread, plan_threads
@@ -61,6 +64,8 @@ class EngineCore:
         self.block_manager = BlockManager(self.kv_plan.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.sampler = Sampler()
+        self.grammars: GrammarCompiler | None = None  # set by enable_structured_outputs
+        self.masks: MaskWorker | None = None
         self._pending: list[EngineCoreOutput] = []  # abort outputs, delivered by the next step()
         self._num_steps = 0
         self._step_seconds = 0.0
@@ -82,14 +87,25 @@ class EngineCore:
             engine_cores=list(self.threads.cores) if self.threads.bind else [],
         )
 
+    def enable_structured_outputs(self, tokenizer: Any) -> None:
+        """Grammars need the tokenizer (llguidance reads its vocabulary; built in the background)."""
+        self.grammars = GrammarCompiler(tokenizer, self.manifest.vocab_size, sorted(self.eos_token_ids))
+        self.masks = MaskWorker(self.manifest.vocab_size, self.threads.cores if self.threads.bind else ())
+
     # -- requests ------------------------------------------------------------------------------
     def add_request(self, request: EngineRequest) -> None:
         """Queue a request, or raise InvalidParameter naming the limit and what changes it
-        (the same ``PromptLimits`` check the server makes before sending it)."""
+        (the same ``PromptLimits`` check the server makes before sending it, and the grammar's)."""
         if request.request_id in self.scheduler.requests:
             raise InvalidParameter("request_id", f"request id {request.request_id!r} is already running")
         self.limits.check(request.prompt_token_ids, request.sampling_params)
-        self.scheduler.add(Request(request, self.eos_token_ids, self.max_model_len))
+        spec = request.sampling_params.structured_outputs
+        new_grammar = None
+        if spec is not None:
+            if self.grammars is None:
+                raise InvalidParameter("structured_outputs", "this engine was started without a tokenizer for grammars")
+            new_grammar = self.grammars.matcher(spec).deep_copy  # compiled once, copied per sample
+        self.scheduler.add(Request(request, self.eos_token_ids, self.max_model_len, new_grammar))
 
     def abort_requests(self, request_ids: Iterable[str | tuple[str, int]]) -> None:
         """End requests now and free their blocks. An entry is a request id, or (request id,
@@ -107,12 +123,21 @@ class EngineCore:
         outputs, self._pending = self._pending, []
         batch = self.scheduler.schedule()
         if batch:
+            masks = self.masks.start([s.grammar for s in batch.sampling]) if self.masks else None
             try:
                 logits = self.runner.execute(batch)
             except Exception:
                 logger.exception("the model run failed; ending the %d requests of this step", len(batch.seqs))
+                if masks is not None:
+                    masks.exception()  # the worker is done with the matchers before they go
                 return outputs + self._fail(dict.fromkeys(s.request.request_id for s in batch.seqs))
-            tokens, logprobs, failed = self._sample(logits, batch)
+            logits = self._take_prompt_logprobs(logits, batch)
+            try:
+                bitmask = masks.result() if masks is not None else None
+            except Exception:
+                logger.exception("computing the grammar masks failed; ending the requests with a grammar")
+                return outputs + self._fail(dict.fromkeys(s.request.request_id for s in batch.seqs if s.grammar))
+            tokens, logprobs, failed = self._sample(logits, batch, bitmask)
             updated = self.scheduler.update(batch, tokens, logprobs)
             outputs += [o for o in updated if o.request_id not in failed] if failed else updated
             outputs += self._fail(failed)
@@ -120,14 +145,35 @@ class EngineCore:
         self._step_seconds += time.perf_counter() - started
         return outputs
 
+    def _take_prompt_logprobs(self, logits: np.ndarray, batch: ScheduledBatch) -> np.ndarray:
+        """Record the prompt logprobs of the sequences that asked (their rows come from this same
+        prefill, chunk by chunk); returns the sampling rows, one per ``batch.sampling``."""
+        if not any(s.wants_prompt_logprobs for s in batch.seqs):
+            return logits  # one row per sampling sequence already
+        rows = batch.logits_rows()
+        offset, sampling = 0, []
+        for seq, num_new, num_rows in zip(batch.seqs, batch.num_new_tokens, rows):
+            start = seq.num_computed_tokens  # row k is position start + k and predicts token start + k + 1
+            if seq.prompt_logprobs is not None and seq.wants_prompt_logprobs:
+                first = max(0, len(seq.prompt_logprobs) - start)  # a recompute after preemption has some
+                last = min(num_rows, seq.num_prompt_tokens - 1 - start)
+                if last > first:
+                    targets = np.frombuffer(seq.token_ids[start + first + 1 : start + last + 1], np.int64)
+                    k = seq.params.prompt_logprobs or 0
+                    seq.prompt_logprobs += prompt_token_logprobs(logits[offset + first : offset + last], targets, k)
+            if start + num_new == seq.num_tokens:
+                sampling.append(offset + num_rows - 1)
+            offset += num_rows
+        return logits[sampling]
+
     def _sample(
-        self, logits: np.ndarray, batch: ScheduledBatch
+        self, logits: np.ndarray, batch: ScheduledBatch, bitmask: np.ndarray | None = None
     ) -> tuple[list[int], list[TokenLogprob | None] | None, list[str]]:
         """The batch's tokens; if the sampler raises, each row alone, and the requests whose rows
         still raise are returned to be failed (their rows get a placeholder token first)."""
         seqs = batch.sampling
         try:
-            batch_tokens, batch_logprobs = self.sampler.sample(logits, seqs)
+            batch_tokens, batch_logprobs = self.sampler.sample(logits, seqs, bitmask)
             return batch_tokens, batch_logprobs, []
         except Exception:
             logger.exception("sampling a batch of %d rows failed; retrying row by row", len(seqs))
@@ -136,7 +182,8 @@ class EngineCore:
         failed: list[str] = []
         for i, seq in enumerate(seqs):
             try:
-                token, row = self.sampler.sample(logits[i : i + 1].copy(), [seq])
+                mask = bitmask[i : i + 1] if bitmask is not None else None
+                token, row = self.sampler.sample(logits[i : i + 1].copy(), [seq], mask)
             except Exception:
                 logger.exception("sampling request %s failed", seq.request.request_id)
                 token, row = [0], None

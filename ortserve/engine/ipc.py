@@ -65,6 +65,10 @@ class EngineCoreOutput(msgspec.Struct, omit_defaults=True):
     stop_reason: int | str | None = None  # the stop token id (stop strings: the output processor)
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    # with the first token of sample 0, when prompt logprobs were asked: one per prompt token
+    # after the first (the first has no context to be predicted from)
+    prompt_logprobs: list[TokenLogprob] | None = None
+    finished_by_grammar: bool = False  # the grammar ended on an ordinary token: its text is kept
 
     @property
     def finished(self) -> bool:
@@ -95,6 +99,7 @@ class RequestDelta(msgspec.Struct, omit_defaults=True):
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     error: str | None = None  # set with finished=True when processing this request raised
+    prompt_logprobs: list[TokenLogprob] | None = None  # once, in the request's first delta (see EngineCoreOutput)
 
 
 class StatsUpdate(msgspec.Struct, omit_defaults=True):

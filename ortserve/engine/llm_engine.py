@@ -34,7 +34,9 @@ class LLMEngine:
         from ortserve.tokenizer import load_tokenizer
 
         core = EngineCore(config)
-        return cls(core, load_tokenizer(core.tokenizer_dir, config.chat_template))
+        tokenizer = load_tokenizer(core.tokenizer_dir, config.chat_template)
+        core.enable_structured_outputs(tokenizer)
+        return cls(core, tokenizer)
 
     def info(self) -> EngineInfo:
         return self.core.info()  # type: ignore[no-any-return]

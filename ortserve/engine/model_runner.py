@@ -128,11 +128,12 @@ class ModelRunner:
         slot_mapping = (
             block_tables[row_of_token, positions // block_size].astype(np.int64) * block_size + positions % block_size
         )
-        num_tokens = np.fromiter((s.num_tokens for s in seqs), np.int64, num_seqs)
         if all_logits:
             logits_indices = np.arange(ids.size, dtype=np.int64)
-        else:
-            logits_indices = query_start_loc[1:][context_lens == num_tokens] - 1
+        else:  # the last rows of each sequence's chunk: one when it samples, all for prompt logprobs
+            rows = np.array(batch.logits_rows(), np.int64)
+            first = np.repeat(query_start_loc[1:] - rows, rows)  # each sequence's first row
+            logits_indices = first + np.arange(first.size) - np.repeat(np.cumsum(rows) - rows, rows)
         return {
             "input_ids": ids,
             "positions": positions,

@@ -104,6 +104,8 @@ class OutputProcessor:
                 to_abort.append(request_id)
                 continue
             delta.samples.append(sample_delta)
+            if output.prompt_logprobs is not None:
+                delta.prompt_logprobs = output.prompt_logprobs
             state.num_cached_tokens = max(state.num_cached_tokens, output.num_cached_tokens)
             if stopped:
                 to_abort.append(request_id if len(state.samples) == 1 else (request_id, sample.index))
@@ -128,6 +130,7 @@ class OutputProcessor:
         if (
             output.finish_reason == "stop"
             and not isinstance(output.stop_reason, str)
+            and not output.finished_by_grammar
             and not params.include_stop_str_in_output
             and ids
         ):

@@ -1,10 +1,13 @@
 """Logits -> next tokens, in numpy, vectorised over the batch.
 
-Order (as vLLM v1): min_tokens masking of EOS and stop ids, logit_bias, repetition / frequency /
-presence penalties, then greedy argmax or: temperature, min-p, top-k, top-p, and a draw from the
-remaining distribution by inverse CDF with one uniform number from the sample's own generator.
+Order (as vLLM v1): the grammar's token mask (structured outputs), min_tokens masking of EOS and
+stop ids, logit_bias, repetition / frequency / presence penalties, then greedy argmax or:
+temperature, min-p, top-k, top-p, and a draw from the remaining distribution by inverse CDF with
+one uniform number from the sample's own generator.
 A sample's token depends only on its own logits row and its own generator, never on the batch.
-Logprobs are taken from the raw logits, before any of the above (vLLM v1's default).
+Logprobs are taken from the raw logits, before any of the above (vLLM v1's default), so under a
+grammar they still say what the model itself preferred. min_tokens never masks a grammar's only
+way forward (a grammar that is complete allows only EOS).
 
 Numerics cannot fail: a temperature below ``GREEDY_TEMPERATURE`` is greedy (as vLLM), and a row
 whose processed distribution is not a finite positive mass (overflow from extreme parameters, NaN
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ortserve.engine.grammar import allowed_tokens
 from ortserve.engine.ipc import TokenLogprob
 from ortserve.engine.sequence import Sequence
 
@@ -39,16 +43,23 @@ class Sampler:
     def __init__(self) -> None:
         self._buffer: np.ndarray | None = None  # scratch for the weights, reused across steps
 
-    def sample(self, logits: np.ndarray, seqs: list[Sequence]) -> tuple[list[int], list[TokenLogprob | None] | None]:
-        """One token per row of ``logits`` (float32 [len(seqs), vocab], modified in place)."""
+    def sample(
+        self, logits: np.ndarray, seqs: list[Sequence], bitmask: np.ndarray | None = None
+    ) -> tuple[list[int], list[TokenLogprob | None] | None]:
+        """One token per row of ``logits`` (float32 [len(seqs), vocab], modified in place).
+        ``bitmask``: the grammar masks (int32 words, row i for seqs[i]; read where seqs[i] has a
+        grammar)."""
         with np.errstate(all="ignore"):  # non-finite rows are caught and fall back (module doc)
-            return self._sample(logits, seqs)
+            return self._sample(logits, seqs, bitmask)
 
-    def _sample(self, logits: np.ndarray, seqs: list[Sequence]) -> tuple[list[int], list[TokenLogprob | None] | None]:
+    def _sample(
+        self, logits: np.ndarray, seqs: list[Sequence], bitmask: np.ndarray | None
+    ) -> tuple[list[int], list[TokenLogprob | None] | None]:
         params = [s.request.params for s in seqs]
         lp_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
         raw_logprobs = log_softmax(logits[lp_rows]) if lp_rows else None
-        self._apply_processors(logits, seqs)
+        allowed = self._apply_grammars(logits, seqs, bitmask) if bitmask is not None else {}
+        self._apply_processors(logits, seqs, allowed)
         greedy = np.fromiter((p.greedy for p in params), dtype=bool, count=len(params))
         if greedy.all():
             tokens = logits.argmax(axis=1)
@@ -68,7 +79,20 @@ class Sampler:
         return token_list, logprobs
 
     # -- logits processors -------------------------------------------------------------------
-    def _apply_processors(self, logits: np.ndarray, seqs: list[Sequence]) -> None:
+    @staticmethod
+    def _apply_grammars(logits: np.ndarray, seqs: list[Sequence], bitmask: np.ndarray) -> dict[int, np.ndarray]:
+        """-inf for every token a row's grammar forbids; the allowed sets by row."""
+        allowed = {}
+        vocab = logits.shape[1]
+        for i, seq in enumerate(seqs):
+            if seq.grammar is not None:
+                allowed[i] = ok = allowed_tokens(bitmask[i], vocab)
+                np.copyto(logits[i], NEG_INF, where=~ok)
+        return allowed
+
+    def _apply_processors(
+        self, logits: np.ndarray, seqs: list[Sequence], allowed: dict[int, np.ndarray] | None = None
+    ) -> None:
         bias_rows, bias_ids, bias_values = [], [], []
         rep_rows, rep_ids, rep_pen = [], [], []
         out_rows, out_ids, out_sub = [], [], []
@@ -76,7 +100,9 @@ class Sampler:
             request = seq.request
             p = request.params
             if seq.num_output_tokens < p.min_tokens and request.min_tokens_mask.size:
-                logits[i, request.min_tokens_mask] = NEG_INF
+                ok = allowed.get(i) if allowed else None
+                if ok is None or ok.sum() > ok[request.min_tokens_mask].sum():  # never the grammar's only way on
+                    logits[i, request.min_tokens_mask] = NEG_INF
             if request.bias_ids.size:
                 bias_rows.append(np.full(request.bias_ids.size, i))
                 bias_ids.append(request.bias_ids)
@@ -220,6 +246,23 @@ def draw(weights: np.ndarray, u: np.ndarray, chunk: int = CHUNK, chunk_sums: np.
         j[i] = np.flatnonzero(segment[i])[-1]
     tokens: np.ndarray = starts[k] + j
     return tokens
+
+
+def prompt_token_logprobs(logits: np.ndarray, targets: np.ndarray, k: int) -> list[TokenLogprob]:
+    """Logprobs of ``targets[i]`` under row i of ``logits`` (the prompt's next tokens), with ranks
+    and each row's top ``k``: the same record as a sampled token's."""
+    rows = log_softmax(logits)
+    index = np.arange(len(rows))
+    chosen = rows[index, targets]
+    ranks = (rows > chosen[:, None]).sum(axis=1) + 1
+    tops: list[list[tuple[int, float]]] = [[] for _ in index]
+    if k:
+        ids = np.argpartition(-rows, k - 1, axis=1)[:, :k]
+        values = np.take_along_axis(rows, ids, axis=1)
+        order = np.argsort(-values, axis=1, kind="stable")
+        ids, values = np.take_along_axis(ids, order, axis=1), np.take_along_axis(values, order, axis=1)
+        tops = [list(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
+    return [TokenLogprob(lp, rank, top) for lp, rank, top in zip(chosen.tolist(), ranks.tolist(), tops)]
 
 
 def _token_logprob(row: np.ndarray, token: int, k: int) -> TokenLogprob:

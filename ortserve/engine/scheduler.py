@@ -37,6 +37,14 @@ class ScheduledBatch:
     def num_tokens(self) -> int:
         return sum(self.num_new_tokens)
 
+    def logits_rows(self) -> list[int]:
+        """Logits rows each scheduled sequence gets, in order: one per computed token while it
+        wants prompt logprobs (the last doubles as its sampling row), else one if it samples."""
+        return [
+            n if s.wants_prompt_logprobs else int(s.num_computed_tokens + n == s.num_tokens)
+            for s, n in zip(self.seqs, self.num_new_tokens)
+        ]
+
     def __bool__(self) -> bool:
         return bool(self.seqs)
 
@@ -89,7 +97,8 @@ class Scheduler:
         preempted = self.counters.num_preemptions > preemptions
         while not preempted and self.waiting and budget > 0 and len(running) < self.max_num_seqs:
             seq = self.waiting[0]
-            computed = block_manager.find_computed_blocks(seq)
+            # prompt logprobs need the logits of every prompt token: no prefix-cache hits
+            computed = [] if seq.wants_prompt_logprobs else block_manager.find_computed_blocks(seq)
             num_computed = len(computed) * block_manager.block_size
             num_new = min(seq.num_tokens - num_computed, budget)
             if not block_manager.allocate(seq, num_new, computed):
@@ -126,8 +135,10 @@ class Scheduler:
             request = seq.request
             logprob = None if logprobs is None else logprobs[j]
             seq.append_token(token)
+            prompt_logprobs = None
             if not seq.is_prefilled:
                 seq.is_prefilled = True
+                prompt_logprobs, seq.prompt_logprobs = seq.prompt_logprobs, None
                 if request.first_token_time is None:
                     request.first_token_time = seq.last_token_time
                     self.counters.prompt_tokens += seq.num_prompt_tokens
@@ -147,6 +158,11 @@ class Scheduler:
                     stop_reason,
                     seq.num_prompt_tokens,
                     seq.num_cached_tokens,
+                    prompt_logprobs=prompt_logprobs,
+                    finished_by_grammar=reason == "stop"
+                    and seq.grammar is not None
+                    and token not in request.model_eos_token_ids
+                    and token not in request.stop_token_ids,
                 )
             )
         if any_finished:
@@ -209,6 +225,11 @@ class Scheduler:
     def _check_stop(self, seq: Sequence, token: int) -> tuple[FinishReason | None, int | None]:
         request = seq.request
         num_out = seq.num_output_tokens
+        if seq.grammar is not None:
+            if not seq.grammar.consume_token(token):  # the mask allowed it: only a fault gets here
+                return "error", None
+            if seq.grammar.is_stopped():  # the grammar is complete: nothing else may follow
+                return "stop", token if token in request.stop_token_ids else None
         if num_out >= request.params.min_tokens:
             if token in request.eos_token_ids:
                 return "stop", None

@@ -12,10 +12,12 @@ import enum
 import hashlib
 import time
 from array import array
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from ortserve.engine.ipc import EngineRequest, FinishReason
+from ortserve.engine.ipc import EngineRequest, FinishReason, TokenLogprob
 from ortserve.sampling_params import SamplingParams
 
 
@@ -28,7 +30,14 @@ class SequenceStatus(enum.Enum):
 class Request:
     """One EngineRequest: its parameters, its samples and its timings."""
 
-    def __init__(self, request: EngineRequest, eos_token_ids: frozenset[int], max_model_len: int):
+    def __init__(
+        self,
+        request: EngineRequest,
+        eos_token_ids: frozenset[int],
+        max_model_len: int,
+        new_grammar: Callable[[], Any] | None = None,
+    ):
+        """``new_grammar``: makes a sample's grammar matcher in its start state (structured outputs)."""
         self.request_id = request.request_id
         self.prompt_token_ids = list(request.prompt_token_ids)
         self.params: SamplingParams = request.sampling_params
@@ -39,6 +48,8 @@ class Request:
         room = max(max_model_len - len(self.prompt_token_ids), 1)
         self.max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         self.eos_token_ids = frozenset() if params.ignore_eos else eos_token_ids
+        self.model_eos_token_ids = eos_token_ids  # a grammar may end on EOS even with ignore_eos
+        self.new_grammar = new_grammar
         self.stop_token_ids = frozenset(params.stop_token_ids or ())
         # tokens masked while fewer than min_tokens are out (vLLM masks EOS and stop ids)
         self.min_tokens_mask = np.array(sorted(eos_token_ids | self.stop_token_ids), dtype=np.int64)
@@ -83,6 +94,7 @@ class Sequence:
         "block_hashes",
         "block_table",
         "finish_reason",
+        "grammar",
         "index",
         "is_prefilled",
         "last_token_time",
@@ -90,6 +102,7 @@ class Sequence:
         "num_computed_tokens",
         "num_prompt_tokens",
         "output_counts",
+        "prompt_logprobs",
         "request",
         "rng",
         "status",
@@ -113,6 +126,13 @@ class Sequence:
         self.stop_reason: int | str | None = None
         self.last_token_time = 0.0
         self.is_prefilled = False  # has sampled its first token at least once
+        # an llguidance matcher when the request has structured outputs: advanced by each sampled
+        # token, never by recompute, so preemption leaves it as it is
+        self.grammar: Any = request.new_grammar() if request.new_grammar is not None else None
+        # prompt logprobs gathered so far, entry j for prompt token j + 1 (chunked prefill adds up)
+        self.prompt_logprobs: list[TokenLogprob] | None = (
+            [] if index == 0 and request.params.prompt_logprobs is not None else None
+        )
 
     def __repr__(self) -> str:
         return (
@@ -131,6 +151,12 @@ class Sequence:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Needs a logits row for each prompt token it computes (sample 0 of a request that asked,
+        until its prompt is done)."""
+        return self.prompt_logprobs is not None and not self.is_prefilled
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)

@@ -22,6 +22,7 @@ from .engine_client import EngineClient
 from .errors import EXCEPTION_HANDLERS
 from .metrics import ServerMetrics
 from .openapi import RequestSchemasFromPydantic
+from .responses_api import ResponsesService
 from .settings import ServerSettings
 from .template_sandbox import TemplateSandbox
 
@@ -31,12 +32,14 @@ def create_app(client: EngineClient, settings: ServerSettings) -> Litestar:
     metrics = ServerMetrics(settings.served_model_name)
     client.observers.append(metrics)
     sandbox = TemplateSandbox()
+    chat = ChatService(client, settings, sandbox)
     singletons = {
         "client": client,
         "settings": settings,
         "metrics": metrics,
         "completions": CompletionsService(client, settings.served_model_name),
-        "chat": ChatService(client, settings, sandbox),
+        "chat": chat,
+        "responses": ResponsesService(chat),
     }
 
     @asynccontextmanager

@@ -82,6 +82,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     http.add_argument("--public-metrics", action="store_true", help="serve /metrics without the API key")
     http.add_argument(
+        "--allow-extra-fields",
+        action="store_true",
+        help="ignore unknown top-level request fields (default: a 400 naming them)",
+    )
+    http.add_argument(
+        "--tool-call-parser",
+        default="auto",
+        choices=["auto", "hermes", "llama3_json", "mistral"],
+        help="how tool calls are written in the model's output (default auto: from the chat template)",
+    )
+    http.add_argument(
         "--max-request-body-bytes",
         type=int,
         default=DEFAULT_MAX_REQUEST_BODY_BYTES,
@@ -128,6 +139,8 @@ def run(args: argparse.Namespace, factory=None) -> int:
         drain_timeout=args.drain_timeout,
         trust_request_chat_template=args.trust_request_chat_template,
         public_metrics=args.public_metrics,
+        allow_extra_fields=args.allow_extra_fields,
+        tool_call_parser=args.tool_call_parser,
     )
     supervision = Supervision(
         max_waiting_requests=args.max_waiting_requests,

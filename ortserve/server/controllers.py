@@ -21,6 +21,7 @@ from .protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from .response_items import ResponseObject
 from .responses import (
     ChatCompletionChunk,
     ChatCompletionResponse,
@@ -31,6 +32,7 @@ from .responses import (
     ModelList,
     TokenizeResponse,
 )
+from .responses_api import ResponsesRequest, ResponsesService
 from .sampling import as_bad_request
 from .settings import ServerSettings
 from .streams import EventStream
@@ -74,7 +76,7 @@ def check_model(settings: ServerSettings, model: str | None) -> None:
 
 
 class OpenAIController(Controller):
-    """The OpenAI API: completions, chat completions, models."""
+    """The OpenAI API: completions, chat completions, responses, models."""
 
     path = "/v1"
     guards = [require_api_key]
@@ -90,6 +92,7 @@ class OpenAIController(Controller):
         self, data: CompletionRequest, request: Request, completions: CompletionsService, settings: ServerSettings
     ) -> CompletionResponse | EventStream | Response[bytes]:
         check_model(settings, data.model)
+        data.check_fields(settings.allow_extra_fields)
         result = await completions.create(data, request)
         return result if result is not None else Response(b"", status_code=CLIENT_GONE)
 
@@ -103,22 +106,42 @@ class OpenAIController(Controller):
         self, data: ChatCompletionRequest, request: Request, chat: ChatService, settings: ServerSettings
     ) -> ChatCompletionResponse | EventStream | Response[bytes]:
         check_model(settings, data.model)
+        data.check_fields(settings.allow_extra_fields)
         result = await chat.create(data, request)
+        return result if result is not None else Response(b"", status_code=CLIENT_GONE)
+
+    @post(
+        "/responses",
+        status_code=200,
+        summary="Create a response (the Responses API, stateless)",
+        responses=generation_responses(ResponseObject, ResponseObject),
+    )
+    async def create_response(
+        self, data: ResponsesRequest, request: Request, responses: ResponsesService, settings: ServerSettings
+    ) -> ResponseObject | EventStream | Response[bytes]:
+        check_model(settings, data.model)
+        data.check_fields(settings.allow_extra_fields)
+        result = await responses.create(data, request)
         return result if result is not None else Response(b"", status_code=CLIENT_GONE)
 
     @get("/models", summary="List the served models", responses=ERRORS)
     async def list_models(self, client: EngineClient, settings: ServerSettings) -> ModelList:
-        info = client.info
-        return ModelList(
-            data=[
-                ModelCard(
-                    id=settings.served_model_name,
-                    created=settings.started_at,
-                    root=info.artifact_dir if info else None,
-                    max_model_len=info.max_model_len if info else None,
-                )
-            ]
-        )
+        return ModelList(data=[model_card(client, settings)])
+
+    @get("/models/{model_id:str}", summary="One served model (404 for any other name)", responses=ERRORS)
+    async def retrieve_model(self, model_id: str, client: EngineClient, settings: ServerSettings) -> ModelCard:
+        check_model(settings, model_id)
+        return model_card(client, settings)
+
+
+def model_card(client: EngineClient, settings: ServerSettings) -> ModelCard:
+    info = client.info
+    return ModelCard(
+        id=settings.served_model_name,
+        created=settings.started_at,
+        root=info.artifact_dir if info else None,
+        max_model_len=info.max_model_len if info else None,
+    )
 
 
 class TokenizerController(Controller):
@@ -130,6 +153,7 @@ class TokenizerController(Controller):
     @post("/tokenize", status_code=200, summary="Token ids of a prompt or of chat messages", responses=ERRORS)
     async def tokenize(self, data: TokenizeRequest, client: EngineClient, settings: ServerSettings) -> TokenizeResponse:
         check_model(settings, data.model)
+        data.check_fields(settings.allow_extra_fields)
         data.check()
         prompts, limits = client.check_ready()
         with as_bad_request(TokenizeRequest.model_fields):
@@ -149,6 +173,7 @@ class TokenizerController(Controller):
         self, data: DetokenizeRequest, client: EngineClient, settings: ServerSettings
     ) -> DetokenizeResponse:
         check_model(settings, data.model)
+        data.check_fields(settings.allow_extra_fields)
         prompts, limits = client.check_ready()
         with as_bad_request(DetokenizeRequest.model_fields):
             limits.check_token_ids(data.tokens, "tokens")

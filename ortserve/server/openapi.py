@@ -14,10 +14,12 @@ from litestar.openapi.plugins import JsonRenderPlugin
 from pydantic import BaseModel
 
 from .protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from .responses_api import ResponsesRequest
 
 REQUEST_MODELS: tuple[type[BaseModel], ...] = (
     CompletionRequest,
     ChatCompletionRequest,
+    ResponsesRequest,
     TokenizeRequest,
     DetokenizeRequest,
 )
@@ -29,6 +31,8 @@ class RequestSchemasFromPydantic(JsonRenderPlugin):
         for model in REQUEST_MODELS:
             schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
             schemas.update(schema.pop("$defs", {}))
+            # unknown top-level fields: a 400 unless --allow-extra-fields (protocol.RequestModel)
+            schema["additionalProperties"] = request.app.state.settings.allow_extra_fields
             schemas[model.__name__] = schema
         if not request.app.state.settings.trust_request_chat_template:  # then a request's template is a 400
             chat = schemas["ChatCompletionRequest"]["properties"]

@@ -3,8 +3,14 @@
 Every numeric and size bound comes from ``ortserve.sampling_params.BOUNDS`` (``bounded``), the
 one table that ``SamplingParams`` also checks, so HTTP and offline accept the same inputs and the
 OpenAPI schema declares each bound the server enforces. Checks that span fields are in
-``check()``. Unknown fields are ignored, as OpenAI's SDKs send ``extra_body`` entries at the top
-level.
+``check()`` and, where JSON Schema can say them, in the model's schema too.
+
+Nothing is silently ignored. Every declared field is honoured, or refused with a 400 naming it
+when given a value the server cannot honour (``suffix``, ``prediction``, ``modalities`` other than
+text). An unknown top-level field is a 400 naming it, unless the server runs with
+``--allow-extra-fields`` (for clients that send extras): then unknown fields are ignored and the
+OpenAPI schema says so (``additionalProperties``). Inside nested objects unknown keys are ignored,
+as OpenAI's SDKs send back whole response messages (``refusal``, ``annotations``...).
 """
 
 from __future__ import annotations
@@ -16,6 +22,9 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSche
 from ortserve.sampling_params import BOUNDS
 
 from .errors import BadRequest
+from .responses import FunctionCall, ToolCall
+from .structured import Choice, GrammarText, ResponseFormat, Schema, StructuredOutputsRequest
+from .tools import FunctionCallChoice, Functions, ToolChoice, Tools, arguments_value
 
 MAX_PROMPT_CHARS = 500_000  # per prompt or message: bounds tokenisation work before it starts
 MAX_PROMPT_TOKENS = 1_000_000  # per token-id prompt
@@ -93,12 +102,56 @@ def requires(field: str, condition: dict[str, Any], then_field: str, value: Any)
 
 
 STREAM_OPTIONS_NEED_STREAM = requires("stream_options", {"type": "object"}, "stream", True)
+NOT_NULL = {"not": {"type": "null"}}
 
 
-class SamplingRequest(BaseModel):
+def at_most_one(conditions: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """JSON Schema rules: no two of these fields meet their condition at once."""
+    names = list(conditions)
+    return [
+        {"not": {"properties": {a: conditions[a], b: conditions[b]}, "required": [a, b]}}
+        for i, a in enumerate(names)
+        for b in names[i + 1 :]
+    ]
+
+
+# The legacy functions API and tools exclude each other. Rules that need more than this (a forced
+# tool_choice needs tools; only one field may constrain the output) are checked in code only: with
+# them the schema no longer canonicalises for schemathesis, and its test lists their messages.
+TOOL_RULES = [
+    rule
+    for new in ("tools", "tool_choice")
+    for legacy in ("functions", "function_call")
+    for rule in at_most_one({new: NOT_NULL, legacy: NOT_NULL})
+]
+
+
+class RequestModel(BaseModel):
+    """A request body. Unknown top-level fields are kept aside (``model_extra``) so that the
+    server refuses them by name, or ignores them with --allow-extra-fields."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    def check_fields(self, allow_extra: bool) -> None:
+        unknown = sorted(self.model_extra or {})
+        if unknown and not allow_extra:
+            names = ", ".join(f"'{name}'" for name in unknown)
+            raise BadRequest(
+                f"Unknown field{'s' if len(unknown) > 1 else ''} {names}: this server does not support "
+                f"{'them' if len(unknown) > 1 else 'it'}. Remove {'them' if len(unknown) > 1 else 'it'}, or "
+                f"start the server with --allow-extra-fields to have unknown fields ignored",
+                unknown[0],
+            )
+
+
+class SamplingRequest(RequestModel):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
-    model_config = ConfigDict(extra="ignore", strict=True, json_schema_extra={"allOf": [STREAM_OPTIONS_NEED_STREAM]})
+    model_config = ConfigDict(
+        extra="allow",
+        strict=True,
+        json_schema_extra={"allOf": [STREAM_OPTIONS_NEED_STREAM]},
+    )
 
     model: str | None = Field(None, description="Served model name; defaults to the only model")
     n: Choices = Field(1, description="Choices to generate for each prompt")
@@ -126,7 +179,19 @@ class SamplingRequest(BaseModel):
     skip_special_tokens: bool = True
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = Field(None, description="End-user id (accepted, not used)")
+    user: Annotated[str, Field(max_length=256)] | None = Field(None, description="End-user id, in the request log")
+    prompt_logprobs: LogprobCount | None = Field(
+        None, description="Logprobs of each prompt token and its top k alternatives (vLLM); the prompt is recomputed"
+    )
+    truncate_prompt_tokens: bounded_int("truncate_prompt_tokens") | None = Field(  # type: ignore[valid-type]
+        None, description="Keep only the prompt's last k tokens"
+    )
+    response_format: ResponseFormat | None = Field(None, description="text, json_object, or json_schema")
+    structured_outputs: StructuredOutputsRequest | None = Field(None, description="vLLM's structured outputs")
+    guided_json: Schema | None = Field(None, description="A JSON schema (vLLM's older spelling)")
+    guided_regex: GrammarText | None = Field(None, description="A regular expression (vLLM's older spelling)")
+    guided_choice: Choice | None = Field(None, description="One of these strings (vLLM's older spelling)")
+    guided_grammar: GrammarText | None = Field(None, description="A Lark or GBNF grammar (vLLM's older spelling)")
 
     def check(self) -> None:
         """Cross-field checks; raises BadRequest naming the field. (Bounds that need the model
@@ -159,11 +224,28 @@ class SamplingRequest(BaseModel):
             min_tokens=self.min_tokens,
             ignore_eos=self.ignore_eos,
             skip_special_tokens=self.skip_special_tokens,
+            truncate_prompt_tokens=self.truncate_prompt_tokens,
         )
 
 
 class CompletionRequest(SamplingRequest):
     """POST /v1/completions."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        strict=True,
+        json_schema_extra={
+            "allOf": [
+                STREAM_OPTIONS_NEED_STREAM,
+                {
+                    "not": {
+                        "properties": {"stream": {"const": True}, "best_of": {"type": "integer", "minimum": 2}},
+                        "required": ["stream", "best_of"],
+                    }
+                },
+            ]
+        },
+    )
 
     prompt: (
         PromptText
@@ -171,20 +253,29 @@ class CompletionRequest(SamplingRequest):
         | TokenIds
         | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_BATCH)]
     ) = Field(description="A string, a list of strings, token ids, or a list of token-id lists")
-    echo: bool = Field(False, description="Put the prompt before the generated text")
+    echo: bool = Field(False, description="Put the prompt before the generated text (and its logprobs)")
     logprobs: LogprobCount | None = Field(None, description="Alternatives to return per token (0 = sampled only)")
+    best_of: Choices | None = Field(
+        None, description="Generate this many and return the n with the highest cumulative logprob (not streamed)"
+    )
     suffix: Annotated[str | None, WithJsonSchema({"type": "null", "description": "Not supported: omit it"})] = None
 
     def check(self) -> None:
         super().check()
         if self.suffix is not None:
             raise BadRequest("'suffix' is not supported", "suffix")
-        if self.echo and self.logprobs is not None:
-            raise BadRequest(
-                "'echo' with 'logprobs' would need prompt logprobs, which this server does not compute", "echo"
-            )
         if isinstance(self.prompt, list) and not self.prompt:
             raise BadRequest("'prompt' must not be empty", "prompt")
+        if self.best_of is not None and self.best_of < self.n:
+            raise BadRequest(f"'best_of' ({self.best_of}) must be at least 'n' ({self.n})", "best_of")
+        if self.best_of is not None and self.best_of > 1 and self.stream:
+            raise BadRequest("'best_of' cannot be streamed: the best choices are known only at the end", "best_of")
+
+    def echo_logprobs(self) -> int | None:
+        """Prompt logprobs to ask of the engine: vLLM's prompt_logprobs, or echo with logprobs."""
+        if self.prompt_logprobs is not None:
+            return max(self.prompt_logprobs, self.logprobs or 0) if self.echo else self.prompt_logprobs
+        return self.logprobs if self.echo else None
 
     def prompts(self) -> list[str] | list[list[int]]:
         """The batch of prompts: strings or token-id lists."""
@@ -203,18 +294,19 @@ class TextPart(BaseModel):
     text: ContentText
 
 
-class TextFormat(BaseModel):
-    model_config = STRICT
-
-    type: Literal["text"]
-
-
 class ChatMessage(BaseModel):
     model_config = STRICT
 
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: ContentText | Annotated[list[TextPart], Field(max_length=MAX_MESSAGES)] | None = None
-    name: str | None = None
+    name: Annotated[str, Field(max_length=256)] | None = Field(
+        None, description="A participant's name, for the template"
+    )
+    tool_calls: Annotated[list[ToolCall], Field(max_length=MAX_MESSAGES)] | None = Field(
+        None, description="An assistant's past calls"
+    )
+    tool_call_id: Annotated[str, Field(max_length=256)] | None = Field(None, description="A tool result's call")
+    function_call: FunctionCall | None = Field(None, description="An assistant's past call (legacy functions)")
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -222,21 +314,41 @@ class ChatMessage(BaseModel):
         return self.content or ""
 
     def conversation_entry(self) -> dict[str, Any]:
-        """The message as the chat template sees it (developer = system, as OpenAI)."""
-        return {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        """The message as chat templates take it (developer = system, as OpenAI; a legacy
+        function result is a tool message; arguments as objects, as transformers passes them)."""
+        role = {"developer": "system", "function": "tool"}.get(self.role, self.role)
+        entry: dict[str, Any] = {"role": role, "content": self.text()}
+        if self.name is not None:
+            entry["name"] = self.name
+        calls = list(self.tool_calls or [])
+        if self.function_call is not None:
+            calls.append(ToolCall(id=f"call_{len(calls)}", function=self.function_call))
+        if calls and role == "assistant":
+            entry["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.function.name, "arguments": arguments_value(c.function.arguments)},
+                }
+                for c in calls
+            ]
+        if self.tool_call_id is not None and role == "tool":
+            entry["tool_call_id"] = self.tool_call_id
+        return entry
 
 
 class ChatCompletionRequest(SamplingRequest):
     """POST /v1/chat/completions."""
 
     model_config = ConfigDict(
-        extra="ignore",
+        extra="allow",
         strict=True,
         json_schema_extra={
             "allOf": [
                 STREAM_OPTIONS_NEED_STREAM,
                 requires("top_logprobs", {"type": "integer", "minimum": 1}, "logprobs", True),
                 requires("continue_final_message", {"const": True}, "add_generation_prompt", False),
+                *TOOL_RULES,
             ]
         },
     )
@@ -244,6 +356,9 @@ class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     add_generation_prompt: bool = Field(True, description="End the prompt with the assistant's turn")
     continue_final_message: bool = Field(False, description="Continue the last assistant message")
+    echo: bool = Field(
+        False, description="Start the answer with the last message's content when it is the assistant's (vLLM)"
+    )
     max_completion_tokens: TokenCount | None = Field(None, description="Alias of max_tokens")
     logprobs: bool = Field(False, description="Return the sampled tokens' logprobs")
     top_logprobs: LogprobCount | None = Field(None, description="Alternatives per token; needs logprobs=true")
@@ -254,14 +369,20 @@ class ChatCompletionRequest(SamplingRequest):
         description="A template replacing the model's; refused unless the "
         "server runs with --trust-request-chat-template",
     )
-    response_format: TextFormat | None = Field(None, description="Only {'type': 'text'} (structured outputs: not yet)")
-    tools: Annotated[list[dict[str, Any]], Field(max_length=0)] | None = Field(
-        None, description="Tool calling is not supported yet: only an empty list"
+    tools: Tools | None = Field(None, description="Functions the model may call")
+    tool_choice: ToolChoice | None = Field(
+        None, description="none, auto (the default with tools), required, or a named function (forced by a grammar)"
     )
-    tool_choice: Literal["none", "auto"] | None = None
+    parallel_tool_calls: bool | None = Field(None, description="false = at most one call")
+    functions: Functions | None = Field(None, description="Legacy: tools given as bare functions")
+    function_call: FunctionCallChoice | None = Field(None, description="Legacy: none, auto, or {'name'}")
+    modalities: Annotated[list[Literal["text"]], Field(max_length=1)] | None = Field(None, description="Only text")
+    prediction: Annotated[Any, WithJsonSchema({"type": "null", "description": "Not supported: omit it"})] = None
 
     def check(self) -> None:
         super().check()
+        if self.prediction is not None:
+            raise BadRequest("'prediction' (predicted outputs) is not supported: omit it", "prediction")
         if self.top_logprobs and not self.logprobs:
             raise BadRequest("'top_logprobs' needs 'logprobs' set to true", "top_logprobs")
         if self.continue_final_message and self.add_generation_prompt:
@@ -274,10 +395,11 @@ class ChatCompletionRequest(SamplingRequest):
         return (self.top_logprobs or 0) if self.logprobs else None
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(RequestModel):
     """POST /tokenize: either a prompt or chat messages (exactly one: the schema's oneOf)."""
 
     model_config = ConfigDict(
+        extra="allow",
         strict=True,
         json_schema_extra={
             "oneOf": [
@@ -304,8 +426,6 @@ class TokenizeRequest(BaseModel):
             raise BadRequest("'messages' must not be empty", "messages")
 
 
-class DetokenizeRequest(BaseModel):
-    model_config = STRICT
-
+class DetokenizeRequest(RequestModel):
     model: str | None = None
     tokens: Annotated[list[TokenId], Field(max_length=MAX_PROMPT_TOKENS)]

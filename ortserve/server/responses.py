@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-OpenAIFinishReason = Literal["stop", "length"]
+OpenAIFinishReason = Literal["stop", "length", "tool_calls", "function_call"]
 
 
 def random_id(prefix: str) -> str:
@@ -19,11 +19,14 @@ def now() -> int:
     return int(time.time())
 
 
-def finish_reason(engine_reason: str | None) -> OpenAIFinishReason | None:
-    """The engine's stop/length/abort as OpenAI's stop/length (an aborted choice has no reader)."""
+def finish_reason(engine_reason: str | None, called: OpenAIFinishReason | None = None) -> OpenAIFinishReason | None:
+    """The engine's stop/length/abort as OpenAI's stop/length (an aborted choice has no reader);
+    ``called``: "tool_calls" (or legacy "function_call") when the choice stopped after calls."""
     if engine_reason is None:
         return None
-    return "length" if engine_reason == "length" else "stop"
+    if engine_reason == "length":
+        return "length"
+    return called or "stop"
 
 
 class ErrorInfo(BaseModel):
@@ -67,12 +70,24 @@ class CompletionLogprobs(BaseModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
+class PromptLogprob(BaseModel):
+    """vLLM's prompt_logprobs entry for one alternative (keyed by token id)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str
+
+
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: OpenAIFinishReason | None = None
     stop_reason: int | str | None = Field(None, description="The stop string or token id that ended it")
+    prompt_logprobs: PromptLogprobs | None = Field(None, exclude_if=lambda v: v is None)
 
 
 class CompletionResponse(BaseModel):
@@ -101,9 +116,26 @@ class ChatLogprobs(BaseModel):
     content: list[ChatTokenLogprob] | None = None
 
 
+def _absent(value: object) -> bool:
+    return value is None
+
+
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str = Field(description="The arguments object as JSON text")
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = Field(None, exclude_if=_absent)
+    function_call: FunctionCall | None = Field(None, exclude_if=_absent, description="Legacy functions only")
 
 
 class ChatChoice(BaseModel):
@@ -121,17 +153,31 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: PromptLogprobs | None = Field(None, exclude_if=_absent)
 
 
-def _absent(value: object) -> bool:
-    return value is None
+class FunctionCallDelta(BaseModel):
+    name: str | None = Field(None, exclude_if=_absent)
+    arguments: str | None = Field(None, exclude_if=_absent)
+
+
+class ToolCallDelta(BaseModel):
+    """OpenAI's streamed call: the first delta of a call has id, type and name; later ones add
+    to its arguments."""
+
+    index: int
+    id: str | None = Field(None, exclude_if=_absent)
+    type: Literal["function"] | None = Field(None, exclude_if=_absent)
+    function: FunctionCallDelta
 
 
 class DeltaMessage(BaseModel):
-    """Only what is new: the role in a choice's first chunk, then text."""
+    """Only what is new: the role in a choice's first chunk, then text or calls."""
 
     role: Literal["assistant"] | None = Field(None, exclude_if=_absent)
     content: str | None = Field(None, exclude_if=_absent)
+    tool_calls: list[ToolCallDelta] | None = Field(None, exclude_if=_absent)
+    function_call: FunctionCallDelta | None = Field(None, exclude_if=_absent)
 
 
 class ChatChunkChoice(BaseModel):

@@ -36,10 +36,12 @@ def sampling_params(
     default_max_tokens: int | None,
     logprobs: int | None,
     prompt_param: str,
+    **overrides: Any,
 ) -> SamplingParams:
-    """The request's SamplingParams, with max_tokens settled against the prompt's room."""
+    """The request's SamplingParams, with max_tokens settled against the prompt's room.
+    ``overrides``: fields the endpoint settles itself (structured outputs, prompt logprobs...)."""
     with as_bad_request(type(request).model_fields):
-        params = SamplingParams(max_tokens=max_tokens, logprobs=logprobs, **request.sampling_kwargs())
+        params = SamplingParams(max_tokens=max_tokens, logprobs=logprobs, **{**request.sampling_kwargs(), **overrides})
         room = limits.check(prompt_token_ids, params, prompt_param)
         if max_tokens is None:  # a new SamplingParams: min_tokens is capped by the settled budget too
             wanted = room if default_max_tokens is None else max(default_max_tokens, params.min_tokens)

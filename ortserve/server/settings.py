@@ -19,6 +19,8 @@ class ServerSettings:
     drain_timeout: float = 30.0
     trust_request_chat_template: bool = False
     public_metrics: bool = False
+    allow_extra_fields: bool = False  # unknown top-level request fields: ignored instead of a 400
+    tool_call_parser: str = "auto"  # hermes, llama3_json, mistral; auto = from the chat template
     started_at: int = field(default_factory=lambda: int(time.time()))
 
     def model_names(self) -> set[str]:

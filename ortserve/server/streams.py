@@ -75,8 +75,11 @@ class SampleTotals:
         self.samples = [SampleText() for _ in range(n)]
         self.num_generated = 0
         self.num_cached_tokens = 0
+        self.prompt_logprobs: list[TokenLogprob] | None = None  # prompt tokens 1.. when asked
 
     def add(self, delta: RequestDelta) -> None:
+        if delta.prompt_logprobs is not None:
+            self.prompt_logprobs = delta.prompt_logprobs
         for d in delta.samples:
             out = self.samples[d.index]
             out.text += d.text

@@ -3,7 +3,9 @@ with jinja2's sandbox, a time limit, a memory limit and an output size limit, so
 template can neither stall the event loop nor take the server's memory.
 
 A template that runs past ``timeout`` seconds gets its worker killed (a new one starts for the
-next request) and the request a 400.
+next request) and the request a 400. The clock starts once the worker is up: starting one (a
+spawned interpreter importing jinja2) is the server's cost, not the template's, and takes
+seconds on a loaded machine.
 """
 
 from __future__ import annotations
@@ -16,12 +18,19 @@ from typing import Any
 from .errors import BadRequest
 
 MEMORY_LIMIT_BYTES = 1 << 30
+STARTUP_TIMEOUT = 60.0  # seconds for a new worker to come up (not counted against a template)
 
 
 def _limit_memory() -> None:
     import resource
 
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
+
+
+def _started() -> bool:
+    import jinja2.sandbox  # noqa: F401 - imported once, before any template's clock runs
+
+    return True
 
 
 def _render(
@@ -59,13 +68,22 @@ class TemplateSandbox:
         self.timeout = timeout
         self.max_chars = max_chars
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._started: asyncio.Future[bool] | None = None
 
-    def _executor(self) -> concurrent.futures.ProcessPoolExecutor:
+    async def _executor(self) -> concurrent.futures.ProcessPoolExecutor:
         if self._pool is None:
             self._pool = concurrent.futures.ProcessPoolExecutor(
                 max_workers=1, mp_context=mp.get_context("spawn"), initializer=_limit_memory
             )
-        return self._pool
+            self._started = asyncio.wrap_future(self._pool.submit(_started))
+        pool, started = self._pool, self._started
+        assert started is not None
+        try:
+            await asyncio.wait_for(asyncio.shield(started), STARTUP_TIMEOUT)
+        except (TimeoutError, concurrent.futures.process.BrokenProcessPool):
+            self._kill()
+            raise BadRequest("the chat template sandbox could not start; retry", "chat_template") from None
+        return pool
 
     async def render(
         self,
@@ -75,7 +93,7 @@ class TemplateSandbox:
         continue_final_message: bool,
         kwargs: dict[str, Any],
     ) -> str:
-        pool = self._executor()
+        pool = await self._executor()
         future = pool.submit(
             _render, template, conversation, add_generation_prompt, continue_final_message, kwargs, self.max_chars
         )
@@ -93,7 +111,7 @@ class TemplateSandbox:
             raise BadRequest(f"the request's chat template failed: {str(exc)[:500]}", "chat_template") from None
 
     def _kill(self) -> None:
-        pool, self._pool = self._pool, None
+        pool, self._pool, self._started = self._pool, None, None
         if pool is not None:
             for process in list(getattr(pool, "_processes", {}).values()):
                 process.kill()

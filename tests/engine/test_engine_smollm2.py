@@ -187,10 +187,10 @@ def test_a_request_whose_sampling_raises_fails_alone(smollm2_artifact, prompts, 
     engine = make_engine(smollm2_artifact)
     sample = engine.sampler.sample
 
-    def faulty(logits, seqs):  # a fault tied to one request, wherever it sits in the batch
+    def faulty(logits, seqs, bitmask=None):  # a fault tied to one request, wherever it sits in the batch
         if any(s.request.request_id == "bad" for s in seqs):
             raise FloatingPointError("simulated sampler fault")
-        return sample(logits, seqs)
+        return sample(logits, seqs, bitmask)
 
     engine.sampler.sample = faulty
     tokens = drive(

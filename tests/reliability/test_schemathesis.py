@@ -13,8 +13,23 @@ import sys
 import pytest
 
 pytestmark = pytest.mark.reliability
-# Limits a static schema cannot state: the loaded model's, and a rule about the last message.
-MODEL_LIMITS = ("outside the vocabulary", "maximum context length", "is empty", "needs the last message to be")
+# Limits a static schema cannot state: the loaded model's, a rule about the last message, whether
+# llguidance compiles a grammar, rules that compare values (a named tool among the tools, tool
+# names unique, best_of >= n), and cross-field rules the schema leaves out because with them it no
+# longer canonicalises (only one field may constrain the output; a forced tool choice needs tools).
+MODEL_LIMITS = (
+    "outside the vocabulary",
+    "maximum context length",
+    "is empty",
+    "needs the last message to be",
+    "the grammar compiler rejected it",
+    "is not among the tools",
+    "two functions of the same name",
+    "must be at least 'n'",
+    "give only one of them",
+    "forces a call, so",
+    "needs 'tools' (or 'functions') to choose from",
+)
 
 
 def test_schemathesis_finds_no_server_error_and_no_unexplained_rejection(start_fake, tmp_path, tally, long_run):

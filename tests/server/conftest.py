@@ -4,6 +4,10 @@
   an API key; stopped with SIGTERM at the end (and must exit 0).
 - ``fake_server``: the same server around the FakeCore (fake_engine.py), for HTTP behaviour
   that needs no model.
+- ``tiny_server``: ``ortserve serve`` on the tiny random Llama (SmolLM2's tokenizer and ChatML
+  template), shared by the whole session, trusting request chat templates: for the agent API
+  (structured outputs, tools, prompt logprobs, the Responses API), where a grammar, not the
+  model, decides what is valid.
 """
 
 from __future__ import annotations
@@ -53,3 +57,28 @@ def fake_server(tokenizer_dir: Path) -> Iterator[ServerProcess]:
         yield proc
     finally:
         proc.stop(30)
+
+
+TINY_NAME = "tiny"
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tiny_llama_artifact: Path) -> Iterator[ServerProcess]:
+    proc = ServerProcess.real(
+        tiny_llama_artifact,
+        "--served-model-name",
+        TINY_NAME,
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--kv-cache-space",
+        "0.05",
+        "--threads-bind",
+        "nobind",
+        "--trust-request-chat-template",
+    )
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        code = proc.stop()
+    assert code == 0, f"SIGTERM must exit 0, got {code}:\n{proc.output[-3000:]}"

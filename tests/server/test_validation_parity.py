@@ -37,6 +37,12 @@ CASES = [
     ("stop token outside the vocabulary", {"stop_token_ids": [VOCAB]}, "stop_token_ids"),
     ("seed above uint64", {"seed": 2**64}, "seed"),
     ("logprobs > 20", {"logprobs": 21}, "logprobs"),
+    ("prompt_logprobs > 20", {"prompt_logprobs": 21}, "prompt_logprobs"),
+    ("truncate_prompt_tokens = 0", {"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+    ("a choice list too long", {"structured_outputs": {"choice": ["a"] * 1025}}, "structured_outputs"),
+    ("a grammar too long", {"structured_outputs": {"grammar": "x" * 70_000}}, "structured_outputs"),
+    ("two kinds of structured output", {"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs"),
+    ("truncate_prompt_tokens = 2", {"truncate_prompt_tokens": 2}, None),
     ("prompt of max_model_len tokens", {"prompt": [5] * MAX_MODEL_LEN}, "prompt"),  # the layers disagreed
     ("max_tokens beyond the room", {"prompt": [5] * 60, "max_tokens": 5}, "max_tokens"),
     ("prompt token outside the vocabulary", {"prompt": [5, VOCAB]}, "prompt"),
@@ -106,5 +112,6 @@ def test_offline_and_http_accept_and_reject_the_same_inputs(offline, http, field
 def test_the_case_table_covers_every_bound():
     from ortserve.sampling_params import BOUNDS
 
-    named = {param for _, _, param in CASES if param} | {"token_id", "logit_bias_value"}
+    # token ids, bias values, choices and grammar texts are bounds inside a named parameter
+    named = {param for _, _, param in CASES if param} | {"token_id", "logit_bias_value", "choice", "grammar"}
     assert set(BOUNDS) <= named, set(BOUNDS) - named
