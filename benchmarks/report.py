@@ -346,6 +346,8 @@ def write(records: list[dict], machine: dict, path: Path, runs: list[dict] | Non
         lines += ["### Serving (128 in, 128 out, random)", ""] + serving_table(recs) + [""]
         lines += plots(recs, model) + [""]
         lines += ["### Shared prefix (512 in, 448 shared, 32 out, 4 in flight)", ""] + shared_prefix_table(recs) + [""]
+    for table in sorted((BENCH_DIR / "tables").glob("*.md")):  # quality and GGUF tables, written by their scripts
+        lines += [table.read_text().rstrip(), ""]
     lines += ["## Reproduce", ""]
     if runs:
         lines += ["The records behind this file come from these runs, in order:", ""]

@@ -135,6 +135,12 @@ class Checkpoint:
         except (OSError, ValueError, TypeError) as exc:
             raise ExportError(f"could not read '{name}' from {shard} ({exc}); the checkpoint looks corrupt") from exc
 
+    def gguf_type(self, name: str) -> str:
+        return "F32"  # safetensors tensors are floats; they are read as float32
+
+    def import_blocks(self, name: str):
+        raise ExportError(f"tensor '{name}' of {self.folder} is a float tensor, not GGUF blocks")
+
     def files(self) -> list[Path]:
         return sorted(self._headers)
 

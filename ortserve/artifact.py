@@ -50,8 +50,11 @@ class ArtifactManifest(BaseModel):
     head_size: int
     vocab_size: int
     max_model_len: int
-    weight_precision: Precision
+    weight_precision: Precision = Field(description="the fewest bits any linear is stored with")
     lm_head_precision: Precision
+    weight_formats: dict[str, int] = Field(
+        default_factory=dict, description="how many linear weights are stored how: 'Q4_K (exact)', 'int4', 'fp32'"
+    )
     kv_cache_dtype: Literal["float32"] = "float32"
     num_parameters: int
     weight_bytes: int

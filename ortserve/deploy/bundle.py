@@ -59,9 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", required=True, type=Path, help="the bundle directory (must not exist)")
     parser.add_argument(
         "--precision",
-        default="fp32",
+        default=None,
         choices=PRECISIONS,
-        help="weight precision when MODEL is not an artifact (default fp32)",
+        help="weight precision when MODEL is not an artifact (default: the source's own -- fp32 for a "
+        "checkpoint, a GGUF file's quantised codes, a built-in model's default)",
     )
     parser.add_argument(
         "--wheel",
@@ -84,7 +85,7 @@ class BundleError(RuntimeError):
     """The bundle cannot be made; the message says what to change."""
 
 
-def build_bundle(model: str, out: Path, precision: str = "fp32", wheel: Path | None = None) -> Path:
+def build_bundle(model: str, out: Path, precision: str | None = None, wheel: Path | None = None) -> Path:
     if out.exists() and any(out.iterdir()):
         raise BundleError(f"{out} exists and is not empty; choose a new -o directory")
     wheelhouse = out / "wheelhouse"
@@ -152,7 +153,7 @@ def glibc_floor(wheel_names: list[str]) -> tuple[tuple[int, int], str] | None:
     return max(floors) if floors else None
 
 
-def _artifact(model: str, precision: str) -> Path:
+def _artifact(model: str, precision: str | None) -> Path:
     from ortserve.artifact import is_artifact
 
     if is_artifact(model):

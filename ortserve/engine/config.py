@@ -14,9 +14,10 @@ import argparse
 import os
 from typing import Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ortserve.artifact import KVCacheDtype, Precision
+from ortserve.tokenizer import read_chat_template
 
 KVCACHE_SPACE_ENV = "ORTSERVE_KVCACHE_SPACE"
 THREADS_BIND_ENV = "ORTSERVE_THREADS_BIND"
@@ -51,10 +52,21 @@ class EngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
     model: str | None = Field(
-        None, description="artifact directory or built-in model name (default: the embedded SmolLM2)"
+        None,
+        description="artifact directory, Hugging Face checkpoint directory, .gguf file or built-in model "
+        "name (default: the embedded SmolLM2); anything but an artifact is exported on first use and cached",
     )
-    precision: Precision = Field("fp32", description="weight precision when MODEL is a built-in name")
-    chat_template: str | None = Field(None, description="a chat template (file or Jinja text) replacing the model's")
+    precision: Precision | None = Field(
+        None,
+        description="weight precision when MODEL is not an artifact (default: the source's own -- fp32 for a "
+        "checkpoint, a GGUF file's quantised codes, a built-in model's default)",
+    )
+    chat_template: str | None = Field(
+        None,
+        description="a chat template (a file, or the Jinja text itself) replacing the model's; needed for chat "
+        "when the model has none",
+        json_schema_extra={"metavar": "FILE|STRING"},
+    )
     block_size: int = Field(DEFAULT_BLOCK_SIZE, ge=1, le=256, description="tokens per KV block")
     kv_cache_space: float | None = Field(
         default_factory=lambda: _env_float(KVCACHE_SPACE_ENV),
@@ -90,6 +102,14 @@ class EngineConfig(BaseModel):
     enable_prefix_caching: bool = Field(
         True, description="disable prefix caching", json_schema_extra={"flag": "--no-prefix-caching"}
     )
+
+    @field_validator("chat_template")
+    @classmethod
+    def _template_readable(cls, value: str | None) -> str | None:
+        """A --chat-template that is neither a file nor Jinja fails at start, not at the first chat."""
+        if value is not None:
+            read_chat_template(value)
+        return value
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineConfig:

@@ -274,6 +274,7 @@ CUMULATIVE = (
 
 
 def resolve_artifact(config: EngineConfig) -> Path:
+    """The artifact to load: MODEL itself, or its cached export (made now on first use)."""
     if config.model is not None and is_artifact(config.model):
         return Path(config.model)
     from ortserve.models import resolve_model

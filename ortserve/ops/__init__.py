@@ -11,6 +11,9 @@ from pathlib import Path
 
 DOMAIN = "ortserve"
 OPSET_VERSION = 1
+# The head sizes PagedAttention computes (contrib_ops/paged_attention.cc refuses others at run
+# time); export refuses a model outside them at once.
+MIN_HEAD_SIZE, MAX_HEAD_SIZE = 32, 256
 _LIBRARY_NAME = "libortserve_ops.so"
 
 

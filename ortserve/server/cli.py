@@ -29,8 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="?",
         metavar="MODEL",
         default=None,
-        help="artifact directory or built-in model name (default: the embedded "
-        "SmolLM2-135M-Instruct, exported on first run and cached)",
+        help="artifact directory, Hugging Face checkpoint directory, .gguf file or built-in model name "
+        "(default: the embedded SmolLM2-135M-Instruct); anything but an artifact is exported on first "
+        "run and cached by content",
     )
     http = parser.add_argument_group("http")
     http.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")

@@ -182,3 +182,35 @@ def test_threads_are_pinned_as_planned(smollm2_artifact):
     assert result.returncode == 0, result.stderr
     assert f"[{cores[0]}]" in result.stdout  # the calling thread
     assert f"'{cores[-1]}'" in result.stdout  # ORT's pool thread (or the caller, with one CPU)
+
+
+def test_generate_cli_renders_the_prompt_with_the_chat_template_flag(smollm2_artifact):
+    from transformers import AutoTokenizer
+
+    template = "<|im_start|>user\nAnswer in French. {{ messages[-1]['content'] }}<|im_end|>\n<|im_start|>assistant\n"
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_artifact)
+    expected = len(tokenizer.apply_chat_template(question, chat_template=template, tokenize=True, return_dict=False))
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ortserve.cli",
+            "generate",
+            "What is the capital of France?",
+            "--model",
+            str(smollm2_artifact),
+            "--max-tokens",
+            "1",
+            "--kv-cache-space",
+            "0.1",
+            "--chat-template",
+            template,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"[{expected} prompt tokens" in result.stderr

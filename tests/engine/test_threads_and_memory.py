@@ -90,7 +90,9 @@ def test_unset_budget_shrinks_to_what_fits():
     assert 0 < plan.budget_bytes < 2 * GIB
 
 
-def test_engine_flags_fill_the_config_and_env_is_the_fallback(monkeypatch):
+def test_engine_flags_fill_the_config_and_env_is_the_fallback(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.jinja").write_text("{{ messages[0]['content'] }}")  # --chat-template must exist
     monkeypatch.setenv("ORTSERVE_KVCACHE_SPACE", "2.5")
     monkeypatch.setenv("ORTSERVE_THREADS_BIND", "nobind")
     parser = add_engine_arguments(argparse.ArgumentParser())

@@ -55,6 +55,18 @@ def test_unsupported_architecture_lists_supported_ones(broken, tmp_path):
     assert_clean_failure(ortserve_export(str(broken), "-o", str(out)), out, "'falcon'", "llama", "gemma3_text", "gpt2")
 
 
+def test_head_dim_below_the_ops_range_is_refused_at_export_naming_the_limit(broken, tmp_path):
+    """PagedAttention runs head sizes 32..256: a 16-wide head fails at export, not at inference."""
+    config = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**config, "head_dim": 16}))
+    out = tmp_path / "out"
+    assert_clean_failure(
+        ortserve_export(str(broken), "-o", str(out)),
+        out,
+        "head_dim 16 (config.json) is outside the 32..256 that ortserve's PagedAttention op supports",
+    )
+
+
 def test_corrupt_config_json_is_one_line_error(broken, tmp_path):
     (broken / "config.json").write_text("{ not json")
     out = tmp_path / "out"
@@ -136,3 +148,26 @@ def test_export_replaces_an_existing_artifact(tiny_checkpoint, tmp_path):
     assert ortserve_export(str(tiny_checkpoint("gpt2_conv1d")), "-o", str(out), "--quiet").returncode == 0
     assert load_manifest(out).architecture == "gpt2"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["artifact"]
+
+
+def test_int4_export_reports_the_quality_check_against_fp32(tiny_llama_checkpoint, tmp_path):
+    """The printed top-1 agreement and perplexity ratio are those of the int4 artifact against
+    transformers' fp32 model on the check's built-in text."""
+    import re
+
+    import torch
+    from ortserve.export import quality
+    from transformers import AutoModelForCausalLM
+
+    result = ortserve_export(str(tiny_llama_checkpoint), "-o", str(tmp_path / "int4"), "--precision", "int4")
+    assert result.returncode == 0, result.stderr
+    line = next(x for x in result.stderr.splitlines() if x.strip().startswith("quality") and "agreement" in x)
+    top1, ratio = re.search(r"agreement with fp32 ([\d.]+)%.*\(ratio ([\d.]+)\)", line).groups()  # type: ignore[union-attr]
+    sequences = quality.text_ids(tmp_path / "int4")
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_checkpoint, dtype=torch.float32).eval()
+    with torch.no_grad():
+        reference = [model(torch.tensor([s])).logits[0].numpy() for s in sequences]
+    expected = quality.compare(quality.all_logits(tmp_path / "int4", sequences), reference, sequences)
+    assert abs(float(top1) - 100 * expected.top1_agreement) <= 0.1 and abs(float(ratio) - expected.ppl_ratio) <= 1e-3
+    assert ("below the check" in line) == (not expected.ok)
+    assert not (tmp_path / "int4" / ".fp32-reference").exists()

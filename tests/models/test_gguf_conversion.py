@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from llama_gguf import llama_cpp_permute, write_llama_gguf
+from ortserve.export.gguf_checkpoint import rotary_row_order
 from ortserve.models import BUILTIN_MODELS, DEFAULT_MODEL, prepare_checkpoint
-from ortserve.models.gguf_checkpoint import _unpermute_qk
 
 TEXTS = [
     "Hello, world!",
@@ -62,11 +62,11 @@ def our_tokenizer(smollm2_checkpoint: Path):
     return AutoTokenizer.from_pretrained(smollm2_checkpoint)
 
 
-def test_unpermute_inverts_llama_cpp_permute():
+def test_rotary_row_order_inverts_llama_cpp_permute():
     rng = np.random.default_rng(0)
     for heads, head_size, cols in [(9, 64, 576), (3, 64, 576), (4, 16, 64), (1, 8, 3)]:
         weight = rng.standard_normal((heads * head_size, cols)).astype(np.float32)
-        assert np.array_equal(_unpermute_qk(llama_cpp_permute(weight, heads), heads), weight)
+        assert np.array_equal(llama_cpp_permute(weight, heads)[rotary_row_order(len(weight), heads)], weight)
 
 
 @pytest.mark.slow

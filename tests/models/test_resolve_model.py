@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -71,17 +71,38 @@ def test_artifact_dir_resolves_to_itself(tmp_path: Path):
     assert resolve_model(tmp_path, precision="int4") == tmp_path
 
 
-def test_hf_checkpoint_dir_asks_for_an_export(tmp_path: Path):
+def test_hf_checkpoint_dir_is_exported_once_then_reused(tiny_llama_checkpoint: Path, empty_cache: Path, monkeypatch):
+    from ortserve.artifact import load_manifest
+
+    first = resolve_model(tiny_llama_checkpoint, progress=False)
+    assert first.parent == empty_cache / "artifacts" and first.name.startswith(tiny_llama_checkpoint.name)
+    assert load_manifest(first).weight_precision == "fp32"  # a checkpoint's own precision
+    import ortserve.export
+
+    monkeypatch.setattr(ortserve.export, "export_model", lambda *a, **k: pytest.fail("exported again"))
+    assert resolve_model(str(tiny_llama_checkpoint), progress=False) == first
+
+
+def test_cache_key_is_the_content_and_the_options(tmp_path: Path, empty_cache: Path):
+    """The same .gguf bytes at another path reuse the entry; other bytes or another precision
+    make another."""
+    from tiny_gguf import write_tiny_llama
+
+    write_tiny_llama(tmp_path / "a.gguf", "Q8_0")
+    (tmp_path / "elsewhere").mkdir()
+    shutil.copy(tmp_path / "a.gguf", tmp_path / "elsewhere" / "a.gguf")
+    write_tiny_llama(tmp_path / "b.gguf", "Q8_0", seed=1)
+    native = resolve_model(tmp_path / "a.gguf", progress=False)
+    assert resolve_model(tmp_path / "elsewhere" / "a.gguf", progress=False) == native
+    assert resolve_model(tmp_path / "a.gguf", precision="fp32", progress=False) != native
+    os.rename(tmp_path / "b.gguf", tmp_path / "a.gguf")  # same path, other content
+    assert resolve_model(tmp_path / "a.gguf", progress=False) != native
+
+
+def test_checkpoint_without_model_type_names_the_field(tmp_path: Path, empty_cache: Path):
     (tmp_path / "config.json").write_text("{}")
-    with pytest.raises(ModelSourceError, match=r"ortserve export .* -o .*-ortserve --precision int8"):
-        resolve_model(tmp_path, precision="int8")
-
-
-def test_gguf_file_asks_for_an_export(tmp_path: Path):
-    path = tmp_path / "model.gguf"
-    path.write_bytes(b"GGUF")
-    with pytest.raises(ModelSourceError, match=r"GGUF file.*ortserve export"):
-        resolve_model(path)
+    with pytest.raises(ModelSourceError, match="model_type"):
+        resolve_model(tmp_path)
 
 
 def test_unknown_name_lists_builtin_models():
@@ -108,8 +129,10 @@ def test_corrupt_gguf_gives_a_clear_error_and_no_cache_entry(tmp_path: Path, emp
     path = tmp_path / "broken.gguf"
     path.write_bytes(b"GGUF" + b"\x00" * 64)
     with pytest.raises(ModelSourceError, match="not a readable GGUF file"):
-        prepare_checkpoint(path, progress=False)
-    leftovers = [p for p in (empty_cache / "checkpoints" / "gguf").iterdir() if not p.name.endswith(".lock")]
+        resolve_model(path, progress=False)
+    leftovers = [p for p in empty_cache.rglob("*") if p.is_dir() and not any(p.iterdir())] + [
+        p for p in empty_cache.rglob("*") if p.is_file() and not p.name.endswith(".lock") and p.name != "hashes.json"
+    ]
     assert leftovers == []
 
 
@@ -140,21 +163,6 @@ def test_builtin_checkpoint_is_converted_once(smollm2_checkpoint: Path, monkeypa
 
 
 @pytest.mark.slow
-def test_changed_source_is_converted_again(tmp_path: Path, tiny_llama_checkpoint: Path, empty_cache: Path):
-    from llama_gguf import write_llama_gguf
-
-    donor = BUILTIN_MODELS[DEFAULT_MODEL].gguf_path()
-    path = tmp_path / "tiny.gguf"
-    write_llama_gguf(tiny_llama_checkpoint, path, donor)
-    first = prepare_checkpoint(path, progress=False)
-    stamp = json.loads((first / "ortserve-source.json").read_text())
-    os.utime(path, ns=(stamp["mtime_ns"] + 10**9, stamp["mtime_ns"] + 10**9))  # "edited"
-    second = prepare_checkpoint(path, progress=False)
-    assert second == first
-    assert json.loads((second / "ortserve-source.json").read_text())["mtime_ns"] == stamp["mtime_ns"] + 10**9
-
-
-@pytest.mark.slow
 def test_two_processes_resolving_at_once_convert_and_export_once(tmp_path: Path, smollm2_checkpoint: Path):
     """The server and the engine may both resolve the default model on a cold cache."""
     import subprocess
@@ -171,6 +179,6 @@ def test_two_processes_resolving_at_once_convert_and_export_once(tmp_path: Path,
     outputs = [proc.communicate(timeout=600) for proc in procs]
     assert [proc.returncode for proc in procs] == [0, 0], [err[-2000:] for _, err in outputs]
     artifacts = {out.strip().splitlines()[-1] for out, _ in outputs}
-    assert artifacts == {str(tmp_path / "cache" / "artifacts" / "smollm2-135m-instruct-fp32")}
+    assert artifacts == {str(tmp_path / "cache" / "artifacts" / "smollm2-135m-instruct-native")}
     logs = "".join(err for _, err in outputs)
     assert logs.count("Converting SmolLM2") == 1 and logs.count("Exporting smollm2") == 1, logs[-2000:]

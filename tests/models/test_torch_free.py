@@ -68,7 +68,8 @@ def test_gguf_conversion_runs_without_torch(tmp_path: Path, smollm2_checkpoint: 
 
 @pytest.mark.slow
 def test_first_serve_resolves_the_default_model_without_torch(tmp_path: Path, report_figure):
-    """What the first ``ortserve serve`` does: convert the GGUF, then export fp32, from a cold cache."""
+    """What the first ``ortserve serve`` does from a cold cache: convert the GGUF's metadata, then
+    export it with its own Q4_1 codes (the embedded default)."""
     result = run_without_torch(
         """
         import json, time
@@ -78,11 +79,15 @@ def test_first_serve_resolves_the_default_model_without_torch(tmp_path: Path, re
         artifact = resolve_model(None, progress=False)
         manifest = load_manifest(artifact)
         print(json.dumps({"seconds": time.perf_counter() - started, "artifact": str(artifact),
-                          "precision": manifest.weight_precision, "layers": manifest.num_layers}))
+                          "precision": manifest.weight_precision, "layers": manifest.num_layers,
+                          "formats": manifest.weight_formats}))
         """,
         tmp_path / "cache",
     )
     outcome = json.loads(result.stdout.strip().splitlines()[-1])
-    assert outcome["artifact"] == str(tmp_path / "cache" / "artifacts" / "smollm2-135m-instruct-fp32")
-    assert (outcome["precision"], outcome["layers"]) == ("fp32", 30)
-    report_figure(f"first serve from a cold cache (convert + fp32 export), no torch: {outcome['seconds']:.1f} s")
+    assert outcome["artifact"] == str(tmp_path / "cache" / "artifacts" / "smollm2-135m-instruct-native")
+    assert (outcome["precision"], outcome["layers"]) == ("int4", 30)
+    assert outcome["formats"] == {"Q4_1 (exact)": 210, "Q8_0 (exact)": 1}
+    report_figure(
+        f"first serve from a cold cache (convert + export of the Q4_1 codes), no torch: {outcome['seconds']:.1f} s"
+    )

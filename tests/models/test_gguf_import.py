@@ -1,0 +1,163 @@
+"""A GGUF's quantised tensors are imported exactly: every linear's MatMulNBits initialisers
+dequantise, bit for bit, to what gguf's own ``dequantize()`` gives for the same tensor, and the
+graph computes with exactly those weights."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from llama_gguf import llama_cpp_permute
+from ortserve.export import export_model
+from ortserve.export.quantize import QuantizedWeight, dequantize
+from ortserve.export.validate import PagedRunner, random_sequences, teacher_forced_logits
+from tiny_gguf import CONFIG, FORMATS, write_tiny_llama
+
+from ortserve.artifact import load_manifest
+
+PROMPTS = (13, 6)
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    """``tiny_gguf(qtype, precision=None, **patch)`` -> (GGUF file, artifact), built once each."""
+    built: dict[tuple, tuple[Path, Path]] = {}
+
+    def get(qtype: str, precision: str | None = None) -> tuple[Path, Path]:
+        if (qtype, precision) not in built:
+            folder = tmp_path_factory.mktemp(f"{qtype}-{precision}")
+            path = folder / f"tiny-{qtype}.gguf"
+            if not path.exists():
+                write_tiny_llama(path, qtype)
+            export_model(path, folder / "artifact", precision=precision, progress=False)
+            built[qtype, precision] = path, folder / "artifact"
+        return built[qtype, precision]
+
+    return get
+
+
+def gguf_weights(path: Path) -> dict[str, np.ndarray]:
+    """Every tensor as gguf's own dequantiser gives it, [rows, cols]."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    return {
+        t.name: gguf.quants.dequantize(t.data, t.tensor_type).reshape([int(n) for n in t.shape][::-1])
+        for t in reader.tensors
+    }
+
+
+def imported(artifact: Path, label: str) -> np.ndarray:
+    """The [N, K] weight of the MatMulNBits node ``label``, dequantised from its initialisers."""
+    model = onnx.load(artifact / "model.onnx", load_external_data=False)
+    onnx.external_data_helper.load_external_data_for_model(model, str(artifact))
+    node = next(n for n in model.graph.node if n.op_type == "MatMulNBits" and n.name.startswith(label))
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    init = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer if t.name.startswith(label)}
+    bits, block, n, k = attrs["bits"], attrs["block_size"], attrs["N"], attrs["K"]
+    scales = init[f"{label}.scales"].reshape(n, -1)
+    zero_points = init.get(f"{label}.zero_points")
+    if zero_points is None:  # the kernel's default: the code midpoint
+        midpoint = np.full(scales.shape, 1 << (bits - 1), np.uint8)
+        zero_points = midpoint if bits == 8 else midpoint[:, 0::2] | (midpoint[:, 1::2] << 4)
+    offsets = init.get(f"{label}.offsets")
+    q = QuantizedWeight(
+        init[f"{label}.qweight"], scales, zero_points, bits, block, None if offsets is None else offsets.T
+    )
+    return dequantize(q, k)
+
+
+@pytest.mark.parametrize("qtype", FORMATS)
+def test_imported_weights_dequantise_bit_exactly_to_ggufs_own(qtype, tiny_gguf):
+    path, artifact = tiny_gguf(qtype)
+    w = gguf_weights(path)
+    rows_q = CONFIG["heads"] * CONFIG["head_dim"]
+    qkv = imported(artifact, "layers.0.qkv")
+    # our rows are Hugging Face's order; llama.cpp's converter permutes Q and K rows
+    expected = {
+        "layers.0.qkv": (
+            np.concatenate(
+                [
+                    llama_cpp_permute(qkv[:rows_q], CONFIG["heads"]),
+                    llama_cpp_permute(qkv[rows_q : 2 * rows_q - rows_q // 2], CONFIG["kv_heads"]),
+                    qkv[2 * rows_q - rows_q // 2 :],
+                ]
+            ),
+            np.concatenate([w["blk.0.attn_q.weight"], w["blk.0.attn_k.weight"], w["blk.0.attn_v.weight"]]),
+        ),
+        "layers.0.o": (imported(artifact, "layers.0.o"), w["blk.0.attn_output.weight"]),
+        "layers.0.gate_up": (
+            imported(artifact, "layers.0.gate_up"),
+            np.concatenate([w["blk.0.ffn_gate.weight"], w["blk.0.ffn_up.weight"]]),
+        ),
+        "layers.0.down": (imported(artifact, "layers.0.down"), w["blk.0.ffn_down.weight"]),
+        "lm_head": (imported(artifact, "lm_head"), w["token_embd.weight"]),
+    }
+    for label, (ours, reference) in expected.items():
+        assert ours.dtype == reference.dtype == np.float32 and ours.shape == reference.shape, label
+        assert np.array_equal(ours, reference), f"{label}: max |diff| {np.abs(ours - reference).max()}"
+    manifest = load_manifest(artifact)
+    assert manifest.weight_formats == {f"{qtype} (exact)": 8}  # q, k, v, o, gate, up, down, the head
+
+
+def test_float_block_minimums_get_centred_integer_zero_points(tiny_gguf):
+    """Q4_1 blocks of weights that straddle zero (as gguf quantises them) keep exact weights
+    with the code nearest zero as their zero point, so int8 activations multiply centred codes."""
+    _, artifact = tiny_gguf("Q4_1")
+    model = onnx.load(artifact / "model.onnx", load_external_data=False)
+    onnx.external_data_helper.load_external_data_for_model(model, str(artifact))
+    zero_points = onnx.numpy_helper.to_array(
+        next(t for t in model.graph.initializer if t.name == "layers.0.down.zero_points")
+    )
+    unpacked = np.stack([zero_points & 15, zero_points >> 4], -1)
+    assert (unpacked != 0).mean() > 0.9 and (unpacked > 4).mean() > 0.8
+
+
+def run(artifact: Path) -> list[np.ndarray]:
+    sequences = random_sequences(CONFIG["vocab"] - 2, [n + 3 for n in PROMPTS], seed=3)
+    return teacher_forced_logits(PagedRunner(artifact, seed=5), sequences, PROMPTS)
+
+
+@pytest.mark.parametrize("qtype", FORMATS)
+def test_the_graph_computes_with_the_imported_weights(qtype, tiny_gguf, tmp_path, monkeypatch):
+    """With fp32 activations (accuracy level 0) the quantised artifact (MatMulNBits, block-sum
+    Gemms, a GatherBlockQuantized embedding) equals the fp32 export of the same file."""
+    from ortserve.export import graph
+
+    path, _ = tiny_gguf(qtype)
+    _, fp32 = tiny_gguf(qtype, "fp32")
+    monkeypatch.setattr(graph, "ACCURACY_LEVEL", 0)
+    export_model(path, tmp_path / "exact", progress=False)
+    for ours, reference in zip(run(tmp_path / "exact"), run(fp32)):
+        assert np.abs(ours - reference).max() <= 1e-4 * max(1.0, float(np.abs(reference).max()))
+
+
+@pytest.mark.parametrize("qtype", ["Q3_K", "Q2_K"])
+def test_formats_without_an_exact_form_are_requantised_and_export_says_so(qtype, tiny_gguf, caplog):
+    with caplog.at_level(logging.WARNING):
+        _, artifact = tiny_gguf(qtype)
+    assert load_manifest(artifact).weight_formats == {f"{qtype} -> int4": 8}
+    assert f"{qtype} -> int4 x 8" in caplog.text and "dequantised and quantised again" in caplog.text
+
+
+def test_centring_keeps_every_code_bit_exact_and_falls_back_where_it_would_round():
+    """Q4_K-like blocks: s = d * scale, o = -dmin * min (fp16 times 6-bit integers)."""
+    from ortserve.export.gguf_blocks import centre
+
+    rng = np.random.default_rng(0)
+    d = rng.uniform(1e-4, 1e-3, 4096).astype(np.float16).astype(np.float32)
+    dmin = rng.uniform(1e-4, 1e-3, 4096).astype(np.float16).astype(np.float32)
+    scales = d * rng.integers(1, 64, 4096).astype(np.float32)
+    offsets = -(dmin * rng.integers(0, 64, 4096).astype(np.float32))
+    # a block far from zero: z clips to 15 and o + 15 s needs bits below o's last one
+    scales = np.append(scales, np.float32(np.float16(2**-10 * (1 + 2**-10))))[None]
+    offsets = np.append(offsets, np.float32(-1024.0))[None]
+    zero_points, moved = centre(scales, offsets, 4)
+    codes = np.arange(16, dtype=np.float32)[:, None, None]
+    assert np.array_equal((codes - zero_points.astype(np.float32)) * scales + moved, codes * scales + offsets)
+    assert zero_points[0, -1] == 0 and moved[0, -1] == offsets[0, -1]
+    nearest_zero = np.clip(np.rint(-offsets / scales), 0, 15)[0, :-1]
+    assert np.array_equal(zero_points[0, :-1], nearest_zero)  # every realistic block is centred
