@@ -1,5 +1,5 @@
 """Numpy references of ortserve's custom ops (domain ``ortserve``): PagedAttention,
-PackedPagedAttention, GatedActivation, and AppendBlockSums.
+PackedPagedAttention, GatedActivation, AddBlockOffsets and AppendBlockSums.
 
 This file is the specification: the C++ ops in ``contrib_ops/`` must match it.
 Shapes (T new tokens, B sequences, D = head_size):
@@ -187,6 +187,14 @@ def gated_activation(x, activation):
     else:
         raise ValueError(f"activation must be 'silu' or 'gelu_tanh', got {activation!r}")
     return (act * up).astype(np.float32)
+
+
+def add_block_offsets(x, y, offsets, block_size):
+    """AddBlockOffsets: y + (x summed over each block of block_size columns) @ offsets;
+    x [T, K], y [T, N], offsets [K / block_size, N] -> [T, N], accumulated in float64."""
+    x = np.asarray(x, dtype=np.float64)
+    sums = x.reshape(x.shape[0], x.shape[1] // block_size, block_size).sum(axis=-1)
+    return (np.asarray(y, np.float64) + sums @ np.asarray(offsets, np.float64)).astype(np.float32)
 
 
 def append_block_sums(x, block_size):

@@ -1,11 +1,13 @@
 // The library's entry point: every op of domain "ortserve" (ONNX op set 1). An artifact's
 // op_version (ortserve.json) names the ops its graph needs:
-//   1: PagedAttention;  2: + AppendBlockSums;  3: + PackedPagedAttention, GatedActivation
+//   1: PagedAttention;  2: + AppendBlockSums;  3: + PackedPagedAttention, GatedActivation;
+//   4: + AddBlockOffsets
 #include <memory>
 #include <mutex>
 #include <vector>
 
 #include "append_block_sums.h"
+#include "block_offsets.h"
 #include "gated_activation.h"
 #include "paged_attention.h"
 
@@ -22,6 +24,7 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
     for (Ort::Custom::OrtLiteCustomOp* op : ortserve::PackedPagedAttentionOps()) domain.Add(op);
     domain.Add(ortserve::AppendBlockSumsOp());
     domain.Add(ortserve::GatedActivationOp());
+    domain.Add(ortserve::AddBlockOffsetsOp());
     Ort::UnownedSessionOptions(options).Add(domain);
     domains.push_back(std::move(domain));
   } catch (const std::exception& e) {

@@ -16,7 +16,7 @@ decode step of a small model is mostly launches, so each layer is as few nodes a
 ``MatMul`` on [in, out] weights (a tied fp32 LM head transposes the embedding once, at load); a
 tied quantised LM head serves the embedding lookup too. Quantised linears are MatMulNBits (GGUF
 tensors keep their own codes, see ``storage.py``); GGUF formats with float block minimums add
-``Gemm(block_sums(x), offsets, y)``.
+``AddBlockOffsets(x, y, offsets)`` = y + block_sums(x) @ offsets (one node).
 """
 
 from __future__ import annotations
@@ -64,7 +64,6 @@ class DecoderBuilder:
         self.constants: dict[str, onnx.TensorProto] = {}
         self.jobs: list[WeightJob] = []
         self._count = 0
-        self._block_sums: dict[str, str] = {}
         self.stored: dict[str, storage.Storage] = {}  # "linear label/weight name" -> how it is stored
 
     # ---- small emitters ------------------------------------------------------------------
@@ -189,16 +188,10 @@ class DecoderBuilder:
         )[0]
         if not plan.offsets:
             return y
-        # GGUF float block minimums: y += block_sums(x) @ offsets, exact and on the fast path
-        return self.op("Gemm", [self.block_sums(x, k, plan.block_size), offsets, y], name=f"{label}.offsets")[0]
-
-    def block_sums(self, x: str, k: int, block_size: int) -> str:
-        """x summed over each block of ``block_size`` columns: [T, K / block_size], once per tensor."""
-        key = f"{x}/{block_size}"
-        if key not in self._block_sums:
-            blocks = self.op("Reshape", [x, self.ints(-1, k // block_size, block_size)], name="blocks")[0]
-            self._block_sums[key] = self.op("ReduceSum", [blocks, self.ints(2)], keepdims=0, name="block_sums")[0]
-        return self._block_sums[key]
+        # GGUF float block minimums: y + block_sums(x) @ offsets, exact, beside the fast integer path
+        return self.op(
+            "AddBlockOffsets", [x, y, offsets], domain=OURS, name=f"{label}.offsets", block_size=plan.block_size
+        )[0]
 
     def bias(self, label: str, parts: list[tuple[str, int]]) -> str | None:
         """One bias for the fused parts (zeros for parts without one), or None if none has one."""

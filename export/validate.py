@@ -28,6 +28,7 @@ class _PagedSequence:
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
     wants_prompt_logprobs: bool = False  # a logits row for each computed token (prompt logprobs)
+    num_draft_tokens: int = 0  # speculative drafts (none here)
 
     @property
     def num_tokens(self) -> int:

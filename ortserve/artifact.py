@@ -18,9 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 FORMAT_VERSION = 1
 # The custom-op set the installed libortserve_ops.so provides: 1 = PagedAttention,
-# 2 = + AppendBlockSums, 3 = + PackedPagedAttention, GatedActivation. An artifact records the set
-# its graph needs.
-OP_VERSION = 3
+# 2 = + AppendBlockSums, 3 = + PackedPagedAttention, GatedActivation, 4 = + AddBlockOffsets. An
+# artifact records the set its graph needs.
+OP_VERSION = 4
 MANIFEST = "ortserve.json"
 MODEL_FILE = "model.onnx"
 

@@ -9,6 +9,6 @@ Peers run in the peers venv (benchmarks/peers/setup.sh) as subprocesses; ortserv
 main environment. Servers listen on 127.0.0.1 only.
 """
 
-from runners import genai, hf, llamacpp, ortserve_runner
+from runners import genai, hf, llamacpp, ortserve_runner, variants
 
-RUNNERS = {m.SYSTEM: m for m in (ortserve_runner, llamacpp, genai.Static, genai.Engine, hf)}
+RUNNERS = {m.SYSTEM: m for m in (ortserve_runner, llamacpp, genai.Static, genai.Engine, hf, *variants.VARIANTS)}

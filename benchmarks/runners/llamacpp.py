@@ -67,7 +67,7 @@ def gguf(model: Model, precision: str):
     return out
 
 
-def run(model: Model, precision: str, workloads: list[str]):
+def run(model: Model, precision: str, workloads: list[str], system: str = SYSTEM, flags: tuple[str, ...] = ()):
     path = gguf(model, precision)
     for name in workloads:
         w = WORKLOADS[name]
@@ -91,15 +91,16 @@ def run(model: Model, precision: str, workloads: list[str]):
             "--metrics",
             "--alias",
             model.name,
+            *flags,
         ]
-        log = RESULTS / "logs" / f"llama-server-{model.name}-{precision}-{name}.log"
-        raw = RESULTS / "raw" / model.name / f"{SYSTEM}--{precision}" / f"{name}.json"
+        log = RESULTS / "logs" / f"{system}-server-{model.name}-{precision}-{name}.log"
+        raw = RESULTS / "raw" / model.name / f"{system}--{precision}" / f"{name}.json"
         raw.parent.mkdir(parents=True, exist_ok=True)
         with Server(argv, port, log) as server:
             bench, cmd = bench_serve(server.base_url, model.name, model, w, raw, backend="llama.cpp")
         yield record(
             model.name,
-            SYSTEM,
+            system,
             precision,
             w,
             serve_metrics(bench, w),

@@ -33,7 +33,7 @@ def artifact(model: Model, precision: str):
     return out
 
 
-def run(model: Model, precision: str, workloads: list[str]):
+def run(model: Model, precision: str, workloads: list[str], system: str = SYSTEM, flags: tuple[str, ...] = ()):
     art = artifact(model, precision)
     port = free_port()
     argv = [
@@ -46,13 +46,14 @@ def run(model: Model, precision: str, workloads: list[str]):
         str(port),
         "--served-model-name",
         model.name,
+        *flags,
     ]
-    log = RESULTS / "logs" / f"ortserve-{model.name}-{precision}.log"
+    log = RESULTS / "logs" / f"{system}-{model.name}-{precision}.log"
     with Server(argv, port, log) as server:
         for name in workloads:
             w = WORKLOADS[name]
-            raw = RESULTS / "raw" / model.name / f"{SYSTEM}--{precision}" / f"{name}.json"
+            raw = RESULTS / "raw" / model.name / f"{system}--{precision}" / f"{name}.json"
             raw.parent.mkdir(parents=True, exist_ok=True)
             bench, cmd = bench_serve(server.base_url, model.name, model, w, raw)
             setup = f"ortserve export {model.hf_dir} -o {art} --precision {precision}; {server.command} &"
-            yield record(model.name, SYSTEM, precision, w, serve_metrics(bench, w), f"{setup} {cmd}", raw)
+            yield record(model.name, system, precision, w, serve_metrics(bench, w), f"{setup} {cmd}", raw)

@@ -9,6 +9,10 @@ tokens falls back to random ids, decoded, re-encoded and trimmed until the lengt
 - shared-prefix: every prompt starts with one of num_prefixes fixed prefixes of prefix_len tokens
   and ends with input_len - prefix_len random ones, so a server with prefix caching skips most
   of the prefill after the first request of each prefix.
+- grounded: an instruction to copy or correct a passage of plain English (sentences of
+  ``PASSAGE_SENTENCES`` in a random order, about input_len tokens), through the model's chat
+  template: the answer repeats the prompt, as summaries, edits and extraction do, which is where
+  prompt-lookup speculative decoding pays. The model stops on its own (no ignore_eos).
 """
 
 from __future__ import annotations
@@ -63,6 +67,45 @@ class PromptMaker:
             ids = ids[:target] if len(ids) > target else ids + self.tokens(target - len(ids), rng)
             text = self.tokenizer.decode(ids)
         return text, len(self._encode([text])[0])
+
+
+PASSAGE_SENTENCES = (
+    "The ferry leaves the harbour at seven and returns before the evening light fades.",
+    "Most of the village works on the farms that climb the hills behind the church.",
+    "A narrow road follows the river past the mill and the old stone bridge.",
+    "In winter the lake freezes, and children skate on it after school.",
+    "The library opens late on Thursdays so that workers can borrow books after their shifts.",
+    "Every spring the orchard is white with blossom for a week, then green for the rest of the year.",
+    "The station master keeps a clock that has not missed a minute in forty years.",
+    "Fishing boats come in at noon, and the market sells their catch until it is gone.",
+    "On market days the square fills with stalls of bread, cheese, honey and wool.",
+    "The school has three classrooms, a small garden and a bell that rings at nine.",
+    "After the storm the beach was covered with seaweed, driftwood and broken shells.",
+    "The baker starts work at four so that the first loaves are ready by six.",
+)
+INSTRUCTIONS = (
+    "Repeat the following text exactly, word for word:",
+    "Correct the spelling mistakes in the following text and return the whole text:",
+)
+
+
+def grounded_requests(
+    tokenizer: BenchTokenizer, num: int, input_len: int, output_len: int, seed: int
+) -> list[SampleRequest]:
+    """Chat-formatted prompts asking to copy or correct a passage of about input_len tokens."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(num):
+        sentences: list[str] = []
+        while tokenizer.count(" ".join(sentences)) < input_len:
+            sentences.append(PASSAGE_SENTENCES[int(rng.integers(len(PASSAGE_SENTENCES)))])
+        passage = " ".join(sentences)
+        instruction = INSTRUCTIONS[i % len(INSTRUCTIONS)]
+        if i % len(INSTRUCTIONS):  # a few misspellings for the model to fix
+            passage = passage.replace("the ", "teh ", 2).replace("which", "wich")
+        prompt = tokenizer.chat_prompt(f"{instruction}\n\n{passage}")
+        out.append(SampleRequest(prompt, tokenizer.count(prompt), output_len))
+    return out
 
 
 def random_requests(maker: PromptMaker, num: int, input_len: int, output_len: int, seed: int) -> list[SampleRequest]:

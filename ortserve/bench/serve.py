@@ -39,7 +39,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="local HF tokenizer dir, to build exact-length prompts and count output tokens "
         "(default: --model, when that is a directory)",
     )
-    p.add_argument("--dataset", choices=("random", "shared-prefix"), default="random")
+    p.add_argument(
+        "--dataset",
+        choices=("random", "shared-prefix", "grounded"),
+        default="random",
+        help="grounded: copy or correct a given passage (chat-formatted; the model stops on its own)",
+    )
     p.add_argument("--num-prompts", type=int, default=100)
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
@@ -72,6 +77,8 @@ def _requests(args, tokenizer) -> tuple[dataset.SampleRequest, list[dataset.Samp
     test = dataset.random_requests(maker, 1, args.input_len, args.output_len, seed=args.seed + 1_000_003)[0]
     if args.dataset == "random":
         return test, dataset.random_requests(maker, args.num_prompts, args.input_len, args.output_len, args.seed)
+    if args.dataset == "grounded":
+        return test, dataset.grounded_requests(tokenizer, args.num_prompts, args.input_len, args.output_len, args.seed)
     return test, dataset.shared_prefix_requests(
         maker, args.num_prompts, args.input_len, args.output_len, args.prefix_len, args.num_prefixes, args.seed
     )
@@ -130,7 +137,7 @@ async def run_benchmark(args) -> dict:
             prompt_len=r.prompt_len,
             output_len=r.output_len,
             backend=args.backend,
-            ignore_eos=not args.no_ignore_eos,
+            ignore_eos=not args.no_ignore_eos and args.dataset != "grounded",
         )
         test = await send(client, spec(test_request), count_tokens)
         if not test.success:
@@ -173,7 +180,7 @@ async def run_benchmark(args) -> dict:
         burstiness=args.burstiness,
         max_concurrency=args.max_concurrency,
         seed=args.seed,
-        ignore_eos=not args.no_ignore_eos,
+        ignore_eos=not args.no_ignore_eos and args.dataset != "grounded",
     )
     record = result_record(metrics, outputs, config, server_delta)
     if args.result_json:

@@ -25,6 +25,12 @@ class BenchTokenizer:
     def decode(self, ids: list[int]) -> str:
         return self.decode_batch([ids])[0]
 
+    def chat_prompt(self, user_message: str) -> str:
+        """One user turn through the model's chat template, ready for the assistant's answer."""
+        from ortserve.tokenizer import ChatPrompts
+
+        return ChatPrompts(self._backend).render_chat([{"role": "user", "content": user_message}])
+
 
 def bench_tokenizer(path: str | Path) -> BenchTokenizer:
     from ortserve.tokenizer import load_tokenizer

@@ -81,6 +81,14 @@ class EngineConfig(BaseModel):
         "quarter; one scale per row); fp16 and int8 need an artifact of op_version 3 or later",
     )
     max_num_seqs: int = Field(DEFAULT_MAX_NUM_SEQS, ge=1, description="most sequences in one step")
+    speculative: Literal["off", "ngram"] = Field(
+        "off",
+        description="speculative decoding: 'ngram' drafts tokens by prompt lookup (the sequence's tail "
+        "found earlier in its own text) and checks them in one step; exact under greedy sampling",
+    )
+    num_speculative_tokens: int = Field(4, ge=1, le=16, description="most draft tokens per sequence and step")
+    ngram_min: int = Field(1, ge=1, le=16, description="shortest tail that prompt lookup matches")
+    ngram_max: int = Field(4, ge=1, le=16, description="longest tail that prompt lookup matches")
     max_num_batched_tokens: int = Field(DEFAULT_MAX_NUM_BATCHED_TOKENS, ge=1, description="most tokens in one step")
     max_model_len: int | None = Field(
         None, ge=1, description="longest prompt + output in tokens (default: the model's, capped by the KV cache)"

@@ -34,7 +34,8 @@ from ortserve.engine.ipc import EngineCoreOutput, EngineInfo, EngineRequest, Sta
 from ortserve.engine.memory import GIB, KVCachePlan, MemoryCheckError, plan_kv_cache
 from ortserve.engine.sampler import Sampler, prompt_token_logprobs
 from ortserve.engine.scheduler import ScheduledBatch, Scheduler
-from ortserve.engine.sequence import Request
+from ortserve.engine.sequence import Request, Sequence
+from ortserve.engine.speculative import NgramProposer
 from ortserve.engine.threads import bind_memory, pin_calling_thread, plan_threads
 from ortserve.sampling_params import InvalidParameter, PromptLimits, SamplingParams
 
@@ -62,7 +63,12 @@ class EngineCore:
         self.runner = ModelRunner(self.artifact_dir, manifest, self.kv_plan, self.threads, config.max_num_seqs)
         pin_calling_thread(self.threads)
         self.block_manager = BlockManager(self.kv_plan.num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        proposer = (
+            NgramProposer(config.num_speculative_tokens, config.ngram_min, config.ngram_max)
+            if config.speculative == "ngram"
+            else None
+        )
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, proposer)
         self.sampler = Sampler()
         self.grammars: GrammarCompiler | None = None  # set by enable_structured_outputs
         self.masks: MaskWorker | None = None
@@ -147,11 +153,12 @@ class EngineCore:
 
     def _take_prompt_logprobs(self, logits: np.ndarray, batch: ScheduledBatch) -> np.ndarray:
         """Record the prompt logprobs of the sequences that asked (their rows come from this same
-        prefill, chunk by chunk); returns the sampling rows, one per ``batch.sampling``."""
+        prefill, chunk by chunk); returns the sampling rows, one per ``batch.sampling`` (and one
+        per draft token of a speculating sequence)."""
         if not any(s.wants_prompt_logprobs for s in batch.seqs):
             return logits  # one row per sampling sequence already
         rows = batch.logits_rows()
-        offset, sampling = 0, []
+        offset, sampling = 0, list[int]()
         for seq, num_new, num_rows in zip(batch.seqs, batch.num_new_tokens, rows):
             start = seq.num_computed_tokens  # row k is position start + k and predicts token start + k + 1
             if seq.prompt_logprobs is not None and seq.wants_prompt_logprobs:
@@ -161,37 +168,49 @@ class EngineCore:
                     targets = np.frombuffer(seq.token_ids[start + first + 1 : start + last + 1], np.int64)
                     k = seq.params.prompt_logprobs or 0
                     seq.prompt_logprobs += prompt_token_logprobs(logits[offset + first : offset + last], targets, k)
-            if start + num_new == seq.num_tokens:
-                sampling.append(offset + num_rows - 1)
+            if start + num_new == seq.num_tokens:  # its last row, and one per speculative draft
+                sampling.extend(range(offset + num_rows - 1 - seq.num_draft_tokens, offset + num_rows))
             offset += num_rows
         return logits[sampling]
 
     def _sample(
         self, logits: np.ndarray, batch: ScheduledBatch, bitmask: np.ndarray | None = None
-    ) -> tuple[list[int], list[TokenLogprob | None] | None, list[str]]:
-        """The batch's tokens; if the sampler raises, each row alone, and the requests whose rows
-        still raise are returned to be failed (their rows get a placeholder token first)."""
+    ) -> tuple[list[list[int]], list[list[TokenLogprob] | None] | None, list[str]]:
+        """The batch's tokens, per sampling sequence; if the sampler raises, each sequence alone,
+        and the requests whose rows still raise are returned to be failed (their rows get a
+        placeholder token first)."""
         seqs = batch.sampling
         try:
-            batch_tokens, batch_logprobs = self.sampler.sample(logits, seqs, bitmask)
-            return batch_tokens, batch_logprobs, []
+            tokens, logprobs = self._sample_rows(logits, seqs, bitmask)
+            return tokens, logprobs, []
         except Exception:
-            logger.exception("sampling a batch of %d rows failed; retrying row by row", len(seqs))
-        tokens: list[int] = []
-        rows: list[TokenLogprob | None] = []
-        failed: list[str] = []
+            logger.exception("sampling a batch of %d sequences failed; retrying one by one", len(seqs))
+        tokens, rows, failed = [], [], []
+        first = 0
         for i, seq in enumerate(seqs):
+            count = 1 + seq.num_draft_tokens
             try:
                 mask = bitmask[i : i + 1] if bitmask is not None else None
-                token, row = self.sampler.sample(logits[i : i + 1].copy(), [seq], mask)
+                token, row = self._sample_rows(logits[first : first + count].copy(), [seq], mask)
             except Exception:
                 logger.exception("sampling request %s failed", seq.request.request_id)
-                token, row = [0], None
+                token, row = [[0]], None
                 failed.append(seq.request.request_id)
+            first += count
             tokens += token
             rows.append(row[0] if row else None)
         wanted = any(s.params.logprobs is not None for s in seqs)
         return tokens, (rows if wanted else None), failed
+
+    def _sample_rows(
+        self, logits: np.ndarray, seqs: list[Sequence], bitmask: np.ndarray | None
+    ) -> tuple[list[list[int]], list[list[TokenLogprob] | None] | None]:
+        """Plain sequences through ``Sampler.sample``, speculating ones through ``verify``."""
+        drafts = [s.draft_token_ids for s in seqs]
+        if not any(drafts):
+            tokens, logprobs = self.sampler.sample(logits, seqs, bitmask)
+            return [[t] for t in tokens], None if logprobs is None else [None if r is None else [r] for r in logprobs]
+        return self.sampler.verify(logits, seqs, drafts)  # drafts only where there is no grammar
 
     def _fail(self, request_ids: Iterable[str]) -> list[EngineCoreOutput]:
         outputs: list[EngineCoreOutput] = []
@@ -206,6 +225,8 @@ class EngineCore:
             prefix_queries=counters.prefix_queries,
             prefix_hits=counters.prefix_hits,
             num_preemptions=counters.num_preemptions,
+            num_draft_tokens=counters.num_draft_tokens,
+            num_accepted_tokens=counters.num_accepted_tokens,
             prompt_tokens=counters.prompt_tokens,
             generation_tokens=counters.generation_tokens,
             num_steps=self._num_steps,
@@ -242,6 +263,8 @@ CUMULATIVE = (
     "prefix_queries",
     "prefix_hits",
     "num_preemptions",
+    "num_draft_tokens",
+    "num_accepted_tokens",
     "prompt_tokens",
     "generation_tokens",
     "num_steps",
@@ -332,7 +355,12 @@ def startup_report(core: EngineCore, load_seconds: float) -> str:
             (
                 f"  scheduler max_num_seqs {config.max_num_seqs}, "
                 f"max_num_batched_tokens {config.max_num_batched_tokens}, "
-                f"prefix caching {'on' if config.enable_prefix_caching else 'off'}"
+                f"prefix caching {'on' if config.enable_prefix_caching else 'off'}, speculative "
+                + (
+                    f"ngram ({config.num_speculative_tokens} tokens, n {config.ngram_min}..{config.ngram_max})"
+                    if config.speculative == "ngram"
+                    else "off"
+                )
             ),
         ]
     )

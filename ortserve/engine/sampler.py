@@ -78,6 +78,67 @@ class Sampler:
             logprobs[i] = _token_logprob(raw_logprobs[j], token_list[i], params[i].logprobs or 0)
         return token_list, logprobs
 
+    def verify(
+        self, logits: np.ndarray, seqs: list[Sequence], drafts: list[list[int]]
+    ) -> tuple[list[list[int]], list[list[TokenLogprob] | None] | None]:
+        """Speculative decoding's check of draft tokens. Sequence i owns 1 + len(drafts[i])
+        consecutive rows of ``logits``: the target's logits at its last token and at each draft.
+        Returns per sequence the accepted drafts plus one token of the target's own: what decoding
+        one token at a time gives under greedy sampling, and the same distribution under random
+        sampling (rejection sampling: a draft x is kept with probability p(x), the n-gram proposal
+        being deterministic; on rejection the token is drawn from p without x, renormalised; after
+        every draft is kept, a bonus token is drawn from the last row). Logprobs, when asked, are
+        taken per emitted token from its row's raw logits, as ``sample``'s.
+
+        Drafts are only proposed for requests without penalties, grammars or pending min_tokens
+        (engine/speculative.py), so the processors here are the position-free ones."""
+        with np.errstate(all="ignore"):
+            return self._verify(logits, seqs, drafts)
+
+    def _verify(
+        self, logits: np.ndarray, seqs: list[Sequence], drafts: list[list[int]]
+    ) -> tuple[list[list[int]], list[list[TokenLogprob] | None] | None]:
+        rows = [seq for seq, d in zip(seqs, drafts) for _ in range(len(d) + 1)]  # each row's sequence
+        starts = np.concatenate([[0], np.cumsum([len(d) + 1 for d in drafts])])
+        wants_logprobs = any(s.params.logprobs is not None for s in seqs)
+        raw = log_softmax(logits) if wants_logprobs else None
+        self._apply_processors(logits, rows)
+        greedy_tokens = logits.argmax(axis=1)
+        random = np.flatnonzero([not s.params.greedy for s in rows])
+        weights = self._weights(logits[random], [rows[r] for r in random])[0] if random.size else None
+        weight_row = {int(r): j for j, r in enumerate(random)}
+        tokens: list[list[int]] = []
+        for i, (seq, draft) in enumerate(zip(seqs, drafts)):
+            first, out = int(starts[i]), []
+            for j in range(len(draft) + 1):
+                row = first + j
+                if seq.params.greedy:
+                    token = int(greedy_tokens[row])
+                    out.append(token)
+                    if j == len(draft) or token != draft[j]:
+                        break
+                    continue
+                assert weights is not None
+                w = weights[weight_row[row]]
+                if j < len(draft):
+                    total = float(w.sum(dtype=np.float64))
+                    if seq.rng.random() * total < w[draft[j]]:  # kept with probability p(draft)
+                        out.append(draft[j])
+                        continue
+                    w[draft[j]] = 0.0  # rejected: draw from p without it
+                out.append(int(draw(w[None, :], np.array([seq.rng.random()]))[0]))
+                break
+            tokens.append(out)
+        if raw is None:
+            return tokens, None
+        logprobs: list[list[TokenLogprob] | None] = [
+            [_token_logprob(raw[int(starts[i]) + j], token, seq.params.logprobs or 0) for j, token in enumerate(out)]
+            if seq.params.logprobs is not None
+            else None
+            for i, (seq, out) in enumerate(zip(seqs, tokens))
+        ]
+        return tokens, logprobs
+
     # -- logits processors -------------------------------------------------------------------
     @staticmethod
     def _apply_grammars(logits: np.ndarray, seqs: list[Sequence], bitmask: np.ndarray) -> dict[int, np.ndarray]:

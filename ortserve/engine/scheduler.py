@@ -14,6 +14,12 @@ last token. Each step fills a token budget (``max_num_batched_tokens``) under a 
 
 Samples 1..n-1 of a request enter the waiting queue when sample 0 has its prompt in the cache,
 and share its prompt blocks.
+
+Speculative decoding (a ``proposer`` given): a decoding sequence may carry draft tokens after its
+last one, computed in the same step (1 + d tokens, 1 + d logits rows); ``update`` keeps the
+accepted drafts and the target's token after them, and drops the rest, whose KV slots the
+sequence later overwrites. Drafts take budget, blocks and room under max_tokens like tokens, and
+are dropped rather than preempt another sequence.
 """
 
 from __future__ import annotations
@@ -22,9 +28,12 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ortserve.engine.block_manager import BlockManager
 from ortserve.engine.ipc import EngineCoreOutput, FinishReason, TokenLogprob
 from ortserve.engine.sequence import Request, Sequence, SequenceStatus
+from ortserve.engine.speculative import NgramProposer
 
 
 @dataclass
@@ -39,9 +48,10 @@ class ScheduledBatch:
 
     def logits_rows(self) -> list[int]:
         """Logits rows each scheduled sequence gets, in order: one per computed token while it
-        wants prompt logprobs (the last doubles as its sampling row), else one if it samples."""
+        wants prompt logprobs (the last doubles as its sampling row), else one if it samples,
+        plus one per speculative draft."""
         return [
-            n if s.wants_prompt_logprobs else int(s.num_computed_tokens + n == s.num_tokens)
+            n if s.wants_prompt_logprobs else (1 + s.num_draft_tokens) * int(s.num_computed_tokens + n == s.num_tokens)
             for s, n in zip(self.seqs, self.num_new_tokens)
         ]
 
@@ -52,6 +62,8 @@ class ScheduledBatch:
 @dataclass
 class SchedulerCounters:
     num_preemptions: int = 0
+    num_draft_tokens: int = 0  # speculative drafts proposed
+    num_accepted_tokens: int = 0  # of which the target kept
     prefix_queries: int = 0
     prefix_hits: int = 0
     prompt_tokens: int = 0
@@ -62,8 +74,15 @@ class SchedulerCounters:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        proposer: NgramProposer | None = None,
+    ):
         self.block_manager = block_manager
+        self.proposer = proposer
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.requests: dict[str, Request] = {}
@@ -88,6 +107,8 @@ class Scheduler:
         while i < len(running) and budget > 0:
             seq = running[i]
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if num_new == 1 and self.proposer is not None:
+                num_new += self._add_drafts(seq, budget - 1)
             if not self._allocate_or_preempt(seq, num_new):
                 break  # seq itself was the newest: it went back to waiting
             batch.seqs.append(seq)
@@ -121,39 +142,58 @@ class Scheduler:
         return batch
 
     def update(
-        self, batch: ScheduledBatch, sampled: list[int], logprobs: list[TokenLogprob | None] | None
+        self,
+        batch: ScheduledBatch,
+        sampled: list[list[int]],
+        logprobs: list[list[TokenLogprob] | None] | None,
     ) -> list[EngineCoreOutput]:
-        """Account the computed tokens, append the sampled ones, finish what stops."""
+        """Account the computed tokens, append the sampled ones (one per sequence, or a draft's
+        accepted tokens and the one after them), finish what stops."""
         block_manager = self.block_manager
         for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
-            seq.num_computed_tokens += num_new
-            block_manager.cache_full_blocks(seq)
+            seq.num_computed_tokens += num_new - seq.num_draft_tokens  # a draft's KV counts once kept
+            if not seq.num_draft_tokens:
+                block_manager.cache_full_blocks(seq)
         outputs = []
         any_finished = False
-        self.counters.generation_tokens += len(sampled)
-        for j, (seq, token) in enumerate(zip(batch.sampling, sampled)):
+        for j, (seq, tokens) in enumerate(zip(batch.sampling, sampled)):
             request = seq.request
-            logprob = None if logprobs is None else logprobs[j]
-            seq.append_token(token)
+            drafted = seq.num_draft_tokens
+            seq.drop_drafts()
+            emitted: list[int] = []
+            reason: FinishReason | None = None
+            stop_reason: int | str | None = None
             prompt_logprobs = None
-            if not seq.is_prefilled:
-                seq.is_prefilled = True
-                prompt_logprobs, seq.prompt_logprobs = seq.prompt_logprobs, None
-                if request.first_token_time is None:
-                    request.first_token_time = seq.last_token_time
-                    self.counters.prompt_tokens += seq.num_prompt_tokens
-                if not request.forked:  # sample 0 has the prompt in cache: the others can share it
-                    self.waiting.extendleft(reversed(request.fork()))
-            reason, stop_reason = self._check_stop(seq, token)
+            for token in tokens:
+                seq.append_token(token)
+                emitted.append(token)
+                if not seq.is_prefilled:
+                    seq.is_prefilled = True
+                    prompt_logprobs, seq.prompt_logprobs = seq.prompt_logprobs, None
+                    if request.first_token_time is None:
+                        request.first_token_time = seq.last_token_time
+                        self.counters.prompt_tokens += seq.num_prompt_tokens
+                    if not request.forked:  # sample 0 has the prompt in cache: the others can share it
+                        self.waiting.extendleft(reversed(request.fork()))
+                reason, stop_reason = self._check_stop(seq, token)
+                if reason is not None:
+                    break
+            if drafted:  # the kept drafts' KV is in the cache; the last token's is not yet
+                seq.num_computed_tokens += len(emitted) - 1
+                self.counters.num_accepted_tokens += len(tokens) - 1
+                block_manager.cache_full_blocks(seq)
+            self.counters.generation_tokens += len(emitted)
             if reason is not None:
                 self._finish(seq, reason, stop_reason)
                 any_finished = True
+            rows = None if logprobs is None else logprobs[j]
+            last = emitted[-1]
             outputs.append(
                 EngineCoreOutput(
                     request.request_id,
                     seq.index,
-                    [token],
-                    None if logprob is None else [logprob],
+                    emitted,
+                    None if rows is None else rows[: len(emitted)],
                     reason,
                     stop_reason,
                     seq.num_prompt_tokens,
@@ -161,8 +201,8 @@ class Scheduler:
                     prompt_logprobs=prompt_logprobs,
                     finished_by_grammar=reason == "stop"
                     and seq.grammar is not None
-                    and token not in request.model_eos_token_ids
-                    and token not in request.stop_token_ids,
+                    and last not in request.model_eos_token_ids
+                    and last not in request.stop_token_ids,
                 )
             )
         if any_finished:
@@ -206,6 +246,23 @@ class Scheduler:
         return outputs
 
     # -- helpers ---------------------------------------------------------------------------------
+    def _add_drafts(self, seq: Sequence, budget: int) -> int:
+        """Draft tokens for a decoding ``seq`` within ``budget`` tokens, its max_tokens and free
+        blocks (drafts never preempt); how many it got."""
+        request = seq.request
+        if not request.speculative or seq.num_output_tokens < request.params.min_tokens:
+            return 0
+        room = min(budget, request.max_tokens - seq.num_output_tokens - 1)  # the target's token comes too
+        drafts = self.proposer.propose(np.frombuffer(seq.token_ids, np.int64), room) if self.proposer else []
+        if not drafts:
+            return 0
+        seq.add_drafts(drafts)
+        if not self.block_manager.allocate(seq, 1 + len(drafts)):
+            seq.drop_drafts()
+            return 0
+        self.counters.num_draft_tokens += len(drafts)
+        return len(drafts)
+
     def _allocate_or_preempt(self, seq: Sequence, num_new: int) -> bool:
         """Blocks for the next ``num_new`` tokens of a running ``seq``, preempting the newest
         running sequences until they fit. False if ``seq`` itself had to go."""

@@ -51,6 +51,8 @@ class Request:
         self.model_eos_token_ids = eos_token_ids  # a grammar may end on EOS even with ignore_eos
         self.new_grammar = new_grammar
         self.stop_token_ids = frozenset(params.stop_token_ids or ())
+        # speculative drafts are checked with position-free processors only (engine/speculative.py)
+        self.speculative = not params.needs_penalties and params.structured_outputs is None
         # tokens masked while fewer than min_tokens are out (vLLM masks EOS and stop ids)
         self.min_tokens_mask = np.array(sorted(eos_token_ids | self.stop_token_ids), dtype=np.int64)
         self.sequences = [Sequence(self, 0, _rng(params.seed, 0))]
@@ -100,6 +102,7 @@ class Sequence:
         "last_token_time",
         "num_cached_tokens",
         "num_computed_tokens",
+        "num_draft_tokens",
         "num_prompt_tokens",
         "output_counts",
         "prompt_logprobs",
@@ -126,6 +129,7 @@ class Sequence:
         self.stop_reason: int | str | None = None
         self.last_token_time = 0.0
         self.is_prefilled = False  # has sampled its first token at least once
+        self.num_draft_tokens = 0  # speculative drafts at the end of token_ids, this step only
         # an llguidance matcher when the request has structured outputs: advanced by each sampled
         # token, never by recompute, so preemption leaves it as it is
         self.grammar: Any = request.new_grammar() if request.new_grammar is not None else None
@@ -158,6 +162,20 @@ class Sequence:
         until its prompt is done)."""
         return self.prompt_logprobs is not None and not self.is_prefilled
 
+    @property
+    def draft_token_ids(self) -> list[int]:
+        return self.token_ids[len(self.token_ids) - self.num_draft_tokens :].tolist() if self.num_draft_tokens else []
+
+    def add_drafts(self, token_ids: list[int]) -> None:
+        """Speculative drafts, computed this step like tokens, then dropped by ``drop_drafts``."""
+        self.token_ids.extend(token_ids)
+        self.num_draft_tokens = len(token_ids)
+
+    def drop_drafts(self) -> None:
+        if self.num_draft_tokens:
+            del self.token_ids[len(self.token_ids) - self.num_draft_tokens :]
+            self.num_draft_tokens = 0
+
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
         if self.output_counts is not None:
@@ -177,5 +195,6 @@ class Sequence:
 
     def reset_for_recompute(self) -> None:
         """Preempted: the KV is gone, the tokens stay (prompt + output are recomputed as one prefill)."""
+        self.drop_drafts()
         self.num_computed_tokens = 0
         self.status = SequenceStatus.WAITING

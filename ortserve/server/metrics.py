@@ -51,6 +51,8 @@ COUNTERS = {
     "prefix_queries": ("prefix_cache_queries", "Prefix-cache queries, in tokens"),
     "prefix_hits": ("prefix_cache_hits", "Prefix-cache hits, in tokens"),
     "num_preemptions": ("num_preemptions", "Requests preempted (to be recomputed)"),
+    "num_draft_tokens": ("spec_decode_num_draft_tokens", "Speculative draft tokens proposed"),
+    "num_accepted_tokens": ("spec_decode_num_accepted_tokens", "Speculative draft tokens the model kept"),
     "prompt_tokens": ("prompt_tokens", "Prompt tokens processed (prefill)"),
     "generation_tokens": ("generation_tokens", "Tokens generated"),
 }
@@ -109,11 +111,8 @@ class ServerMetrics:
         self.running.set(stats.num_running)
         self.waiting.set(stats.num_waiting)
         self.kv_usage.set(stats.kv_usage)
-        self.counters["prefix_queries"].inc(stats.prefix_queries)
-        self.counters["prefix_hits"].inc(stats.prefix_hits)
-        self.counters["num_preemptions"].inc(stats.num_preemptions)
-        self.counters["prompt_tokens"].inc(stats.prompt_tokens)
-        self.counters["generation_tokens"].inc(stats.generation_tokens)
+        for field, counter in self.counters.items():
+            counter.inc(getattr(stats, field))
         for value in stats.ttft:
             self.histograms["ttft"].observe(value)
         for value in stats.tpot:

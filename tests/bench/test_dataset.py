@@ -50,3 +50,15 @@ def test_shared_prefix_prompts_share_their_prefix_tokens(tokenizer, maker):
 def test_prefix_longer_than_the_prompt_is_an_error(maker):
     with pytest.raises(SystemExit, match="--prefix-len"):
         shared_prefix_requests(maker, 1, input_len=10, output_len=1, prefix_len=20, num_prefixes=1, seed=0)
+
+
+def test_grounded_prompts_hold_a_passage_of_about_the_length_in_a_chat_turn(tokenizer):
+    from ortserve.bench.dataset import PASSAGE_SENTENCES, grounded_requests
+
+    requests = grounded_requests(tokenizer, 4, 96, 128, seed=0)
+    assert len({r.prompt for r in requests}) == 4
+    for r in requests:
+        assert r.prompt.startswith("<|im_start|>") and r.prompt.rstrip().endswith("<|im_start|>assistant")
+        assert sum(s[:30] in r.prompt for s in PASSAGE_SENTENCES) >= 3  # plain sentences to copy
+        assert 96 <= r.prompt_len <= 96 + 80 and r.prompt_len == tokenizer.count(r.prompt)
+    assert "teh " in requests[1].prompt and "teh " not in requests[0].prompt  # the correction task

@@ -46,7 +46,7 @@ def run_to_completion(scheduler: Scheduler, max_steps: int = 10_000, on_step=Non
         check_block_tables(scheduler, batch)
         if on_step is not None:
             on_step(batch)
-        sampled = [fake_next_token(s.token_ids) for s in batch.sampling]
+        sampled = [[fake_next_token(s.token_ids)] for s in batch.sampling]
         for out in scheduler.update(batch, sampled, None):
             outputs[(out.request_id, out.index)].extend(out.new_token_ids)
     raise AssertionError("requests did not finish")

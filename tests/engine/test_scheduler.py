@@ -19,7 +19,7 @@ from ortserve.engine.sequence import SequenceStatus
 
 def step(scheduler):
     batch = scheduler.schedule()
-    outputs = scheduler.update(batch, [fake_next_token(s.token_ids) for s in batch.sampling], None)
+    outputs = scheduler.update(batch, [[fake_next_token(s.token_ids)] for s in batch.sampling], None)
     return batch, outputs
 
 
@@ -252,13 +252,13 @@ def test_any_workload_matches_solo_runs_and_leaks_nothing(
             aborted.add((rid, index))
         batch = scheduler.schedule()
         check_block_tables(scheduler, batch)
-        sampled = [fake_next_token(s.token_ids) for s in batch.sampling]
+        sampled = [[fake_next_token(s.token_ids)] for s in batch.sampling]
         for out in scheduler.update(batch, sampled, None):
             outputs.setdefault((out.request_id, out.index), []).extend(out.new_token_ids)
     while scheduler.has_unfinished_requests():
         batch = scheduler.schedule()
         check_block_tables(scheduler, batch)
-        for out in scheduler.update(batch, [fake_next_token(s.token_ids) for s in batch.sampling], None):
+        for out in scheduler.update(batch, [[fake_next_token(s.token_ids)] for s in batch.sampling], None):
             outputs.setdefault((out.request_id, out.index), []).extend(out.new_token_ids)
     scheduler.block_manager.check_idle()
     for rid, r in requests.items():

@@ -122,6 +122,14 @@ def test_engine_flags_fill_the_config_and_env_is_the_fallback(monkeypatch, tmp_p
                 "t.jinja",
                 "--kv-cache-dtype",
                 "int8",
+                "--speculative",
+                "ngram",
+                "--num-speculative-tokens",
+                "3",
+                "--ngram-min",
+                "2",
+                "--ngram-max",
+                "5",
             ]
         )
     )
@@ -133,6 +141,10 @@ def test_engine_flags_fill_the_config_and_env_is_the_fallback(monkeypatch, tmp_p
         "kv_cache_space": 1.0,
         "kv_cache_dtype": "int8",
         "max_num_seqs": 4,
+        "speculative": "ngram",
+        "num_speculative_tokens": 3,
+        "ngram_min": 2,
+        "ngram_max": 5,
         "max_num_batched_tokens": 64,
         "max_model_len": 512,
         "threads_bind": "0",

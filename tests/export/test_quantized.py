@@ -129,7 +129,7 @@ def test_the_scale_search_beats_round_to_nearest_on_natural_weights(bits):
 
 def test_weights_on_a_min_step_grid_keep_it_with_float_offsets_and_natural_ones_do_not():
     """Dequantised Q4_1 blocks (gguf's own quantiser) are recovered by float block minimums;
-    Gaussian weights stay with integer zero points (no extra Gemm)."""
+    Gaussian weights stay with integer zero points (no AddBlockOffsets)."""
     import gguf
     from ortserve.export.quantize import prefers_offsets
 

@@ -123,8 +123,9 @@ def run(artifact: Path) -> list[np.ndarray]:
 
 @pytest.mark.parametrize("qtype", FORMATS)
 def test_the_graph_computes_with_the_imported_weights(qtype, tiny_gguf, tmp_path, monkeypatch):
-    """With fp32 activations (accuracy level 0) the quantised artifact (MatMulNBits, block-sum
-    Gemms, a GatherBlockQuantized embedding) equals the fp32 export of the same file."""
+    """With fp32 activations (accuracy level 0) the quantised artifact (MatMulNBits, AddBlockOffsets
+    for the float block minimums, a GatherBlockQuantized embedding) equals the fp32 export of the
+    same file."""
     from ortserve.export import graph
 
     path, _ = tiny_gguf(qtype)

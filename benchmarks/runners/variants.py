@@ -1,0 +1,54 @@
+"""Systems that are a plain runner with flags added, under their own row label:
+
+- speculative decoding beside each other: ortserve's prompt lookup (``--speculative ngram``) and
+  llama.cpp's own n-gram mode (``--spec-type ngram-simple``, its defaults), on the input-grounded
+  workload where the output repeats the prompt and on random prompts where it does not;
+- ortserve with fp16 and int8 KV caches (``--kv-cache-dtype``), on the workloads where attention
+  matters (decode, many sequences, shared prefixes).
+"""
+
+from __future__ import annotations
+
+from runners import llamacpp, ortserve_runner
+from runners.common import Model
+
+
+class Variant:
+    SYSTEM: str
+    BASE = ortserve_runner
+    FLAGS: tuple[str, ...] = ()
+    PRECISIONS: tuple[str, ...] = ortserve_runner.PRECISIONS
+    WORKLOADS_SUPPORTED: tuple[str, ...] = ()
+
+    @classmethod
+    def run(cls, model: Model, precision: str, workloads: list[str]):
+        return cls.BASE.run(model, precision, workloads, cls.SYSTEM, cls.FLAGS)
+
+
+class OrtserveNgram(Variant):
+    SYSTEM = "ortserve-ngram"
+    FLAGS = ("--speculative", "ngram")
+    WORKLOADS_SUPPORTED = ("decode", "grounded")
+
+
+class LlamaCppNgram(Variant):
+    SYSTEM = "llama.cpp-ngram"
+    BASE = llamacpp
+    FLAGS = ("--spec-type", "ngram-simple")
+    PRECISIONS = llamacpp.PRECISIONS
+    WORKLOADS_SUPPORTED = ("decode", "grounded")
+
+
+class OrtserveKvFp16(Variant):
+    SYSTEM = "ortserve-kv-fp16"
+    FLAGS = ("--kv-cache-dtype", "fp16")
+    WORKLOADS_SUPPORTED = ("decode", "serve-c16", "shared-prefix")
+
+
+class OrtserveKvInt8(Variant):
+    SYSTEM = "ortserve-kv-int8"
+    FLAGS = ("--kv-cache-dtype", "int8")
+    WORKLOADS_SUPPORTED = ("decode", "serve-c16", "shared-prefix")
+
+
+VARIANTS = (OrtserveNgram, LlamaCppNgram, OrtserveKvFp16, OrtserveKvInt8)
