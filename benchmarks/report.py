@@ -10,10 +10,21 @@ from pathlib import Path
 
 from roofline import gguf_weight_bytes, hf_weight_bytes, onnx_weight_bytes, roofline_tok_s
 from runners.common import BENCH_DIR, MODELS, PEER_MODELS, RESULTS, WORKLOADS, load_model
+from targets import targets
 
 PLOTS = BENCH_DIR / "plots"
 PRECISION_ORDER = {"int4": 0, "int8": 1, "fp32": 2}
-SYSTEM_ORDER = {"ortserve": 0, "genai-static": 1, "genai-engine": 2, "llama.cpp": 3, "transformers": 4}
+SYSTEM_ORDER = {
+    "ortserve": 0,
+    "ortserve-ngram": 1,
+    "ortserve-kv-fp16": 2,
+    "ortserve-kv-int8": 3,
+    "genai-static": 4,
+    "genai-engine": 5,
+    "llama.cpp": 6,
+    "llama.cpp-ngram": 7,
+    "transformers": 8,
+}
 
 
 def _fmt(x, digits=1):
@@ -27,11 +38,11 @@ def _key(r):
 def weight_bytes(system: str, precision: str, model_name: str) -> int | None:
     """Bytes each system's own format reads per decoded token (see roofline.py)."""
     try:
-        if system == "ortserve":
+        if system.startswith("ortserve"):  # its flag variants serve the same artifact
             return onnx_weight_bytes(RESULTS / "artifacts" / f"{model_name}-{precision}" / "model.onnx")
         if system.startswith("genai"):
             return onnx_weight_bytes(PEER_MODELS / model_name / f"genai-{precision}" / "model.onnx")
-        if system == "llama.cpp":
+        if system.startswith("llama.cpp"):
             from runners.llamacpp import GGUF_TYPE
 
             return gguf_weight_bytes(
@@ -134,80 +145,23 @@ def shared_prefix_table(records: list[dict]) -> list[str]:
     return out
 
 
-def _get(records, system, precision, workload, key):
-    r = next(
-        (r for r in records if (r["system"], r["precision"], r["workload"]) == (system, precision, workload)), None
-    )
-    return r["metrics"].get(key) if r else None
-
-
-def _ratio(a, b):
-    return a / b if a and b else None
-
-
-def targets(records: list[dict], bandwidth: float | None) -> list[str]:
-    """The issue's targets, as ratios from this run (same model, same precision)."""
-    g = lambda *a: _get(records, *a)
-    best_static = max(
-        [v for c in (1, 4, 16, 32) if (v := g("genai-static", "int4", f"serve-c{c}", "output_throughput"))],
-        default=None,
-    )
-    wb = weight_bytes("ortserve", "fp32", records[0]["model"]) if records else None
-    bw = g("ortserve", "fp32", "decode", "bandwidth_GBps") or bandwidth
-    roof = roofline_tok_s(bw, wb) if wb and bw else None
-    rows = [
-        (
-            "int4 decode vs onnxruntime-genai int4",
-            _ratio(
-                g("ortserve", "int4", "decode", "decode_tok_s"), g("genai-static", "int4", "decode", "decode_tok_s")
-            ),
-            1.3,
-        ),
-        (
-            "int4 decode vs llama.cpp q4_0",
-            _ratio(g("ortserve", "int4", "decode", "decode_tok_s"), g("llama.cpp", "int4", "decode", "decode_tok_s")),
-            1.3,
-        ),
-        ("fp32 decode / roofline", _ratio(g("ortserve", "fp32", "decode", "decode_tok_s"), roof), 0.95),
-        (
-            "prompt (512) vs onnxruntime-genai, int4",
-            _ratio(
-                g("ortserve", "int4", "prefill", "prompt_tok_s"), g("genai-static", "int4", "prefill", "prompt_tok_s")
-            ),
-            1.5,
-        ),
-        (
-            "prompt (512) vs onnxruntime-genai, fp32",
-            _ratio(
-                g("ortserve", "fp32", "prefill", "prompt_tok_s"), g("genai-static", "fp32", "prefill", "prompt_tok_s")
-            ),
-            1.5,
-        ),
-        (
-            "c16 output tok/s vs genai best static batch, int4",
-            _ratio(g("ortserve", "int4", "serve-c16", "output_throughput"), best_static),
-            2.0,
-        ),
-        (
-            "c16 output tok/s vs llama.cpp server 16 slots, int4",
-            _ratio(
-                g("ortserve", "int4", "serve-c16", "output_throughput"),
-                g("llama.cpp", "int4", "serve-c16", "output_throughput"),
-            ),
-            1.2,
-        ),
-        (
-            "c16 TTFT p50: llama.cpp / ortserve, int4 (≥ 1 = no worse)",
-            _ratio(
-                g("llama.cpp", "int4", "serve-c16", "ttft_p50_ms"), g("ortserve", "int4", "serve-c16", "ttft_p50_ms")
-            ),
-            1.0,
-        ),
+def grounded_table(records: list[dict]) -> list[str]:
+    """Input-grounded text, with and without each system's n-gram speculation."""
+    rows = sorted([r for r in records if r["workload"] == "grounded"], key=_key)
+    out = [
+        "| system | precision | output tok/s | TPOT p50 ms | TTFT p50 ms | mean output tokens | drafts kept (server) |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
-    out = ["| target | ratio | goal | met |", "|---|---:|---:|---|"]
-    for name, ratio, goal in rows:
-        met = "–" if ratio is None else ("yes" if ratio >= goal else "**no**")
-        out.append(f"| {name} | {_fmt(ratio, 2)} | ≥ {goal} | {met} |")
+    for r in rows:
+        m = r["metrics"]
+        counters = m.get("server_counters_delta", {})
+        drafted = next((v for k, v in counters.items() if "num_draft_tokens" in k), None)
+        kept = next((v for k, v in counters.items() if "num_accepted_tokens" in k), None)
+        rate = f"{kept / drafted:.0%} of {drafted:,.0f}" if drafted and kept is not None else "–"
+        out.append(
+            f"| {r['system']} | {r['precision']} | {_fmt(m.get('output_throughput'))} | {_fmt(m.get('tpot_p50_ms'))} | "
+            f"{_fmt(m.get('ttft_p50_ms'), 0)} | {_fmt(m.get('mean_output_len'), 0)} | {rate} |"
+        )
     return out
 
 
@@ -328,6 +282,10 @@ def write(records: list[dict], machine: dict, path: Path, runs: list[dict] | Non
         "- *prefill*: 3 requests of 512 tokens, 1 out: prompt tok/s = 512 / median TTFT.",
         "- *serve-cN*: 2N (at least 4) random 128/128 requests, N in flight, sent at once.",
         "- *shared-prefix*: 16 requests of 512 tokens whose first 448 are the same, 32 out, 4 in flight.",
+        "- *grounded*: 4 chat requests, one at a time, asking to copy or correct a ~256-token passage; the model"
+        " stops on its own (at most 320 tokens). Output repeats the prompt: where prompt-lookup speculation pays.",
+        "- *-ngram* systems add n-gram speculative decoding (ortserve `--speculative ngram`, llama.cpp"
+        " `--spec-type ngram-simple`); *-kv-fp16* / *-kv-int8* are ortserve with `--kv-cache-dtype`.",
         "- onnxruntime-genai and transformers run in-process (no HTTP) with the same token counts and definitions;"
         " genai-static serve-cN is one static batch of N.",
         "- Roofline: decode tok/s ≤ read bandwidth / weight bytes read per token (each system's own file; see"
@@ -340,12 +298,15 @@ def write(records: list[dict], machine: dict, path: Path, runs: list[dict] | Non
         recs = [r for r in records if r["model"] == model]
         if not recs:
             continue
-        lines += [f"## {model}", "", "### Targets (issue 6)", ""] + targets(recs, bw) + [""]
+        lines += [f"## {model}", "", "### Targets (issue 14)", ""] + targets(recs, bw, weight_bytes) + [""]
         lines += ["### Single-stream decode (128 in, 128 out)", ""] + decode_table(recs, bw) + [""]
         lines += ["### Prompt processing (one 512-token prompt)", ""] + prefill_table(recs) + [""]
         lines += ["### Serving (128 in, 128 out, random)", ""] + serving_table(recs) + [""]
         lines += plots(recs, model) + [""]
         lines += ["### Shared prefix (512 in, 448 shared, 32 out, 4 in flight)", ""] + shared_prefix_table(recs) + [""]
+        if any(r["workload"] == "grounded" for r in recs):
+            lines += ["### Input-grounded text: copy or correct a passage (speculative decoding)", ""]
+            lines += grounded_table(recs) + [""]
     for table in sorted((BENCH_DIR / "tables").glob("*.md")):  # quality and GGUF tables, written by their scripts
         lines += [table.read_text().rstrip(), ""]
     lines += ["## Reproduce", ""]

@@ -297,6 +297,7 @@ def serve_metrics(bench: dict, workload: Workload) -> dict:
         "itl_p50_ms": bench["median_itl_ms"],
         "e2el_p50_ms": bench["median_e2el_ms"],
         "mean_input_len": float(np.mean(bench["input_lens"])),
+        "mean_output_len": float(np.mean(bench["output_lens"])) if bench.get("output_lens") else None,
         "server_counters_delta": bench.get("server_counters_delta", {}),
     }
     if workload.kind in ("decode", "prefill"):
