@@ -1,6 +1,8 @@
 // See block_offsets.h.
 #include "block_offsets.h"
 
+#include "isa.h"
+
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -14,12 +16,11 @@ using Ort::Custom::Tensor;
 using ColumnsFn = void (*)(const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t);
 
 ColumnsFn PickKernel() {
-#ifndef ORTSERVE_GENERIC_KERNEL_ONLY
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")) return avx512::AddOffsetColumns;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-    return avx2::AddOffsetColumns;
-#endif
+#ifdef ORTSERVE_GENERIC_KERNEL_ONLY
   return generic::AddOffsetColumns;
+#else
+  return PickBuild<ColumnsFn>(avx512::AddOffsetColumns, avx2::AddOffsetColumns, generic::AddOffsetColumns);
+#endif
 }
 
 constexpr int64_t kColumnsPerTask = 256;

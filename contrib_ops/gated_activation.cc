@@ -1,6 +1,8 @@
 // See gated_activation.h.
 #include "gated_activation.h"
 
+#include "isa.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
@@ -14,12 +16,11 @@ using Ort::Custom::Tensor;
 using RowsFn = void (*)(const float*, float*, int64_t, int64_t, Activation);
 
 RowsFn PickKernel() {
-#ifndef ORTSERVE_GENERIC_KERNEL_ONLY
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")) return avx512::GatedRows;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-    return avx2::GatedRows;
-#endif
+#ifdef ORTSERVE_GENERIC_KERNEL_ONLY
   return generic::GatedRows;
+#else
+  return PickBuild<RowsFn>(avx512::GatedRows, avx2::GatedRows, generic::GatedRows);
+#endif
 }
 
 constexpr int64_t kRowsPerTask = 4;

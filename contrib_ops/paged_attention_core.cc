@@ -1,6 +1,8 @@
 // See paged_attention_core.h.
 #include "paged_attention_core.h"
 
+#include "isa.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -15,20 +17,12 @@ namespace {
 
 using RunFn = void (*)(const Problem&, const WorkItem&);
 
-// The best kernel build this CPU supports; ORTSERVE_PAGED_ATTENTION_ISA=avx2|generic caps it
-// (to test every build on one machine).
 RunFn PickKernel() {
-#ifndef ORTSERVE_GENERIC_KERNEL_ONLY
-  const char* cap = std::getenv("ORTSERVE_PAGED_ATTENTION_ISA");
-  const std::string want = cap ? cap : "avx512";
-  if (want == "avx512" && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw"))
-    return avx512::RunWorkItem;
-  if (want != "generic" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("f16c"))
-    return avx2::RunWorkItem;
-#endif
+#ifdef ORTSERVE_GENERIC_KERNEL_ONLY
   return generic::RunWorkItem;
+#else
+  return PickBuild<RunFn>(avx512::RunWorkItem, avx2::RunWorkItem, generic::RunWorkItem);
+#endif
 }
 
 // Online CPUs: an upper bound on the session's intra-op threads (which a kernel cannot query).

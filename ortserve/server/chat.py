@@ -157,14 +157,7 @@ class ChatService:
         self, log: RequestLog, body: ChatCompletionRequest, prepared: Prepared, stream: RequestStream
     ) -> ChatCompletionResponse:
         prompts, _ = self.client.check_ready()
-        totals = SampleTotals(body.n)
-        try:
-            async with aclosing(stream):
-                async for delta in stream:
-                    totals.add(delta)
-        except Exception:
-            log.done("error")
-            raise
+        totals = await SampleTotals.of(body.n, stream, log)
         choices = []
         for index, out in enumerate(totals.samples):
             logprobs = (

@@ -279,14 +279,7 @@ class ResponsesService:
     async def _collect(
         self, log: RequestLog, body: ResponsesRequest, prepared: Prepared, stream: RequestStream
     ) -> ResponseObject:
-        totals = SampleTotals(1)
-        try:
-            async with aclosing(stream):
-                async for delta in stream:
-                    totals.add(delta)
-        except Exception:
-            log.done("error")
-            raise
+        totals = await SampleTotals.of(1, stream, log)
         out = totals.samples[0]
         message, _ = assistant_message(prepared, out.text)
         output = []

@@ -91,6 +91,19 @@ class SampleTotals:
                 out.finish_reason, out.stop_reason = d.finish_reason, d.stop_reason
         self.num_cached_tokens = max(self.num_cached_tokens, delta.num_cached_tokens)
 
+    @classmethod
+    async def of(cls, n: int, stream: AsyncIterator[RequestDelta], log: RequestLog) -> SampleTotals:
+        """A request's whole stream added up; if it fails, the request's log line says so."""
+        totals = cls(n)
+        try:
+            async with aclosing(stream):
+                async for delta in stream:
+                    totals.add(delta)
+        except Exception:
+            log.done("error")
+            raise
+        return totals
+
 
 async def until_disconnected(request: Request, work: Awaitable[T], log: RequestLog | None = None) -> T | None:
     """Run ``work``; if the HTTP client disconnects first, cancel it (aborting its engine

@@ -86,3 +86,13 @@ def test_y_of_another_shape_is_rejected():
 def test_a_missing_block_size_is_rejected():
     with pytest.raises(Exception, match="attribute 'block_size' is required"):
         run(None, (2, 64), (2, 4), (2, 4))
+
+
+@pytest.mark.parametrize("isa", ["generic", "avx2", "avx512"])
+def test_every_kernel_build_matches_the_reference(isa, monkeypatch):
+    monkeypatch.setenv("ORTSERVE_KERNEL_ISA", isa)  # caps the build the op picks
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(5, 128)).astype(np.float32), rng.normal(size=(5, 300)).astype(np.float32)
+    offsets = rng.normal(0.0, 0.05, (4, 300)).astype(np.float32)
+    got = session(32).run(None, {"x": x, "y": y, "offsets": offsets})[0]
+    np.testing.assert_allclose(got, reference(x, y, offsets, 32), rtol=1e-5, atol=2e-5)

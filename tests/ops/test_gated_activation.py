@@ -66,3 +66,13 @@ def test_a_missing_activation_is_rejected():
 def test_an_odd_width_is_rejected():
     with pytest.raises(Exception, match="x must be \\[T, 2\\*I\\] \\(gate then up\\), got rank 2 with an odd width 5"):
         session("silu").run(None, {"x": np.ones((2, 5), np.float32)})
+
+
+@pytest.mark.parametrize("isa", ["generic", "avx2", "avx512"])
+def test_every_kernel_build_matches_the_reference(isa, monkeypatch):
+    monkeypatch.setenv("ORTSERVE_KERNEL_ISA", isa)  # caps the build the op picks
+    x = np.random.default_rng(7).normal(0.0, 3.0, (9, 2 * 100)).astype(np.float32)
+    for activation in ("silu", "gelu_tanh"):
+        np.testing.assert_allclose(
+            session(activation).run(None, {"x": x})[0], reference(x, activation), rtol=2e-6, atol=2e-6
+        )

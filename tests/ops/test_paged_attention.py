@@ -111,7 +111,7 @@ def test_more_than_sixteen_query_heads_per_kv_head():
 
 @pytest.mark.parametrize("isa", ["avx512", "avx2", "generic"])
 def test_every_kernel_build_matches_reference(isa, monkeypatch):
-    monkeypatch.setenv("ORTSERVE_PAGED_ATTENTION_ISA", isa)  # caps the run-time kernel choice
+    monkeypatch.setenv("ORTSERVE_KERNEL_ISA", isa)  # caps the run-time kernel choice
     check_against_reference(
         MIXED + [(1, 900)], num_heads=14, num_kv_heads=2, head_size=64, block_size=16, sliding_window=50, softcap=4.0
     )

@@ -263,6 +263,6 @@ def test_an_all_zero_row_gets_a_zero_scale_in_an_int8_cache():
 
 @pytest.mark.parametrize("isa", ["generic", "avx2", "avx512"])
 def test_every_kernel_build_reads_compact_caches(isa, monkeypatch):
-    monkeypatch.setenv("ORTSERVE_PAGED_ATTENTION_ISA", isa)  # caps the build the op picks
+    monkeypatch.setenv("ORTSERVE_KERNEL_ISA", isa)  # caps the build the op picks
     for cache_dtype in (np.float16, np.int8):
         check(MIXED, head_size=80, cache_dtype=cache_dtype, rotary_dim=80, exact_caches=True)

@@ -1,0 +1,25 @@
+// Which build of the per-ISA kernels runs (each kernel file is compiled for AVX-512, AVX2 + FMA +
+// F16C and plain x86-64; CMakeLists.txt): the best this CPU supports, capped by
+// $ORTSERVE_KERNEL_ISA=avx2|generic so that the tests run every build on one machine.
+#pragma once
+
+namespace ortserve {
+
+enum class Isa { kGeneric, kAvx2, kAvx512 };
+
+Isa KernelIsa();
+
+// The build of a kernel for KernelIsa(): Pick(avx512::F, avx2::F, generic::F).
+template <typename Fn>
+Fn PickBuild([[maybe_unused]] Fn avx512, [[maybe_unused]] Fn avx2, Fn generic) {
+#ifndef ORTSERVE_GENERIC_KERNEL_ONLY
+  switch (KernelIsa()) {
+    case Isa::kAvx512: return avx512;
+    case Isa::kAvx2: return avx2;
+    default: break;
+  }
+#endif
+  return generic;
+}
+
+}  // namespace ortserve
