@@ -186,16 +186,16 @@ async def stream_chat(url: str, prompt: str, max_tokens: int, seen: dict | None 
 SEED = "Seed story: the replica that holds this prefix is the one that will be killed. " * 3
 
 
-async def all_waiting(replica_url: str, fresh: list[dict]) -> None:
-    """Until the replica's engine reports every fresh request waiting (its own /metrics)."""
+async def some_waiting(replica_url: str) -> None:
+    """Until the replica's engine reports a request waiting (its own /metrics): one routed to it
+    that has not started."""
     async with httpx.AsyncClient(timeout=10) as client:
         while True:
-            assert not any(s["started"].is_set() for s in fresh), "a fresh request started before the kill"
             text = (await client.get(f"{replica_url}/metrics")).text
             gauge = re.search(r"^ortserve:num_requests_waiting\{[^}]*\} (\S+)$", text, re.MULTILINE)
-            if gauge and float(gauge.group(1)) >= len(fresh):
+            if gauge and float(gauge.group(1)) >= 1:
                 return
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.02)
 
 
 async def kill_one_replica(cluster: Cluster, busy: bool) -> tuple[dict, list[dict], list[dict]]:
@@ -203,7 +203,9 @@ async def kill_one_replica(cluster: Cluster, busy: bool) -> tuple[dict, list[dic
 
     Busy: 4 long streams (one of them SEED's) fill both engines (2 sequences each) and produce
     tokens; 8 fresh requests with SEED's prefix are routed to the victim, and once its engine
-    reports them waiting (not started), the kill. Idle: a short SEED request picks the victim, the kill, then the fresh
+    reports one of them waiting (not started), the kill (on a fast machine a long stream may end
+    first and let some fresh ones start on the victim: those may fail, having started). Idle: a
+    short SEED request picks the victim, the kill, then the fresh
     requests, while the router may still believe the victim alive."""
     long_seen: list[dict] = [{} for _ in range(4 if busy else 0)]
     prompts = [SEED + "Part one.", *(f"Long story number {i}" for i in range(1, len(long_seen)))]
@@ -224,7 +226,7 @@ async def kill_one_replica(cluster: Cluster, busy: bool) -> tuple[dict, list[dic
             asyncio.create_task(stream_chat(cluster.url, SEED + f"Fresh question {i}.", 16, seen))
             for i, seen in enumerate(fresh_seen)
         ]
-        await asyncio.wait_for(all_waiting(victim["url"], fresh_seen), 60)  # routed to the victim, not started
+        await asyncio.wait_for(some_waiting(victim["url"]), 60)  # routed to the victim, not started
     os.kill(victim["pid"], signal.SIGKILL)
     if not busy:
         fresh = [
@@ -239,23 +241,30 @@ def test_killing_a_replica_loses_no_request_that_had_not_started(prefix_cluster,
         busy = round_ % 2 == 0
         prefix_cluster.wait_replicas(2)
         victim, long, fresh = asyncio.run(kill_one_replica(prefix_cluster, busy))
-        for outcome in fresh:  # not started at the kill: none may be lost
+        # A stream opens with its first token, so the replica header says where a request started: none
+        # that had not started on the victim may be lost, and those that had end finished or with an error.
+        moved = [o for o in fresh if o["replica"] != victim["replica_id"]]
+        for outcome in moved:
             assert outcome["status"] == 200 and outcome["error"] is None, outcome
             assert outcome["finish"] == "length" and outcome["chunks"] >= 16 and outcome["done"], outcome
-            assert outcome["replica"] != victim["replica_id"], outcome
-        for outcome in long:  # had started: those on the victim end with an error event, the others finish
+        for outcome in fresh:
             if outcome["replica"] == victim["replica_id"]:
-                assert outcome["error"] is not None and outcome["done"], outcome
+                assert outcome["done"] and (outcome["error"] is not None or outcome["finish"] == "length"), outcome
+        assert moved, "no request was waiting on the killed replica"  # the case this test is about
+        for outcome in long:  # had started: on the victim they end with an error event (or finished first)
+            if outcome["replica"] == victim["replica_id"]:
+                assert outcome["done"] and (outcome["error"] is not None or outcome["finish"] == "length"), outcome
             else:
                 assert outcome["error"] is None and outcome["finish"] == "length", outcome
-        cut = sum(o["replica"] == victim["replica_id"] for o in long)
+        cut = sum(o["replica"] == victim["replica_id"] and o["error"] is not None for o in long)
         started = time.monotonic()
         back = prefix_cluster.wait_replicas(2, timeout=180, exclude={victim["replica_id"]})
         assert victim["replica_id"] not in {r["replica_id"] for r in back}
         report_figure(
-            f"kill round {round_ + 1} ({'busy' if busy else 'idle'} replica): {len(fresh)} requests with the killed "
-            f"replica's prefix, not started at the kill, all answered by the other; {cut} of {len(long)} started "
-            f"streams were on the killed replica; a new replica reported in after {time.monotonic() - started:.0f} s"
+            f"kill round {round_ + 1} ({'busy' if busy else 'idle'} replica): {len(moved)} of {len(fresh)} requests "
+            f"with the killed replica's prefix not started at the kill, all answered by the other; {cut} of "
+            f"{len(long)} started streams were cut on the killed replica; a new replica reported in after "
+            f"{time.monotonic() - started:.0f} s"
         )
         reply = chat(prefix_cluster.url, [{"role": "user", "content": "still there?"}])
         assert reply.status_code == 200
