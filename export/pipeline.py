@@ -22,7 +22,15 @@ from pathlib import Path
 
 import onnx
 
-from ortserve.artifact import MODEL_FILE, PRECISIONS, ArtifactManifest, Precision, is_artifact, save_manifest
+from ortserve.artifact import (
+    MODEL_FILE,
+    PRECISIONS,
+    TOKENIZER_FILES,
+    ArtifactManifest,
+    Precision,
+    is_artifact,
+    save_manifest,
+)
 
 from .architectures import architecture_for
 from .config import ModelSpec, read_config_json
@@ -37,18 +45,6 @@ logger = logging.getLogger(__name__)
 # The LM head (often the tied embedding) is the matmul most sensitive to quantisation: at int4 it
 # costs SmolLM2-135M 14 points of top-1 agreement with fp32 that int8 keeps, for 20 MB.
 DEFAULT_LM_HEAD = {"fp32": "fp32", "int8": "int8", "int4": "int8"}
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "added_tokens.json",
-    "chat_template.jinja",
-    "chat_template.json",
-    "generation_config.json",
-)
 
 
 @dataclass

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from ortserve.artifact import is_artifact
+from ortserve.artifact import TOKENIZER_FILES, is_artifact
 
 from . import cache
 from .registry import DEFAULT_MODEL, BuiltinModel, ModelSourceError, builtin_names, find_builtin
@@ -26,21 +26,7 @@ SourceKind = Literal["artifact", "builtin", "gguf", "checkpoint"]
 
 # What defines a Hugging Face checkpoint: its config, weights and tokenizer (the artifact copies
 # the tokenizer files, so a changed chat template is a changed model too).
-CHECKPOINT_FILES = (
-    "config.json",
-    "generation_config.json",
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "added_tokens.json",
-    "chat_template.jinja",
-    "chat_template.json",
-)
+CHECKPOINT_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", *TOKENIZER_FILES)
 
 
 @dataclass(frozen=True)

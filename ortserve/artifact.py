@@ -23,6 +23,19 @@ FORMAT_VERSION = 1
 OP_VERSION = 4
 MANIFEST = "ortserve.json"
 MODEL_FILE = "model.onnx"
+# The tokenizer files an artifact copies from its checkpoint, chat template included (whichever exist).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+)
 
 Precision = Literal["fp32", "int8", "int4"]
 KVCacheDtype = Literal["fp32", "fp16", "int8"]
