@@ -160,7 +160,7 @@ class DecoderBuilder:
             if plan.kind == "exact":
                 q = concat_rows([self.src.import_blocks(w) for w in weights])
             else:
-                q = quantize(full_weight(), plan.bits, offsets=plan.offsets)
+                q = quantize(full_weight(), plan.bits, plan.block_size, plan.offsets)
             arrays = {f"{label}.qweight": q.packed, f"{label}.scales": q.scales}
             if plan.zero_points:
                 arrays[zero_points] = q.zero_points
