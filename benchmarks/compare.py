@@ -82,7 +82,8 @@ def machine(force: bool) -> dict:
     if path.is_file() and not force:
         return json.loads(path.read_text())
     print("measuring memory bandwidth (benchmarks/membw.py)...", flush=True)
-    info = {"membw": membw.measure(2.0, [1, 2], 5), "versions": versions()}
+    info = {"membw": membw.measure(2.0, [1, 2], 5), "versions": versions(), "cpu_flags": report.cpu_flags()}
+    info["cpu"] = report.cpu_lines()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(info, indent=1))
     return info

@@ -55,18 +55,26 @@ def weight_bytes(system: str, precision: str, model_name: str) -> int | None:
     return None
 
 
-def machine_section(machine: dict) -> list[str]:
-    cpu = (
-        subprocess.run(
-            ["bash", "-c", "lscpu | grep -E 'Model name|^CPU\\(s\\)|Thread|L2|L3' | sed 's/  */ /g'"],
-            capture_output=True,
-            text=True,
-        )
-        .stdout.strip()
-        .splitlines()
-    )
+def cpu_flags() -> list[str]:
+    """The SIMD features this machine's CPU has that the kernels choose between."""
     flags = open("/proc/cpuinfo").read()
-    isa = [f for f in ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile") if f" {f}" in flags]
+    return [f for f in ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile") if f" {f}" in flags]
+
+
+def cpu_lines() -> list[str]:
+    """lscpu's model, core and cache lines."""
+    out = subprocess.run(
+        ["bash", "-c", "lscpu | grep -E 'Model name|^CPU\\(s\\)|Thread|L2|L3' | sed 's/  */ /g'"],
+        capture_output=True,
+        text=True,
+    )
+    return out.stdout.strip().splitlines()
+
+
+def machine_section(machine: dict) -> list[str]:
+    """The machine the records were measured on (machine.json, written by the run)."""
+    cpu = machine.get("cpu") or cpu_lines()
+    isa = machine.get("cpu_flags") or cpu_flags()
     mem = next((line.split(":")[1].strip() for line in open("/proc/meminfo") if line.startswith("MemTotal")), "?")
     bw = machine.get("membw", {}).get("threads", {})
     lines = ["## Machine", ""]
@@ -84,8 +92,8 @@ def machine_section(machine: dict) -> list[str]:
 def decode_table(records: list[dict], bandwidth: float | None) -> list[str]:
     rows = sorted([r for r in records if r["workload"] == "decode"], key=_key)
     out = [
-        "| system | precision | decode tok/s | prompt tok/s (128) | weights read / token | read GB/s | roofline tok/s | of roofline |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| system | precision | ISA | decode tok/s | prompt tok/s (128) | weights read / token | read GB/s | roofline tok/s | of roofline |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         m = r["metrics"]
@@ -94,7 +102,7 @@ def decode_table(records: list[dict], bandwidth: float | None) -> list[str]:
         roof = roofline_tok_s(bw, wb) if wb and bw else None
         frac = m.get("decode_tok_s") / roof if roof and m.get("decode_tok_s") else None
         out.append(
-            f"| {r['system']} | {r['precision']} | {_fmt(m.get('decode_tok_s'))} | {_fmt(m.get('prompt_tok_s'))} | "
+            f"| {r['system']} | {r['precision']} | {r.get('isa', '?')} | {_fmt(m.get('decode_tok_s'))} | {_fmt(m.get('prompt_tok_s'))} | "
             f"{_fmt(wb / 1e6 if wb else None, 0)} MB | {_fmt(bw)} | {_fmt(roof)} | {_fmt(frac * 100 if frac else None, 0)}% |"
         )
     return out
@@ -102,9 +110,9 @@ def decode_table(records: list[dict], bandwidth: float | None) -> list[str]:
 
 def prefill_table(records: list[dict]) -> list[str]:
     rows = sorted([r for r in records if r["workload"] == "prefill"], key=_key)
-    out = ["| system | precision | prompt tok/s | TTFT p50 ms |", "|---|---|---:|---:|"]
+    out = ["| system | precision | ISA | prompt tok/s | TTFT p50 ms |", "|---|---|---|---:|---:|"]
     out += [
-        f"| {r['system']} | {r['precision']} | {_fmt(r['metrics'].get('prompt_tok_s'))} | "
+        f"| {r['system']} | {r['precision']} | {r.get('isa', '?')} | {_fmt(r['metrics'].get('prompt_tok_s'))} | "
         f"{_fmt(r['metrics'].get('ttft_p50_ms'), 0)} |"
         for r in rows
     ]
@@ -115,14 +123,14 @@ def serving_table(records: list[dict]) -> list[str]:
     rows = [r for r in records if r["workload"].startswith("serve-c")]
     rows.sort(key=lambda r: (_key(r), WORKLOADS[r["workload"]].concurrency))
     out = [
-        "| system | precision | concurrency | output tok/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| system | precision | ISA | concurrency | output tok/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         m = r["metrics"]
         failed = f" ({m['failed']} failed)" if m.get("failed") else ""
         out.append(
-            f"| {r['system']} | {r['precision']} | {WORKLOADS[r['workload']].concurrency}{failed} | "
+            f"| {r['system']} | {r['precision']} | {r.get('isa', '?')} | {WORKLOADS[r['workload']].concurrency}{failed} | "
             f"{_fmt(m.get('output_throughput'))} | {_fmt(m.get('ttft_p50_ms'), 0)} | "
             f"{_fmt(m.get('ttft_p99_ms'), 0)} | {_fmt(m.get('tpot_p50_ms'))} |"
         )
@@ -132,14 +140,14 @@ def serving_table(records: list[dict]) -> list[str]:
 def shared_prefix_table(records: list[dict]) -> list[str]:
     rows = sorted([r for r in records if r["workload"] == "shared-prefix"], key=_key)
     out = [
-        "| system | precision | output tok/s | TTFT p50 ms | TTFT p99 ms | prefix-cache hit tokens (server) |",
-        "|---|---|---:|---:|---:|---:|",
+        "| system | precision | ISA | output tok/s | TTFT p50 ms | TTFT p99 ms | prefix-cache hit tokens (server) |",
+        "|---|---|---|---:|---:|---:|---:|",
     ]
     for r in rows:
         m = r["metrics"]
         hits = next((v for k, v in m.get("server_counters_delta", {}).items() if "prefix_cache_hits" in k), None)
         out.append(
-            f"| {r['system']} | {r['precision']} | {_fmt(m.get('output_throughput'))} | "
+            f"| {r['system']} | {r['precision']} | {r.get('isa', '?')} | {_fmt(m.get('output_throughput'))} | "
             f"{_fmt(m.get('ttft_p50_ms'), 0)} | {_fmt(m.get('ttft_p99_ms'), 0)} | {_fmt(hits, 0)} |"
         )
     return out
@@ -149,8 +157,8 @@ def grounded_table(records: list[dict]) -> list[str]:
     """Input-grounded text, with and without each system's n-gram speculation."""
     rows = sorted([r for r in records if r["workload"] == "grounded"], key=_key)
     out = [
-        "| system | precision | output tok/s | TPOT p50 ms | TTFT p50 ms | mean output tokens | drafts kept (server) |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| system | precision | ISA | output tok/s | TPOT p50 ms | TTFT p50 ms | mean output tokens | drafts kept (server) |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         m = r["metrics"]
@@ -159,7 +167,7 @@ def grounded_table(records: list[dict]) -> list[str]:
         kept = next((v for k, v in counters.items() if "num_accepted_tokens" in k), None)
         rate = f"{kept / drafted:.0%} of {drafted:,.0f}" if drafted and kept is not None else "–"
         out.append(
-            f"| {r['system']} | {r['precision']} | {_fmt(m.get('output_throughput'))} | {_fmt(m.get('tpot_p50_ms'))} | "
+            f"| {r['system']} | {r['precision']} | {r.get('isa', '?')} | {_fmt(m.get('output_throughput'))} | {_fmt(m.get('tpot_p50_ms'))} | "
             f"{_fmt(m.get('ttft_p50_ms'), 0)} | {_fmt(m.get('mean_output_len'), 0)} | {rate} |"
         )
     return out

@@ -84,6 +84,14 @@ MODELS = ("smollm2-135m", "qwen2.5-0.5b-shape")
 # ---- records -------------------------------------------------------------------------------
 
 
+def kernel_isa() -> str:
+    """The widest SIMD the CPU of this run has, as every row of RESULTS.md names it."""
+    flags = open("/proc/cpuinfo").read()
+    if " avx512_vnni" in flags:
+        return "AVX-512+VNNI" + ("+BF16" if " avx512_bf16" in flags else "")
+    return "AVX-512" if " avx512f" in flags else "AVX2" if " avx2" in flags else "SSE"
+
+
 def record_path(model: str, system: str, precision: str, workload: str) -> Path:
     return RECORDS / model / f"{system}--{precision}" / f"{workload}.json"
 
@@ -116,6 +124,7 @@ def record(
         raw=str(raw.relative_to(BENCH_DIR)) if raw else None,
         notes=notes,
         neighbour_cpu_share=round(METER.share(), 3),
+        isa=kernel_isa(),
         when=datetime.now(UTC).isoformat(timespec="seconds"),
     )
     path = record_path(model, system, precision, workload.name)
