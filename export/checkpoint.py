@@ -23,6 +23,21 @@ INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 
 
+def sha256_files(paths: list[Path], progress: Callable[[int], None] | None = None, *, names: bool = False) -> str:
+    """sha256 over the files' bytes in order (each preceded by its name with ``names``), read in
+    16 MiB chunks; ``progress`` gets each chunk's size."""
+    digest = hashlib.sha256()
+    for path in paths:
+        if names:
+            digest.update(path.name.encode())
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 24):
+                digest.update(chunk)
+                if progress:
+                    progress(len(chunk))
+    return digest.hexdigest()
+
+
 class Checkpoint:
     """Tensor names -> shard files of one checkpoint directory; reads return float32 arrays."""
 
@@ -146,15 +161,7 @@ class Checkpoint:
 
     def fingerprint(self, progress: Callable[[int], None] | None = None) -> str:
         """sha256 over config.json and every weight file, in name order."""
-        digest = hashlib.sha256()
-        for path in [self.folder / "config.json", *self.files()]:
-            digest.update(path.name.encode())
-            with open(path, "rb") as f:
-                while chunk := f.read(1 << 24):
-                    digest.update(chunk)
-                    if progress:
-                        progress(len(chunk))
-        return digest.hexdigest()
+        return sha256_files([self.folder / "config.json", *self.files()], progress, names=True)
 
     def total_bytes(self) -> int:
         return sum(p.stat().st_size for p in [self.folder / "config.json", *self.files()])

@@ -11,7 +11,6 @@ name table; what llama.cpp's converter changed is undone from the architecture's
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from .architectures import Architecture
-from .checkpoint import Checkpoint
+from .checkpoint import Checkpoint, sha256_files
 from .errors import ExportError
 from .gguf_blocks import import_blocks
 from .quantize import QuantizedWeight
@@ -142,13 +141,7 @@ class GgufCheckpoint:
 
     def fingerprint(self, progress: Callable[[int], None] | None = None) -> str:
         """sha256 of the GGUF file."""
-        digest = hashlib.sha256()
-        with open(self.path, "rb") as f:
-            while chunk := f.read(1 << 24):
-                digest.update(chunk)
-                if progress:
-                    progress(len(chunk))
-        return digest.hexdigest()
+        return sha256_files([self.path], progress)
 
     def total_bytes(self) -> int:
         return self.path.stat().st_size
