@@ -77,7 +77,11 @@ def build_single_op_model(
         sliding_window=sliding_window,
         softcap=float(softcap),
     )
-    graph = helper.make_graph([node], "paged_attention", inputs, outputs)
+    return op_model(helper.make_graph([node], "paged_attention", inputs, outputs), ir_version)
+
+
+def op_model(graph: onnx.GraphProto, ir_version: int = 10) -> onnx.ModelProto:
+    """A model of ``graph`` with the standard opset and ours."""
     return helper.make_model(
         graph,
         ir_version=ir_version,

@@ -8,6 +8,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 from ortserve.ops.paged_attention_reference import gated_activation as reference
+from paged_attention_harness import make_session, op_model
 
 import ortserve.ops
 
@@ -21,18 +22,7 @@ def session(activation: str | None) -> ort.InferenceSession:
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", "two_i"])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["T", "i"])],
     )
-    model = helper.make_model(
-        graph,
-        ir_version=10,
-        opset_imports=[
-            helper.make_opsetid("", 17),
-            helper.make_opsetid(ortserve.ops.DOMAIN, ortserve.ops.OPSET_VERSION),
-        ],
-    )
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
-    ortserve.ops.register(options)
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return make_session(op_model(graph))
 
 
 @pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
