@@ -35,6 +35,7 @@ from runners.common import (
     PEERS_PY,
     RECORDS,
     WORKLOADS,
+    cpu_flags,
     load_model,
     load_records,
     record_path,
@@ -82,7 +83,7 @@ def machine(force: bool) -> dict:
     if path.is_file() and not force:
         return json.loads(path.read_text())
     print("measuring memory bandwidth (benchmarks/membw.py)...", flush=True)
-    info = {"membw": membw.measure(2.0, [1, 2], 5), "versions": versions(), "cpu_flags": report.cpu_flags()}
+    info = {"membw": membw.measure(2.0, [1, 2], 5), "versions": versions(), "cpu_flags": cpu_flags()}
     info["cpu"] = report.cpu_lines()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(info, indent=1))

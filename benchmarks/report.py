@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from roofline import gguf_weight_bytes, hf_weight_bytes, onnx_weight_bytes, roofline_tok_s
-from runners.common import BENCH_DIR, MODELS, PEER_MODELS, RESULTS, WORKLOADS, load_model
+from runners.common import BENCH_DIR, MODELS, PEER_MODELS, RESULTS, WORKLOADS, cpu_flags, load_model
 from targets import targets
 
 PLOTS = BENCH_DIR / "plots"
@@ -53,12 +53,6 @@ def weight_bytes(system: str, precision: str, model_name: str) -> int | None:
     except (FileNotFoundError, OSError):
         return None
     return None
-
-
-def cpu_flags() -> list[str]:
-    """The SIMD features this machine's CPU has that the kernels choose between."""
-    flags = open("/proc/cpuinfo").read()
-    return [f for f in ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile") if f" {f}" in flags]
 
 
 def cpu_lines() -> list[str]:

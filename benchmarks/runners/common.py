@@ -84,12 +84,18 @@ MODELS = ("smollm2-135m", "qwen2.5-0.5b-shape")
 # ---- records -------------------------------------------------------------------------------
 
 
+def cpu_flags() -> list[str]:
+    """The SIMD features this machine's CPU has that the kernels choose between."""
+    flags = open("/proc/cpuinfo").read()
+    return [f for f in ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile") if f" {f}" in flags]
+
+
 def kernel_isa() -> str:
     """The widest SIMD the CPU of this run has, as every row of RESULTS.md names it."""
-    flags = open("/proc/cpuinfo").read()
-    if " avx512_vnni" in flags:
-        return "AVX-512+VNNI" + ("+BF16" if " avx512_bf16" in flags else "")
-    return "AVX-512" if " avx512f" in flags else "AVX2" if " avx2" in flags else "SSE"
+    flags = cpu_flags()
+    if "avx512_vnni" in flags:
+        return "AVX-512+VNNI" + ("+BF16" if "avx512_bf16" in flags else "")
+    return "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "SSE"
 
 
 def record_path(model: str, system: str, precision: str, workload: str) -> Path:
