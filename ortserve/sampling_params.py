@@ -241,12 +241,14 @@ class SamplingParams:
 
 
 def _token_id_key(key: int | str) -> int:
-    """logit_bias keys: ints, or decimal strings as JSON sends them ("²" and "--5" are not)."""
+    """logit_bias keys: ints, or decimal strings as JSON sends them ("²", "--5" and "007" are not)."""
     if isinstance(key, int):
         return key
     text = str(key)
-    if not (text.isascii() and text.isdigit()) or len(text) > 9:
-        raise InvalidParameter("logit_bias", f"logit_bias keys must be token ids (up to 9 decimal digits), got {key!r}")
+    if not (text.isascii() and text.isdigit()) or len(text) > 9 or text != str(int(text)):
+        raise InvalidParameter(
+            "logit_bias", f"logit_bias keys must be token ids (up to 9 decimal digits, no leading zero), got {key!r}"
+        )
     return int(text)
 
 
@@ -266,7 +268,9 @@ class PromptLimits:
             )
 
     def completion_budget(self, prompt_len: int, max_tokens: int | None, param: str = "prompt") -> int:
-        """The tokens this prompt may generate: ``max_tokens``, or all the room left if None."""
+        """The tokens this prompt may generate: ``max_tokens``, or all the room left if None or if
+        ``max_tokens`` asks for more (then the choice ends at the context, finish_reason "length",
+        as llama.cpp's server does)."""
         limit = self.max_model_len
         if prompt_len == 0:
             raise InvalidParameter(param, f"{param} is empty: at least one token is needed")
@@ -277,14 +281,7 @@ class PromptLimits:
                 f"length is {limit} tokens (prompt + completion; --max-model-len)",
             )
         room = limit - prompt_len
-        if max_tokens is not None and max_tokens > room:
-            raise InvalidParameter(
-                "max_tokens",
-                f"max_tokens is too large: {max_tokens} completion tokens + {prompt_len} "
-                f"prompt tokens exceed this model's maximum context length of {limit} "
-                f"tokens; at most {room} fit",
-            )
-        return room if max_tokens is None else max_tokens
+        return room if max_tokens is None else min(max_tokens, room)
 
     def check(self, prompt_token_ids: list[int], params: SamplingParams, param: str = "prompt") -> int:
         """Everything about a request that needs the model; returns its completion budget."""

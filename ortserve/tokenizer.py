@@ -180,10 +180,8 @@ class ChatPrompts:
                 "messages",
                 "this model has no chat template: start the server with --chat-template FILE, or use /v1/completions",
             )
-        if continue_final_message and conversation[-1].get("role") != "assistant":
-            raise InvalidParameter(
-                "continue_final_message", "continue_final_message needs the last message to be the assistant's"
-            )
+        if continue_final_message and conversation[-1].get("content") is None:  # continued from its start
+            conversation = [*conversation[:-1], {**conversation[-1], "content": ""}]
         kwargs = dict(template_kwargs or {})
         if tools or _uses_tools(conversation):
             if renders_tools(chat_template or self.tokenizer.chat_template):

@@ -52,7 +52,9 @@ def grammar_text(spec: StructuredOutputs) -> str:
             schema = json.loads(spec.json) if isinstance(spec.json, str) else spec.json
             if not isinstance(schema, dict):
                 raise ValueError("a JSON schema must be an object")
-            return str(llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS))
+            return str(
+                llguidance.LLMatcher.grammar_from_json_schema(_wide_ints_as_floats(schema), defaults=JSON_OPTIONS)
+            )
         if spec.json_object:
             return str(llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS))
         if spec.regex is not None:
@@ -66,6 +68,17 @@ def grammar_text(spec: StructuredOutputs) -> str:
         return str(llguidance.grammar_from("grammar", spec.grammar))  # Lark, or GBNF converted to Lark
     except Exception as exc:
         raise InvalidParameter("structured_outputs", f"structured_outputs.grammar is invalid: {exc}") from exc
+
+
+def _wide_ints_as_floats(value: Any) -> Any:
+    """JSON has no integer width; llguidance's numbers are 64-bit, so wider integers go as floats."""
+    if isinstance(value, dict):
+        return {key: _wide_ints_as_floats(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_wide_ints_as_floats(item) for item in value]
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
+        return float(value)
+    return value
 
 
 def _limits() -> llguidance.LLParserLimits:

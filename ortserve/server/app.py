@@ -60,7 +60,7 @@ def create_app(client: EngineClient, settings: ServerSettings) -> Litestar:
         request_max_body_size=settings.max_request_body_bytes,
         plugins=[PydanticPlugin(validate_strict=True)],  # types as the schema states them: true is not 1
         lifespan=[engine_lifespan],
-        state=State({"settings": settings}),  # read by the API-key guard
+        state=State({"settings": settings, "client": client}),  # the API-key guard, the OpenAPI schema
         openapi_config=OpenAPIConfig(
             title="ortserve",
             version=__version__,

@@ -23,7 +23,7 @@ from ortserve.sampling_params import BOUNDS
 
 from .errors import BadRequest
 from .responses import FunctionCall, ToolCall
-from .structured import Choice, GrammarText, ResponseFormat, Schema, StructuredOutputsRequest
+from .structured import Choice, GrammarText, RegexText, ResponseFormat, Schema, StructuredOutputsRequest
 from .tools import FunctionCallChoice, Functions, ToolChoice, Tools, arguments_value
 
 MAX_PROMPT_CHARS = 500_000  # per prompt or message: bounds tokenisation work before it starts
@@ -50,14 +50,20 @@ def bounded_int(name: str) -> Any:
     return Annotated[int, Field(**BOUNDS[name].field_kwargs()), BeforeValidator(_integral)]
 
 
-TokenId = bounded_int("token_id")
+# The OpenAPI schema narrows these to the loaded model's vocabulary (openapi.py reads the marks).
+TOKEN_ID_MARK, TOKEN_ID_KEYS_MARK = "x-token-id", "x-token-id-keys"
+TokenId = Annotated[
+    int,
+    Field(**BOUNDS["token_id"].field_kwargs(), json_schema_extra={TOKEN_ID_MARK: True}),
+    BeforeValidator(_integral),
+]
 Choices = bounded_int("n")
 TokenCount = bounded_int("max_tokens")
 MinTokens = bounded_int("min_tokens")
 TopK = bounded_int("top_k")
 Seed = bounded_int("seed")
 LogprobCount = bounded_int("logprobs")
-TOKEN_ID_KEY = r"^[0-9]{1,9}$"  # as sampling_params reads logit_bias keys
+TOKEN_ID_KEY = r"^(0|[1-9][0-9]{0,8})$"  # as sampling_params reads logit_bias keys
 LogitBias = Annotated[
     dict[
         Annotated[str, Field(pattern=TOKEN_ID_KEY)],
@@ -67,6 +73,7 @@ LogitBias = Annotated[
     WithJsonSchema(
         {
             "type": "object",
+            TOKEN_ID_KEYS_MARK: True,
             "maxProperties": BOUNDS["logit_bias"].max_items,
             "additionalProperties": False,
             "patternProperties": {
@@ -115,14 +122,46 @@ def at_most_one(conditions: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-# The legacy functions API and tools exclude each other. Rules that need more than this (a forced
-# tool_choice needs tools; only one field may constrain the output) are checked in code only: with
-# them the schema no longer canonicalises for schemathesis, and its test lists their messages.
-TOOL_RULES = [
-    rule
-    for new in ("tools", "tool_choice")
-    for legacy in ("functions", "function_call")
-    for rule in at_most_one({new: NOT_NULL, legacy: NOT_NULL})
+def at_least(field: str, other: str, upper: int) -> dict[str, Any]:
+    """JSON Schema rule: ``field`` >= ``other`` when both are given (integers up to ``upper``).
+    JSON Schema cannot compare two values; this says "some k has other <= k <= field"."""
+    return {"anyOf": [{"properties": {other: {"maximum": k}, field: {"minimum": k}}} for k in range(1, upper + 1)]}
+
+
+# Only one field may constrain the output (structured.one_of); response_format "text" does not.
+CONSTRAINS_OUTPUT = {
+    "response_format": {"type": "object", "properties": {"type": {"enum": ["json_object", "json_schema"]}}},
+    **dict.fromkeys(("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar"), NOT_NULL),
+}
+FORCED_TOOL = {"anyOf": [{"const": "required"}, {"type": "object"}]}
+
+
+def needs_nonempty(field: str, condition: dict[str, Any], needed: str) -> dict[str, Any]:
+    """JSON Schema rule: when ``field`` matches ``condition``, ``needed`` is a non-empty list."""
+    return {
+        "if": {"properties": {field: condition}, "required": [field]},
+        "then": {"properties": {needed: {"type": "array", "minItems": 1}}, "required": [needed]},
+    }
+
+
+# Chat's tool rules: tools exclude the legacy functions API; a forced call needs something to call,
+# and its grammar leaves no room for another output constraint. (A named tool being among the tools
+# compares two values, which no JSON Schema can state.) schemathesis's generator cannot carry all of
+# chat's rules at once; its run applies them as a filter (tests/reliability/schemathesis_hooks.py).
+CHAT_TOOL_RULES = [
+    *(
+        rule
+        for new in ("tools", "tool_choice")
+        for legacy in ("functions", "function_call")
+        for rule in at_most_one({new: NOT_NULL, legacy: NOT_NULL})
+    ),
+    needs_nonempty("tool_choice", FORCED_TOOL, "tools"),
+    needs_nonempty("function_call", {"type": "object"}, "functions"),
+    *(
+        {"not": {"properties": {forcing: condition, name: constraint}, "required": [forcing, name]}}
+        for forcing, condition in (("tool_choice", FORCED_TOOL), ("function_call", {"type": "object"}))
+        for name, constraint in CONSTRAINS_OUTPUT.items()
+    ),
 ]
 
 
@@ -189,7 +228,7 @@ class SamplingRequest(RequestModel):
     response_format: ResponseFormat | None = Field(None, description="text, json_object, or json_schema")
     structured_outputs: StructuredOutputsRequest | None = Field(None, description="vLLM's structured outputs")
     guided_json: Schema | None = Field(None, description="A JSON schema (vLLM's older spelling)")
-    guided_regex: GrammarText | None = Field(None, description="A regular expression (vLLM's older spelling)")
+    guided_regex: RegexText | None = Field(None, description="A regular expression (vLLM's older spelling)")
     guided_choice: Choice | None = Field(None, description="One of these strings (vLLM's older spelling)")
     guided_grammar: GrammarText | None = Field(None, description="A Lark or GBNF grammar (vLLM's older spelling)")
 
@@ -237,12 +276,14 @@ class CompletionRequest(SamplingRequest):
         json_schema_extra={
             "allOf": [
                 STREAM_OPTIONS_NEED_STREAM,
+                *at_most_one(CONSTRAINS_OUTPUT),
                 {
                     "not": {
                         "properties": {"stream": {"const": True}, "best_of": {"type": "integer", "minimum": 2}},
                         "required": ["stream", "best_of"],
                     }
                 },
+                at_least("best_of", "n", BOUNDS["n"].le),
             ]
         },
     )
@@ -346,16 +387,17 @@ class ChatCompletionRequest(SamplingRequest):
         json_schema_extra={
             "allOf": [
                 STREAM_OPTIONS_NEED_STREAM,
+                *at_most_one(CONSTRAINS_OUTPUT),
                 requires("top_logprobs", {"type": "integer", "minimum": 1}, "logprobs", True),
                 requires("continue_final_message", {"const": True}, "add_generation_prompt", False),
-                *TOOL_RULES,
+                *CHAT_TOOL_RULES,
             ]
         },
     )
 
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     add_generation_prompt: bool = Field(True, description="End the prompt with the assistant's turn")
-    continue_final_message: bool = Field(False, description="Continue the last assistant message")
+    continue_final_message: bool = Field(False, description="Continue the last message (an assistant's, usually)")
     echo: bool = Field(
         False, description="Start the answer with the last message's content when it is the assistant's (vLLM)"
     )
@@ -402,13 +444,14 @@ class TokenizeRequest(RequestModel):
         extra="allow",
         strict=True,
         json_schema_extra={
+            "allOf": [requires("continue_final_message", {"const": True}, "add_generation_prompt", False)],
             "oneOf": [
                 {"required": ["prompt"], "properties": {"prompt": {"type": "string"}, "messages": {"type": "null"}}},
                 {
                     "required": ["messages"],
                     "properties": {"messages": {"type": "array", "minItems": 1}, "prompt": {"type": "null"}},
                 },
-            ]
+            ],
         },
     )
 
@@ -424,6 +467,8 @@ class TokenizeRequest(RequestModel):
             raise BadRequest("give exactly one of 'prompt' and 'messages'", "prompt")
         if self.messages is not None and not self.messages:
             raise BadRequest("'messages' must not be empty", "messages")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise BadRequest("'continue_final_message' needs 'add_generation_prompt' false", "continue_final_message")
 
 
 class DetokenizeRequest(RequestModel):

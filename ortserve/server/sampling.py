@@ -42,8 +42,8 @@ def sampling_params(
     ``overrides``: fields the endpoint settles itself (structured outputs, prompt logprobs...)."""
     with as_bad_request(type(request).model_fields):
         params = SamplingParams(max_tokens=max_tokens, logprobs=logprobs, **{**request.sampling_kwargs(), **overrides})
-        room = limits.check(prompt_token_ids, params, prompt_param)
-        if max_tokens is None:  # a new SamplingParams: min_tokens is capped by the settled budget too
-            wanted = room if default_max_tokens is None else max(default_max_tokens, params.min_tokens)
-            params = replace(params, max_tokens=min(wanted, room))
+        budget = limits.check(prompt_token_ids, params, prompt_param)  # max_tokens, at most the room
+        if max_tokens is None and default_max_tokens is not None:
+            budget = min(budget, max(default_max_tokens, params.min_tokens))
+        params = replace(params, max_tokens=budget)  # a new SamplingParams: min_tokens is capped too
     return params

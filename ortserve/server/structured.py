@@ -27,12 +27,21 @@ from ortserve.sampling_params import BOUNDS, MAX_GRAMMAR_CHARS, InvalidParameter
 from .errors import BadRequest
 
 FORBID = ConfigDict(extra="forbid", strict=True)  # an option we would not honour is a 400, not ignored
-GrammarText = Annotated[str, Field(max_length=MAX_GRAMMAR_CHARS)]
+# Whether a text compiles is no JSON Schema keyword; the OpenAPI schema says which language each
+# is in by its ``format`` (llguidance's regex syntax, its Lark grammars or GBNF, a JSON schema's text).
+REGEX_FORMAT, GRAMMAR_FORMAT, JSON_SCHEMA_TEXT_FORMAT = "llguidance-regex", "llguidance-grammar", "json-schema-text"
+
+
+def _text(language: str) -> Any:
+    return Annotated[str, Field(max_length=MAX_GRAMMAR_CHARS, json_schema_extra={"format": language})]
+
+
+RegexText, GrammarText, SchemaText = _text(REGEX_FORMAT), _text(GRAMMAR_FORMAT), _text(JSON_SCHEMA_TEXT_FORMAT)
 Choice = Annotated[
     list[Annotated[str, Field(max_length=BOUNDS["choice"].max_length)]],
     Field(min_length=1, max_length=BOUNDS["choice"].max_items),
 ]
-Schema = dict[str, Any] | GrammarText  # a JSON schema, or its JSON text
+Schema = dict[str, Any] | SchemaText  # a JSON schema, or its JSON text
 REJECTED = "the grammar compiler rejected it"  # in every 400 about a grammar's content
 
 
@@ -68,9 +77,6 @@ def _exactly_one(fields: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return {"oneOf": [{"properties": {name: condition}, "required": [name]} for name, condition in fields.items()]}
 
 
-SET = {"not": {"type": "null"}}
-
-
 class StructuredOutputsRequest(BaseModel):
     """vLLM's ``structured_outputs`` object: exactly one of its fields."""
 
@@ -78,11 +84,17 @@ class StructuredOutputsRequest(BaseModel):
         extra="forbid",
         strict=True,
         json_schema_extra=_exactly_one(
-            {"json": SET, "regex": SET, "choice": SET, "grammar": SET, "json_object": {"const": True}}
+            {
+                "json": {"type": ["object", "string"]},
+                "regex": {"type": "string"},
+                "choice": {"type": "array"},
+                "grammar": {"type": "string"},
+                "json_object": {"const": True},
+            }
         ),
     )
     json_: Schema | None = Field(None, alias="json", description="A JSON schema")
-    regex: GrammarText | None = None
+    regex: RegexText | None = None
     choice: Choice | None = None
     grammar: GrammarText | None = Field(None, description="A Lark (llguidance) or GBNF grammar")
     json_object: bool | None = Field(None, description="true = any JSON object")

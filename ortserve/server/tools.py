@@ -108,9 +108,7 @@ def plan_tools(body: Any, template: str | None, parser: str) -> ToolPlan | None:
         if name not in (None, "none", "auto"):
             raise BadRequest(f"'{field}' {name!r} needs 'tools' (or 'functions') to choose from", field)
         return None
-    names = [t.function.name for t in tools]
-    if len(set(names)) != len(names):
-        raise BadRequest("'tools' has two functions of the same name", "functions" if legacy else "tools")
+    names = [t.function.name for t in tools]  # two of one name: a call may follow either's parameters
     if name not in (None, "none", "auto", "required") and name not in names:
         raise BadRequest(f"'{field}' names {name!r}, which is not among the tools ({', '.join(names)})", field)
     fmt = format_for_template(template) if parser == "auto" else FORMATS[parser]

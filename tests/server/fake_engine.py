@@ -5,6 +5,8 @@ most ``max_num_seqs`` requests run and the rest wait, and a step takes ``step_se
 where the real model would only make a test slow: backpressure, errors, disconnects. It runs
 inside the real ``LLMEngine`` (real detokenisation, stop strings and IPC). A request whose
 prompt starts with ``FAULT_TOKEN`` fails in the core, as a request whose processing raised.
+``max_generated`` ends every sample after that many tokens ("length"), so that a fake with a vast
+context (schemathesis's) still answers each request quickly.
 """
 
 from __future__ import annotations
@@ -36,8 +38,10 @@ class FakeCore:
         step_seconds: float = 0.02,
         eos_token_id: int = 2,
         fail_after_steps: int | None = None,
+        max_generated: int = 2**62,
     ) -> None:
         self.fail_after_steps = fail_after_steps
+        self.max_generated = max_generated
         self.num_steps = 0
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
@@ -96,7 +100,7 @@ class FakeCore:
                 stop_reason = None
                 if params.stop_token_ids and token in params.stop_token_ids:
                     reason, stop_reason = "stop", token
-                elif len(tokens) >= (params.max_tokens or self.max_model_len - len(prompt)):
+                elif len(tokens) >= min(params.max_tokens or self.max_model_len - len(prompt), self.max_generated):
                     reason = "length"
                 logprobs = None
                 if params.logprobs is not None:
@@ -141,13 +145,18 @@ class FakeEngineFactory:
     fail: str | None = None
     load_seconds: float = 0.0
     fail_after_steps: int | None = None
+    max_generated: int = 2**62
 
     def __call__(self, config: object) -> LLMEngine:
         time.sleep(self.load_seconds)
         if self.fail:
             raise ValueError(self.fail)
         core = FakeCore(
-            self.max_model_len, self.max_num_seqs, self.step_seconds, fail_after_steps=self.fail_after_steps
+            self.max_model_len,
+            self.max_num_seqs,
+            self.step_seconds,
+            fail_after_steps=self.fail_after_steps,
+            max_generated=self.max_generated,
         )
         core.info = lambda: FakeCore.info(core, self.tokenizer_dir)  # type: ignore[method-assign]
         return LLMEngine(core, load_tokenizer(self.tokenizer_dir))

@@ -19,6 +19,7 @@ def main() -> int:
     parser.add_argument("--fail", default=None)
     parser.add_argument("--load-seconds", type=float, default=0.0)
     parser.add_argument("--fail-after-steps", type=int, default=None)
+    parser.add_argument("--max-generated", type=int, default=2**62)
     cli.add_arguments(parser)
     parser.set_defaults(
         port=0,
@@ -37,6 +38,7 @@ def main() -> int:
         args.fail,
         args.load_seconds,
         args.fail_after_steps,
+        args.max_generated,
     )
     return cli.run(args, factory)
 

@@ -154,7 +154,6 @@ def test_legacy_functions_map_onto_tools(api):
         ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"tools": TOOLS, "functions": [TOOLS[0]["function"]]}, "functions"),
-        ({"tools": [TOOLS[0], TOOLS[0]]}, "tools"),
         ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format"),
         ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools"),
     ],
@@ -163,6 +162,21 @@ def test_tool_requests_that_cannot_be_served_are_a_400_naming_the_field(api, fie
     with pytest.raises(openai.BadRequestError) as info:
         api.chat.completions.create(model=TINY_NAME, messages=QUESTION, max_tokens=8, extra_body=fields)
     assert info.value.body["param"] == param
+
+
+def test_two_tools_of_one_name_are_served_and_a_forced_call_follows_one_of_them(api):
+    """As vLLM and llama.cpp's server do, duplicate names are not refused (the OpenAPI schema
+    cannot state uniqueness by a nested field): a call may follow either definition."""
+    twins = [TOOLS[0], {"type": "function", "function": {"name": "get_weather", "parameters": TIME}}]
+    for seed in range(4):
+        response = api.chat.completions.create(
+            model=TINY_NAME, messages=QUESTION, tools=twins, tool_choice="required", max_tokens=60, seed=seed,
+            temperature=1.0, parallel_tool_calls=False,
+        )  # fmt: skip
+        (call,) = response.choices[0].message.tool_calls
+        arguments = json.loads(call.function.arguments)
+        assert call.function.name == "get_weather"
+        jsonschema.validate(arguments, {"anyOf": [WEATHER, TIME]})
 
 
 @pytest.mark.parametrize("name", list(FORMATS))

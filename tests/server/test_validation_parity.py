@@ -44,7 +44,7 @@ CASES = [
     ("two kinds of structured output", {"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs"),
     ("truncate_prompt_tokens = 2", {"truncate_prompt_tokens": 2}, None),
     ("prompt of max_model_len tokens", {"prompt": [5] * MAX_MODEL_LEN}, "prompt"),  # the layers disagreed
-    ("max_tokens beyond the room", {"prompt": [5] * 60, "max_tokens": 5}, "max_tokens"),
+    ("max_tokens beyond the room", {"prompt": [5] * 60, "max_tokens": 5}, None),  # ends at the context
     ("prompt token outside the vocabulary", {"prompt": [5, VOCAB]}, "prompt"),
     ("repetition_penalty = 2", {"repetition_penalty": 2.0}, None),
     ("a tiny temperature with logit_bias", {"temperature": 1e-300, "logit_bias": {"5": 100.0}}, None),
@@ -115,3 +115,13 @@ def test_the_case_table_covers_every_bound():
     # token ids, bias values, choices and grammar texts are bounds inside a named parameter
     named = {param for _, _, param in CASES if param} | {"token_id", "logit_bias_value", "choice", "grammar"}
     assert set(BOUNDS) <= named, set(BOUNDS) - named
+
+
+@pytest.mark.slow
+def test_max_tokens_beyond_the_room_ends_at_the_context_in_both(offline, http):
+    """As llama.cpp's server does: the choice gets the room there is and ends with "length"."""
+    fields = {"prompt": [5] * (MAX_MODEL_LEN - 4), "max_tokens": 50, "ignore_eos": True}
+    (result,) = offline.generate([fields["prompt"]], SamplingParams(max_tokens=50, ignore_eos=True), use_tqdm=False)
+    assert len(result.outputs[0].token_ids) == 4 and result.outputs[0].finish_reason == "length"
+    body = httpx.post(f"{http.base_url}/v1/completions", json={"model": "tiny", **fields}, timeout=60).json()
+    assert body["usage"]["completion_tokens"] == 4 and body["choices"][0]["finish_reason"] == "length"
