@@ -41,8 +41,8 @@ class ServerProcess:
         threading.Thread(target=self._read, daemon=True).start()
 
     @classmethod
-    def real(cls, artifact: Path | str, *flags: str) -> ServerProcess:
-        return cls([sys.executable, "-m", "ortserve.cli", "serve", str(artifact), "--port", "0", *flags])
+    def real(cls, artifact: Path | str, *flags: str, env: dict[str, str] | None = None) -> ServerProcess:
+        return cls([sys.executable, "-m", "ortserve.cli", "serve", str(artifact), "--port", "0", *flags], env)
 
     @classmethod
     def fake(cls, tokenizer_dir: Path | str, *flags: str) -> ServerProcess:

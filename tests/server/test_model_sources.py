@@ -31,9 +31,8 @@ def transformers_greedy(checkpoint: Path, prompt: list[int], n: int) -> list[int
 
 
 def serve(model: Path, cache: Path, *flags: str) -> ServerProcess:
-    proc = ServerProcess(
-        ServerProcess.real(model, "--served-model-name", "m", "--threads-bind", "nobind", *flags).argv,
-        env={"ORTSERVE_CACHE_DIR": str(cache)},
+    proc = ServerProcess.real(
+        model, "--served-model-name", "m", "--threads-bind", "nobind", *flags, env={"ORTSERVE_CACHE_DIR": str(cache)}
     )
     proc.wait_ready(600)
     return proc
