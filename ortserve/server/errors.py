@@ -22,6 +22,7 @@ from litestar.exceptions import (
 from .responses import ErrorInfo, ErrorResponse
 
 logger = logging.getLogger("ortserve.server")
+CLIENT_LEFT_MID_BODY = "client disconnected prematurely"  # Litestar's InternalServerException detail
 
 
 class APIError(Exception):
@@ -127,6 +128,9 @@ def handle_http_exception(_: Request, exc: HTTPException) -> Response[ErrorRespo
             param=None,
             code="request_too_large",
         )
+    if exc.detail == CLIENT_LEFT_MID_BODY:  # nobody reads the answer; not a server error either
+        logger.info("a client disconnected before its request body arrived")
+        return error_response(400, "the client disconnected before the request body arrived")
     if status >= 500:
         return error_response(status, internal_error_message(exc))
     detail = exc.detail or HTTPStatus(status).phrase

@@ -5,6 +5,7 @@ is empty afterwards, and the server's memory stays flat over the soak."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 from collections import Counter
@@ -50,14 +51,20 @@ async def one_request(client: httpx.AsyncClient, rng: random.Random, tally) -> s
         async with asyncio.timeout(cancel_after) if cancel_after else asyncio.timeout(120):
             response = await client.post("/v1/completions", json=body)
             text = response.text
-        outcome = (
-            "completed" if response.status_code == 200 and '"error"' not in text else f"HTTP {response.status_code}"
-        )
+        failed = response.status_code != 200 or any("error" in event for event in events(text, body["stream"]))
+        outcome = f"HTTP {response.status_code}" if failed else "completed"
         tally.response(outcome, time.monotonic() - started, text)
     except TimeoutError:
         outcome = "cancelled by the client" if cancel_after else "timed out"
         tally.response(outcome)
     return outcome
+
+
+def events(text: str, stream: bool) -> list[dict]:
+    """The response's JSON objects: the body, or each SSE event (a generated "error" is text, not one)."""
+    if not stream:
+        return [json.loads(text)]
+    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
 
 
 async def load(base_url: str, count: int, concurrency: int, seed: int, tally) -> Counter[str]:

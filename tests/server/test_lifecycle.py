@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 import threading
 import time
 
@@ -177,6 +178,22 @@ def test_non_streaming_disconnect_aborts_the_request(fake_server):
         )
     )
     assert after["ortserve:num_requests_running"] == 0
+
+
+def test_a_client_that_leaves_mid_body_is_no_internal_error(start_fake):
+    """Litestar raises a 500-class exception when the body stops short; that is the client's doing."""
+    fake_server = start_fake("--log-level", "info", "--api-key", API_KEY)
+    host, port = fake_server.base_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as conn:
+        conn.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Authorization: Bearer {API_KEY}\r\nContent-Length: 1000\r\n\r\n".encode()
+            + b'{"prompt": "a b'
+        )
+        time.sleep(0.3)
+    wait_for(lambda: "disconnected before its request body arrived" in fake_server.output, timeout=10)
+    assert "internal error" not in fake_server.output
+    assert httpx.get(f"{fake_server.base_url}/health").status_code == 200
 
 
 def test_body_above_the_limit_is_413(fake_server):
