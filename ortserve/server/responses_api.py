@@ -31,7 +31,7 @@ from .request_log import RequestLog
 from .response_items import ResponseEvents, ResponseObject, call_item, message_item
 from .responses import random_id
 from .streams import EventStream, SampleTotals, until_disconnected
-from .structured import JsonObjectFormat, TextFormat
+from .structured import JsonObjectFormat, JsonSchemaObject, TextFormat
 from .tools import FunctionName
 
 STRICT = ConfigDict(extra="ignore", strict=True)
@@ -73,7 +73,7 @@ class FunctionToolParam(BaseModel):
     type: Literal["function"]
     name: FunctionName
     description: Annotated[str, Field(max_length=8192)] | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: JsonSchemaObject | None = None
     strict: bool | None = None
 
 
@@ -88,7 +88,7 @@ class JsonSchemaText(BaseModel):
     type: Literal["json_schema"]
     name: Annotated[str, Field(max_length=64)] = "response"
     description: str | None = None
-    schema_: dict[str, Any] = Field(alias="schema")
+    schema_: JsonSchemaObject = Field(alias="schema")
     strict: bool | None = None
 
 

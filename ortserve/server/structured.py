@@ -37,11 +37,13 @@ def _text(language: str) -> Any:
 
 
 RegexText, GrammarText, SchemaText = _text(REGEX_FORMAT), _text(GRAMMAR_FORMAT), _text(JSON_SCHEMA_TEXT_FORMAT)
+JSON_SCHEMA_FORMAT = "json-schema"  # an object that is a JSON schema (of the keywords llguidance implements)
+JsonSchemaObject = Annotated[dict[str, Any], Field(json_schema_extra={"format": JSON_SCHEMA_FORMAT})]
 Choice = Annotated[
     list[Annotated[str, Field(max_length=BOUNDS["choice"].max_length)]],
     Field(min_length=1, max_length=BOUNDS["choice"].max_items),
 ]
-Schema = dict[str, Any] | SchemaText  # a JSON schema, or its JSON text
+Schema = JsonSchemaObject | SchemaText  # a JSON schema, or its JSON text
 REJECTED = "the grammar compiler rejected it"  # in every 400 about a grammar's content
 
 
@@ -59,7 +61,7 @@ class JsonSchema(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
     name: Annotated[str, Field(max_length=64)] = "response"
     description: str | None = None
-    schema_: dict[str, Any] | None = Field(None, alias="schema", description="The JSON schema; absent = any object")
+    schema_: JsonSchemaObject | None = Field(None, alias="schema", description="The JSON schema; absent = any object")
     strict: bool | None = Field(None, description="Accepted either way: the schema is always enforced")
 
 

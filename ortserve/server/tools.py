@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ortserve.sampling_params import StructuredOutputs
 
 from .errors import BadRequest
+from .structured import JsonSchemaObject
 from .tool_parsers import FORMATS, ToolCallExtractor, ToolFormat, format_for_template
 
 FORBID = ConfigDict(extra="forbid", strict=True)
@@ -32,7 +33,7 @@ class FunctionDefinition(BaseModel):
     model_config = FORBID
     name: FunctionName
     description: Annotated[str, Field(max_length=8192)] | None = None
-    parameters: dict[str, Any] | None = Field(None, description="JSON schema of the arguments object")
+    parameters: JsonSchemaObject | None = Field(None, description="JSON schema of the arguments object")
     strict: bool | None = Field(None, description="Accepted either way; forced calls always follow the schema")
 
 

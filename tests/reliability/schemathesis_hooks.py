@@ -3,6 +3,9 @@
 - Formats. Whether a text compiles is no JSON Schema keyword, so the schema names each text's
   language by ``format`` (ortserve/server/structured.py); these strategies write valid texts of
   each, as schemathesis's documentation says to do for a custom format.
+  Objects that are JSON schemas say ``format: json-schema``; schemathesis registers formats of
+  strings only, so the generator's copy describes them instead (JSON_SCHEMA_SHAPE: schemas of the
+  kinds clients send, each of which compiles).
   schemathesis's coverage phase uses a format's strategy only for a bare ``{type, format}``, so
   the generator's copy of the schema leaves out these texts' ``maxLength`` (65,536 characters,
   which the strategies' texts never approach; tests/server checks that bound).
@@ -69,23 +72,43 @@ FORMATS = {"llguidance-regex": REGEX, "llguidance-grammar": GRAMMAR, "json-schem
 for name, strategy in FORMATS.items():
     schemathesis.openapi.format(name, strategy)
 
+_PROPERTY = {
+    "type": "object",
+    "properties": {"type": {"enum": ["string", "integer", "boolean", "number"]}},
+    "required": ["type"],
+    "additionalProperties": False,
+}
+JSON_SCHEMA_SHAPE = {
+    "type": "object",
+    "properties": {
+        "type": {"enum": ["string", "integer", "number", "boolean", "object", "array"]},
+        "description": {"type": "string", "maxLength": 20},
+        "properties": {"type": "object", "maxProperties": 3, "additionalProperties": _PROPERTY},
+        "required": {"type": "array", "maxItems": 2, "items": {"type": "string", "maxLength": 5}},
+    },
+    "additionalProperties": False,
+}
 RELAXED = {"/v1/chat/completions": "ChatCompletionRequest"}  # operation -> its body's schema
-AS_SERVED = "x-as-served"  # where the unrelaxed copies wait for the filter
+AS_SERVED = "x-as-served"  # the components as served, for the filter
 
 
 @schemathesis.hook
 def before_load_schema(context: Any, raw_schema: dict[str, Any]) -> None:
     schemas = raw_schema["components"]["schemas"]
-    raw_schema[AS_SERVED] = {name: copy.deepcopy(schemas[name]) for name in RELAXED.values()}
+    raw_schema[AS_SERVED] = copy.deepcopy(raw_schema["components"])
     for name in RELAXED.values():
         schemas[name].pop("allOf")
     bare_formats(schemas)
 
 
 def bare_formats(node: Any) -> None:
+    """The generator's copy: format texts without maxLength, JSON-schema objects as their shape."""
     if isinstance(node, dict):
         if isinstance(node.get("format"), str) and node["format"] in FORMATS:
             node.pop("maxLength", None)
+        if node.get("format") == "json-schema":
+            node.clear()
+            node.update(copy.deepcopy(JSON_SCHEMA_SHAPE))
         for child in node.values():
             bare_formats(child)
     elif isinstance(node, list):
@@ -95,16 +118,17 @@ def bare_formats(node: Any) -> None:
 
 @schemathesis.hook
 def filter_case(context: Any, case: Any) -> bool:
+    """A positive case must be valid against the schema as served (and name a listed tool); a
+    negative one invalid against it (the generator's copy is narrower for JSON-schema objects)."""
     body = case.body
-    if case.meta is None or not case.meta.generation.mode.is_positive or not isinstance(body, dict):
+    if case.meta is None or not isinstance(body, dict) or "requestBody" not in case.operation.definition.raw:
         return True
-    name = RELAXED.get(case.operation.path)
-    if name is not None:
-        raw = case.operation.schema.raw_schema
-        served = {**raw[AS_SERVED][name], "components": raw["components"]}
-        if not jsonschema.Draft202012Validator(served).is_valid(body):
-            return False
-    return names_a_listed_tool(body)
+    media = case.operation.definition.raw["requestBody"]["content"]["application/json"]["schema"]
+    served = {**media, "components": case.operation.schema.raw_schema[AS_SERVED]}
+    valid = jsonschema.Draft202012Validator(served).is_valid(body)
+    if case.meta.generation.mode.is_positive:
+        return valid and names_a_listed_tool(body)
+    return not valid
 
 
 def names_a_listed_tool(body: dict[str, Any]) -> bool:

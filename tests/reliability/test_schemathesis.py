@@ -47,6 +47,8 @@ def test_schemathesis_finds_no_server_error_and_no_unexplained_rejection(start_f
             sys.executable,
             "-m",
             "schemathesis.cli",
+            "--config-file",
+            str(Path(__file__).parent / "schemathesis.toml"),
             "run",
             f"{proc.base_url}/schema/openapi.json",
             "--checks",
@@ -103,5 +105,7 @@ def failed_checks(report) -> dict[str, list[str]]:
                     if "$base64" in content
                     else json.dumps(content)
                 )
-                failures.setdefault(check["name"], []).append(f"{response.get('status_code')} {body[:1000]}")
+                request = recorder.get("interactions", {}).get(case_id, {}).get("request") or {}
+                sent = f"{request.get('uri')} {str(request.get('body'))[:1500]}"  # base64 when not text
+                failures.setdefault(check["name"], []).append(f"{response.get('status_code')} {body[:1000]} <- {sent}")
     return failures
