@@ -30,6 +30,7 @@ from .protocol import MAX_MESSAGES, ChatCompletionRequest, ContentText, RequestM
 from .request_log import RequestLog
 from .response_items import ResponseEvents, ResponseObject, call_item, message_item
 from .responses import random_id
+from .schema_rules import FORCED_TOOL, needs_nonempty
 from .streams import EventStream, SampleTotals, until_disconnected
 from .structured import JsonObjectFormat, JsonSchemaObject, TextFormat
 from .tools import FunctionName
@@ -97,7 +98,6 @@ class TextConfig(BaseModel):
     format: Annotated[TextFormat | JsonObjectFormat | JsonSchemaText, Field(discriminator="type")] | None = None
 
 
-FORCED = {"anyOf": [{"const": "required"}, {"type": "object"}]}
 JSON_TEXT = {
     "type": "object",
     "properties": {"format": {"type": "object", "properties": {"type": {"enum": ["json_object", "json_schema"]}}}},
@@ -113,13 +113,10 @@ class ResponsesRequest(RequestModel):
         strict=True,
         json_schema_extra={
             "allOf": [
-                {
-                    "if": {"properties": {"tool_choice": FORCED}, "required": ["tool_choice"]},
-                    "then": {"properties": {"tools": {"type": "array", "minItems": 1}}, "required": ["tools"]},
-                },
+                needs_nonempty("tool_choice", FORCED_TOOL, "tools"),
                 {
                     "not": {
-                        "properties": {"tool_choice": FORCED, "text": JSON_TEXT},
+                        "properties": {"tool_choice": FORCED_TOOL, "text": JSON_TEXT},
                         "required": ["tool_choice", "text"],
                     }
                 },
