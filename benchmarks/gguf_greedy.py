@@ -31,7 +31,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from runners.common import BENCH_DIR, PEERS_PY, RESULTS
+from runners.common import BENCH_DIR, PEERS_PY, RESULTS, kernel_isa
 
 GEMMA = "gemma-3-270m-q4_k_m.gguf"
 GEMMA_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
@@ -191,7 +191,7 @@ def main() -> int:
     lines = [
         "## A real GGUF: greedy completions equal llama.cpp's",
         "",
-        f"`python benchmarks/gguf_greedy.py`: `ortserve serve {path.name}` (first start, export included: "
+        f"`python benchmarks/gguf_greedy.py` on {kernel_isa()}: `ortserve serve {path.name}` (first start, export included: "
         f"{ready:.0f} s) vs llama-cpp-python on the same file; prompts tokenised by llama.cpp and sent as ids, "
         f"{args.max_tokens} tokens greedy. Equal: {sum(r['equal'] for r in rows)} of {len(rows)}; ortserve's "
         f"tokenizer gives llama.cpp's ids for {sum(r['same_ids'] for r in rows)} of {len(rows)} prompts. Where the "
