@@ -9,8 +9,9 @@ qwen2.5-0.5b-shape (random, built by make_qwen_shape.py). Workloads: decode, pre
 serve-c1, serve-c4, serve-c16, serve-c32, shared-prefix.
 
 Resumable: each (model, system, precision, workload) result is a record under
-benchmarks/results/compare/; existing records are skipped unless --force, so a long run can be
-stopped and picked up, or done in parts. The report always covers every record on disk.
+benchmarks/results/compare/<isa>/ (one folder per kind of CPU: a run on an AVX2 machine replaces
+only AVX2 records); existing records are skipped unless --force, so a long run can be stopped and
+picked up, or done in parts. The report covers every record on disk, one part per ISA.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata as md
 import json
+import platform
 import subprocess
 import sys
 import time
@@ -37,7 +39,6 @@ from runners.common import (
     WORKLOADS,
     cpu_flags,
     load_model,
-    load_records,
     record_path,
     wait_idle,
 )
@@ -85,6 +86,8 @@ def machine(force: bool) -> dict:
     print("measuring memory bandwidth (benchmarks/membw.py)...", flush=True)
     info = {"membw": membw.measure(2.0, [1, 2], 5), "versions": versions(), "cpu_flags": cpu_flags()}
     info["cpu"] = report.cpu_lines()
+    info["ram"] = next(line.split(":")[1].strip() for line in open("/proc/meminfo") if line.startswith("MemTotal"))
+    info["kernel"] = platform.release()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(info, indent=1))
     return info
@@ -178,9 +181,9 @@ def main() -> int:
     p.add_argument("--results-md", type=Path, default=BENCH_DIR / "RESULTS.md")
     args = p.parse_args()
 
-    info = machine(args.remeasure_machine)
     failures = []
     if not args.report_only:
+        machine(args.remeasure_machine)
         started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         if PEER_SYSTEMS & set(args.systems) and not PEERS_PY.exists():
             print(f"peers venv missing ({PEERS_PY}): run `bash benchmarks/peers/setup.sh`; skipping peers")
@@ -192,9 +195,9 @@ def main() -> int:
             set(getattr(args, f)) == set(p.get_default(f)) for f in ("systems", "models", "workloads", "precisions")
         )
         write_run(started, failures, forced_all=args.force and everything)
-    records = load_records()
-    report.write(records, info, args.results_md, recorded_runs())
-    print(f"wrote {args.results_md} ({len(records)} records)")
+    parts = report.isa_runs()
+    report.write(args.results_md, parts)
+    print(f"wrote {args.results_md} ({', '.join(f'{p.isa}: {len(p.records)} records' for p in parts)})")
     for f in failures:
         print(f"failed: {f}")
     return 1 if failures else 0

@@ -20,7 +20,7 @@ from runners.neighbours import Meter
 
 BENCH_DIR = Path(__file__).resolve().parent.parent
 RESULTS = BENCH_DIR / "results"
-RECORDS = RESULTS / "compare"
+COMPARE = RESULTS / "compare"  # one folder of records per kernel ISA: compare/avx2/, compare/avx-512-vnni-bf16/
 PEER_MODELS = RESULTS / "peer-models"
 PEERS_VENV = Path(os.environ.get("PEERS_VENV", BENCH_DIR / ".venv-peers"))
 PEERS_PY = PEERS_VENV / "bin" / "python"
@@ -98,6 +98,14 @@ def kernel_isa() -> str:
     return "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "SSE"
 
 
+def isa_folder(isa: str) -> Path:
+    """Where the records of runs on ``isa`` live: runs on one kind of CPU replace only their own."""
+    return COMPARE / isa.lower().replace("+", "-")
+
+
+RECORDS = isa_folder(kernel_isa())
+
+
 def record_path(model: str, system: str, precision: str, workload: str) -> Path:
     return RECORDS / model / f"{system}--{precision}" / f"{workload}.json"
 
@@ -161,8 +169,8 @@ PRIMARY = {
 KEEP_BEST = False
 
 
-def load_records() -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(RECORDS.glob("*/*/*.json"))]
+def load_records(folder: Path = RECORDS) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(folder.glob("*/*/*.json"))]
 
 
 def wait_idle(max_load: float, timeout: float) -> float:

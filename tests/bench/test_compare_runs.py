@@ -26,7 +26,7 @@ def test_runs_are_listed_in_order_and_a_full_forced_run_starts_afresh(tmp_path, 
     assert runs[1]["failures"] == ["smollm2-135m / llama.cpp int4: boom"]
 
     results = tmp_path / "RESULTS.md"
-    report.write([], {"membw": {}, "versions": {}}, results, runs)
+    report.write(results, [report.IsaRun("AVX2", [], {"membw": {}, "versions": {}}, runs)])
     text = results.read_text()
     assert "1. `python benchmarks/compare.py --force`, t0 to " in text
     assert "2. `python benchmarks/compare.py --force --models smollm2-135m`, t1 to " in text
