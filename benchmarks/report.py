@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -284,17 +285,17 @@ class IsaRun:
 
 def isa_runs() -> list[IsaRun]:
     """Every ISA folder with records, the most recently run first."""
-    import json
+
+    def read(path: Path, empty):
+        return json.loads(path.read_text()) if path.is_file() else empty
 
     found = []
-    for folder in sorted(p for p in COMPARE.iterdir() if p.is_dir()) if COMPARE.is_dir() else []:
+    for folder in sorted(COMPARE.glob("*/")):
         records = load_records(folder)
-        if not records:
-            continue
-        machine = json.loads((folder / "machine.json").read_text()) if (folder / "machine.json").is_file() else {}
-        runs = json.loads((folder / "run.json").read_text()) if (folder / "run.json").is_file() else []
-        found.append(IsaRun(records[0].get("isa", folder.name), records, machine, runs))
-    return sorted(found, key=lambda run: max((r.get("when", "") for r in run.records), default=""), reverse=True)
+        if records:
+            isa = records[0].get("isa", folder.name)
+            found.append(IsaRun(isa, records, read(folder / "machine.json", {}), read(folder / "run.json", [])))
+    return sorted(found, key=lambda run: max(r.get("when", "") for r in run.records), reverse=True)
 
 
 def write(path: Path, parts: list[IsaRun]) -> None:
