@@ -26,11 +26,6 @@ from runners.common import BENCH_DIR, PEERS_PY, kernel_isa
 
 TABLE = BENCH_DIR / "tables" / "gguf_rounding.md"
 VEC_DOT = {"Q4_0": "q8_0", "Q5_0": "q8_0", "Q8_0": "q8_0", "Q4_K": "q8_k", "Q5_K": "q8_k", "Q6_K": "q8_k"}
-HF_TO_GGUF = {
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-}  # fmt: skip
 
 
 def q8_0(x):
@@ -66,20 +61,18 @@ def gelu_fp16_table(x):
 
 def emulate_llama_cpp(model, gguf_types: dict[str, str]) -> None:
     """Round each linear's input as llama.cpp's vec_dot type for that weight does; fp16 GELU table."""
+    import gguf
     import torch
 
     class TableGelu(torch.nn.Module):
         def forward(self, x):
             return gelu_fp16_table(x)
 
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA3, len(model.model.layers))  # HF -> GGUF, gguf's own
     for name, module in model.named_modules():
         if not isinstance(module, torch.nn.Linear):
             continue
-        if name == "lm_head":
-            kind = gguf_types["token_embd"]
-        else:
-            layer, path = name.split(".layers.")[1].split(".", 1)
-            kind = gguf_types[f"blk.{layer}.{HF_TO_GGUF[path]}"]
+        kind = gguf_types["token_embd" if name == "lm_head" else names.get_name(name)]
         rounding = q8_0 if VEC_DOT[kind] == "q8_0" else q8_k
         module.register_forward_pre_hook(lambda _m, args, f=rounding: (f(args[0]),))
     for layer in model.model.layers:
