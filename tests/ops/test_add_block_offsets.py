@@ -30,7 +30,7 @@ def session(block_size: int | None) -> ort.InferenceSession:
     return make_session(op_model(graph))
 
 
-@pytest.mark.parametrize("rows", [1, 3, 64])
+@pytest.mark.parametrize("rows", [1, 3, 64, 150])
 @pytest.mark.parametrize("k,n,block_size", [(576, 1728, 32), (64, 600, 16), (256, 17, 256)])
 def test_matches_the_numpy_reference(rows, k, n, block_size):
     rng = np.random.default_rng(rows + k)
