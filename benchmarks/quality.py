@@ -27,6 +27,13 @@ from gguf_greedy import gemma_file
 from runners.common import BENCH_DIR, LLAMA_BIN, PEERS_PY, RESULTS, kernel_isa
 
 WORK = RESULTS / "quality"
+GEMMA_NOTE = (
+    "On Gemma-3-270m, llama.cpp's Q4_K_M is not 4-bit in most layers: K-quants need rows of a multiple of"
+    " 256 and Gemma's are 640, so `llama-quantize` falls back to Q5_0 for q, k, gate, up and half of v "
+    "(Q8_0 for the other half of v, Q6_K for half of down, Q4_K only for o and the other half of down), "
+    "as the PyPI file itself does. ortserve int4 puts every linear but the LM head on a 4-bit grid, and "
+    "here re-quantises that 5-bit mix; ortserve int8 and the file's own codes are the like-for-like rows."
+)
 TABLE = BENCH_DIR / "tables" / "quality.md"
 
 
@@ -131,6 +138,8 @@ def main() -> int:
         "`ortserve serve FILE.gguf` serves them. Weights: `model.onnx.data` or the GGUF file, including the "
         "embedding. The numbers are deterministic on one machine, but the int8-activation kernels differ by ISA "
         "(VNNI or AVX2), so each ISA has its rows; a run replaces only its own ISA's.",
+        "",
+        GEMMA_NOTE,
         "",
         "| model | system | ISA | weights MiB | top-1 agreement | perplexity | fp32 perplexity | ratio |",
         "|---|---|---|---|---|---|---|---|",

@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,6 +67,20 @@ def weight_bytes(system: str, precision: str, model_name: str) -> int | None:
     return None
 
 
+def weights_of(records: list[dict]) -> Callable[[str, str, str], int | None]:
+    """weight_bytes(system, precision, model) as its decode record stored it, else from the files."""
+    stored = {
+        (r["system"], r["precision"], r["model"]): r["metrics"].get("weight_bytes")
+        for r in records
+        if r["workload"] == "decode"
+    }
+
+    def lookup(system: str, precision: str, model_name: str) -> int | None:
+        return stored.get((system, precision, model_name)) or weight_bytes(system, precision, model_name)
+
+    return lookup
+
+
 def cpu_lines() -> list[str]:
     """lscpu's model, core and cache lines."""
     out = subprocess.run(
@@ -99,9 +114,10 @@ def decode_table(records: list[dict], bandwidth: float | None) -> list[str]:
         "| system | precision | ISA | decode tok/s | prompt tok/s (128) | weights read / token | read GB/s | roofline tok/s | of roofline |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
+    weights = weights_of(records)
     for r in rows:
         m = r["metrics"]
-        wb = weight_bytes(r["system"], r["precision"], r["model"])
+        wb = weights(r["system"], r["precision"], r["model"])
         bw = m.get("bandwidth_GBps") or bandwidth
         roof = roofline_tok_s(bw, wb) if wb and bw else None
         frac = m.get("decode_tok_s") / roof if roof and m.get("decode_tok_s") else None
@@ -364,7 +380,7 @@ def isa_part(part: IsaRun) -> list[str]:
         if not recs:
             continue
         bw, name = part.bandwidth, f"{model}, {part.isa}"
-        lines += [f"### {name}", "", "#### Targets (issue 14)", ""] + targets(recs, bw, weight_bytes) + [""]
+        lines += [f"### {name}", "", "#### Targets (issue 14)", ""] + targets(recs, bw, weights_of(recs)) + [""]
         lines += ["#### Single-stream decode (128 in, 128 out)", ""] + decode_table(recs, bw) + [""]
         lines += ["#### Prompt processing (one 512-token prompt)", ""] + prefill_table(recs) + [""]
         lines += ["#### Serving (128 in, 128 out, random)", ""] + serving_table(recs) + [""]

@@ -120,13 +120,16 @@ def record(
     raw: Path | None = None,
     notes: str = "",
 ) -> dict:
-    """Save one result. A decode result also gets the read bandwidth measured right after it: on a
-    shared host it swings by 2x with the neighbours' load, and the roofline must use the same."""
+    """Save one result. A decode result also gets the read bandwidth measured right after it (on a
+    shared host it swings by 2x with the neighbours' load, and the roofline must use the same) and
+    the weight bytes its system reads per token."""
     if workload.kind == "decode":
         import membw
+        from report import weight_bytes
 
         bw = membw.measure(0.5, [1, 2], 3)["threads"]
         metrics["bandwidth_GBps"] = max(v for t in bw.values() for k, v in t.items() if k.startswith("read"))
+        metrics["weight_bytes"] = weight_bytes(system, precision, model)  # the files may be gone at report time
     rec = dict(
         model=model,
         system=system,
