@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -15,18 +16,26 @@ using Ort::Custom::Tensor;
 using SumsFn = void (*)(const float*, float*, int64_t, int64_t, int64_t);
 using ColumnsFn = void (*)(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t,
                            int64_t);
+using HalfColumnsFn = void (*)(const float*, const float*, const uint16_t*, float*, int64_t, int64_t, int64_t,
+                               int64_t, int64_t);
+using HalfRowsFn = void (*)(const uint16_t*, float*, int64_t);
 
 struct Kernels {
   SumsFn sums;
   ColumnsFn columns;
+  HalfColumnsFn half_columns;
+  HalfRowsFn half_rows;
 };
 
 Kernels PickKernels() {
 #ifdef ORTSERVE_GENERIC_KERNEL_ONLY
-  return {generic::BlockSums, generic::AddOffsetColumns};
+  return {generic::BlockSums, generic::AddOffsetColumns, generic::AddHalfOffsetColumns, generic::HalfRowsToFloats};
 #else
   return {PickBuild<SumsFn>(avx512::BlockSums, avx2::BlockSums, generic::BlockSums),
-          PickBuild<ColumnsFn>(avx512::AddOffsetColumns, avx2::AddOffsetColumns, generic::AddOffsetColumns)};
+          PickBuild<ColumnsFn>(avx512::AddOffsetColumns, avx2::AddOffsetColumns, generic::AddOffsetColumns),
+          PickBuild<HalfColumnsFn>(avx512::AddHalfOffsetColumns, avx2::AddHalfOffsetColumns,
+                                   generic::AddHalfOffsetColumns),
+          PickBuild<HalfRowsFn>(avx512::HalfRowsToFloats, avx2::HalfRowsToFloats, generic::HalfRowsToFloats)};
 #endif
 }
 
@@ -37,11 +46,14 @@ Kernels PickKernels() {
 constexpr int64_t kColumnsPerTask = 256, kRowsPerTask = 64, kSerialWork = 32768;
 constexpr int64_t kDecodeRows = 4, kDecodeColumnsPerTask = 512;
 
+// out = y + sums @ offsets over one tile; fp16 offsets (half) are read as they are by decode and
+// converted to floats once (offsets) for more rows.
 struct Job {
   const float *y, *sums, *offsets;
+  const uint16_t* half;
   float* out;
   int64_t T, nb, N;
-  ColumnsFn run;
+  const Kernels* kernels;
   int64_t width = T <= kDecodeRows ? kDecodeColumnsPerTask : kColumnsPerTask;  // columns per task
 
   int64_t ColumnTiles() const { return (N + width - 1) / width; }
@@ -53,11 +65,18 @@ void RunTask(void* data, size_t task) {
   const int64_t tile = static_cast<int64_t>(task);
   const int64_t t0 = tile / job->ColumnTiles() * kRowsPerTask, rows = std::min(kRowsPerTask, job->T - t0);
   const int64_t n0 = tile % job->ColumnTiles() * job->width, n1 = std::min(n0 + job->width, job->N);
-  job->run(job->y + t0 * job->N, job->sums + t0 * job->nb, job->offsets, job->out + t0 * job->N, rows, job->nb,
-           job->N, n0, n1);
+  const float *y = job->y + t0 * job->N, *sums = job->sums + t0 * job->nb;
+  float* out = job->out + t0 * job->N;
+  if (job->offsets != nullptr)
+    job->kernels->columns(y, sums, job->offsets, out, rows, job->nb, job->N, n0, n1);
+  else
+    job->kernels->half_columns(y, sums, job->half, out, rows, job->nb, job->N, n0, n1);
 }
 
+template <typename OffsetT>
 struct AddBlockOffsets {
+  static_assert(std::is_same_v<OffsetT, float> || std::is_same_v<OffsetT, Ort::Float16_t>);
+
   AddBlockOffsets(const OrtApi* api, const OrtKernelInfo* info) {
     if (OrtStatus* st = api->KernelInfoGetAttribute_int64(info, "block_size", &block_size_)) {
       api->ReleaseStatus(st);
@@ -66,7 +85,7 @@ struct AddBlockOffsets {
   }
 
   Ort::Status Compute(OrtKernelContext* context, const Tensor<float>& x, const Tensor<float>& y,
-                      const Tensor<float>& offsets, Tensor<float>& out) {
+                      const Tensor<OffsetT>& offsets, Tensor<float>& out) {
     if (block_size_ <= 0)
       return Error("attribute 'block_size' is required and must be > 0 (got " + std::to_string(block_size_) + ")");
     const std::vector<int64_t>&xs = x.Shape(), &ys = y.Shape(), &os = offsets.Shape();
@@ -83,7 +102,17 @@ struct AddBlockOffsets {
     std::vector<float> sums(static_cast<size_t>(T * nb));
     kernels_.sums(x.Data(), sums.data(), T, xs[1], block_size_);
     float* result = out.Allocate({T, N});
-    Job job{y.Data(), sums.data(), offsets.Data(), result, T, nb, N, kernels_.columns};
+    Job job{y.Data(), sums.data(), nullptr, nullptr, result, T, nb, N, &kernels_};
+    std::vector<float> converted;
+    if constexpr (std::is_same_v<OffsetT, float>) {
+      job.offsets = offsets.Data();
+    } else if (T <= kDecodeRows) {
+      job.half = reinterpret_cast<const uint16_t*>(offsets.Data());
+    } else {
+      converted.resize(static_cast<size_t>(nb * N));
+      kernels_.half_rows(reinterpret_cast<const uint16_t*>(offsets.Data()), converted.data(), nb * N);
+      job.offsets = converted.data();
+    }
     const size_t tasks = job.Tasks();
     if (tasks > 1 && T * nb * N >= kSerialWork) {
       Ort::KernelContext(context).ParallelFor(RunTask, tasks, 0, &job);
@@ -111,10 +140,13 @@ struct AddBlockOffsets {
 
 namespace ortserve {
 
-Ort::Custom::OrtLiteCustomOp* AddBlockOffsetsOp() {
-  static std::unique_ptr<Ort::Custom::OrtLiteCustomOp> op{
-      Ort::Custom::CreateLiteCustomOp<AddBlockOffsets>("AddBlockOffsets", "CPUExecutionProvider", 1)};
-  return op.get();
+std::vector<Ort::Custom::OrtLiteCustomOp*> AddBlockOffsetsOps() {
+  using Ort::Custom::CreateLiteCustomOp;
+  static std::unique_ptr<Ort::Custom::OrtLiteCustomOp> f32{
+      CreateLiteCustomOp<AddBlockOffsets<float>>("AddBlockOffsets", "CPUExecutionProvider", 1)};
+  static std::unique_ptr<Ort::Custom::OrtLiteCustomOp> f16{
+      CreateLiteCustomOp<AddBlockOffsets<Ort::Float16_t>>("AddBlockOffsets", "CPUExecutionProvider", 1)};
+  return {f32.get(), f16.get()};
 }
 
 }  // namespace ortserve

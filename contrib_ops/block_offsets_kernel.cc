@@ -7,10 +7,14 @@
 #error "compile with -DORTSERVE_ISA=avx512|avx2|generic"
 #endif
 
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
 namespace ortserve {
 namespace ORTSERVE_ISA {
 
 namespace {
+
+#include "simd_math.h"  // HalvesToFloats: in this ISA's namespace
 
 constexpr int64_t kLanes = 8;         // partial sums per block: one vector of the narrowest ISA
 constexpr int64_t kStreamedRows = 4;  // up to this many rows, offsets stream in memory order
@@ -85,6 +89,28 @@ void AddOffsetColumns(const float* y, const float* sums, const float* offsets, f
     RowChunks<1>(y_row, s, offsets, out_row, nb, N, n, n1);
   }
 }
+
+// Decode with fp16 offsets: as the few-rows path above, each offsets row converted in chunks of
+// kHalfChunk floats on the way in (half the bytes read: the reason to store them as fp16).
+void AddHalfOffsetColumns(const float* y, const float* sums, const uint16_t* offsets, float* out, int64_t T,
+                          int64_t nb, int64_t N, int64_t n0, int64_t n1) {
+  constexpr int64_t kHalfChunk = 64;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t n = n0; n < n1; ++n) out[t * N + n] = y[t * N + n];
+  float row[kHalfChunk];
+  for (int64_t b = 0; b < nb; ++b)
+    for (int64_t n = n0; n < n1; n += kHalfChunk) {
+      const int64_t width = n1 - n < kHalfChunk ? n1 - n : kHalfChunk;
+      HalvesToFloats(offsets + b * N + n, row, width);
+      for (int64_t t = 0; t < T; ++t) {
+        const float weight = sums[t * nb + b];
+        float* out_row = out + t * N + n;
+        for (int64_t j = 0; j < width; ++j) out_row[j] += weight * row[j];
+      }
+    }
+}
+
+void HalfRowsToFloats(const uint16_t* halves, float* out, int64_t n) { HalvesToFloats(halves, out, n); }
 
 }  // namespace ORTSERVE_ISA
 }  // namespace ortserve

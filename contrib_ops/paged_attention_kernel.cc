@@ -22,7 +22,7 @@ namespace {
 constexpr int kChunk = 16;         // positions per online-softmax step
 constexpr float kMasked = -1e30f;  // score of a masked position (finite, so max - max is 0)
 
-#include "simd_math.h"  // V<W>, Splat, Max, Min, Exp, Softcap: in this ISA's namespace
+#include "simd_math.h"  // V<W>, Splat, Max, Min, Exp, Softcap, HalvesToFloats: in this ISA's namespace
 
 // Step d of a loop over D prefetches line d / 8 of row d % 8 of the next chunk's 8 raw cache rows,
 // while line d / 8 is inside the row (8 rows x row_bytes / 64 lines): spread out, the loads overlap
@@ -87,46 +87,11 @@ struct RowCursor {
   }
 };
 
-// half -> float, for the build without F16C: sign, exponent rebias, subnormals normalised.
-ALWAYS_INLINE float HalfToFloat(uint16_t h) {
-  const uint32_t sign = (uint32_t{h} & 0x8000u) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (mant << 13);  // inf, nan
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112) << 23) | (mant << 13);  // 112 = 127 - 15
-  } else if (mant == 0) {
-    bits = sign;
-  } else {  // subnormal: mant * 2^-24
-    float f = static_cast<float>(mant) * (1.f / 16777216.f);
-    __builtin_memcpy(&bits, &f, 4);
-    bits |= sign;
-  }
-  float f;
-  __builtin_memcpy(&f, &bits, 4);
-  return f;
-}
-
 // One raw cache row -> D floats in `out`.
 template <CacheType C>
 ALWAYS_INLINE void RowToFloats(const unsigned char* row, float* out, int64_t D) {
   if constexpr (C == CacheType::kF16) {
-    int64_t d = 0;
-#if defined(__F16C__)
-    for (; d + 8 <= D; d += 8) {
-      typedef short H8 __attribute__((vector_size(16)));
-      typedef float F8 __attribute__((vector_size(32)));
-      H8 h;
-      __builtin_memcpy(&h, row + 2 * d, 16);
-      const F8 f = __builtin_ia32_vcvtph2ps256(h);
-      __builtin_memcpy(out + d, &f, 32);
-    }
-#endif
-    for (; d < D; ++d) {
-      uint16_t h;
-      __builtin_memcpy(&h, row + 2 * d, 2);
-      out[d] = HalfToFloat(h);
-    }
+    HalvesToFloats(row, out, D);
   } else {  // kI8: codes, then the row's scale
     typedef int8_t C16 __attribute__((vector_size(16)));
     typedef float F16 __attribute__((vector_size(64)));

@@ -24,7 +24,7 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
     for (Ort::Custom::OrtLiteCustomOp* op : ortserve::PackedPagedAttentionOps()) domain.Add(op);
     domain.Add(ortserve::AppendBlockSumsOp());
     domain.Add(ortserve::GatedActivationOp());
-    domain.Add(ortserve::AddBlockOffsetsOp());
+    for (Ort::Custom::OrtLiteCustomOp* op : ortserve::AddBlockOffsetsOps()) domain.Add(op);
     Ort::UnownedSessionOptions(options).Add(domain);
     domains.push_back(std::move(domain));
   } catch (const std::exception& e) {

@@ -1,7 +1,7 @@
-// SIMD math shared by the per-ISA kernels (paged attention, gated activation), with GCC vector
+// SIMD math shared by the per-ISA kernels (paged attention, gated activation, block offsets), with GCC vector
 // extensions. Included INSIDE each kernel's ISA namespace (it has no includes of its own), so every
 // build gets its own copy compiled with its own -m flags and no inline function is shared between
-// builds. Needs ALWAYS_INLINE and <cstdint>'s int32_t from the includer.
+// builds. Needs ALWAYS_INLINE and <cstdint>'s integer types from the includer.
 
 template <int W>
 struct V {
@@ -34,4 +34,45 @@ ALWAYS_INLINE F Exp(F x) {
 template <class F, class I>
 ALWAYS_INLINE F Softcap(F s, float c) {
   return (1.f - 2.f / (Exp<F, I>(s * (2.f / c)) + 1.f)) * c;
+}
+
+// half -> float, for the build without F16C: sign, exponent rebias, subnormals normalised.
+ALWAYS_INLINE float HalfToFloat(uint16_t h) {
+  const uint32_t sign = (uint32_t{h} & 0x8000u) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);  // inf, nan
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);  // 112 = 127 - 15
+  } else if (mant == 0) {
+    bits = sign;
+  } else {  // subnormal: mant * 2^-24
+    float f = static_cast<float>(mant) * (1.f / 16777216.f);
+    __builtin_memcpy(&bits, &f, 4);
+    bits |= sign;
+  }
+  float f;
+  __builtin_memcpy(&f, &bits, 4);
+  return f;
+}
+
+// n half floats (raw bytes, any alignment) -> n floats: 8 at a time with F16C where the build has it.
+ALWAYS_INLINE void HalvesToFloats(const void* halves, float* out, int64_t n) {
+  const unsigned char* in = static_cast<const unsigned char*>(halves);
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8) {
+    typedef short H8 __attribute__((vector_size(16)));
+    typedef float F8 __attribute__((vector_size(32)));
+    H8 h;
+    __builtin_memcpy(&h, in + 2 * i, 16);
+    const F8 f = __builtin_ia32_vcvtph2ps256(h);
+    __builtin_memcpy(out + i, &f, 32);
+  }
+#endif
+  for (; i < n; ++i) {
+    uint16_t h;
+    __builtin_memcpy(&h, in + 2 * i, 2);
+    out[i] = HalfToFloat(h);
+  }
 }

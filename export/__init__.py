@@ -15,7 +15,7 @@ from .pipeline import export_model
 
 # Bumped whenever the same SRC would export to a different artifact (graph or weights): caches
 # of exported artifacts (ortserve.models) key on it.
-EXPORTER_VERSION = 3
+EXPORTER_VERSION = 4  # 4: fp16 block offsets where exact
 
 __all__ = [
     "ARCHITECTURES",

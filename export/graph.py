@@ -33,7 +33,7 @@ from . import storage
 from .architectures import Architecture
 from .config import ModelSpec
 from .errors import ExportError
-from .quantize import ACCURACY_LEVEL, concat_rows, quantize
+from .quantize import ACCURACY_LEVEL, compact_offsets, concat_rows, quantize
 from .rope import rope_table
 from .weights import WeightJob, WeightSource
 
@@ -164,8 +164,8 @@ class DecoderBuilder:
             arrays = {f"{label}.qweight": q.packed, f"{label}.scales": q.scales}
             if plan.zero_points:
                 arrays[zero_points] = q.zero_points
-            if plan.offsets:  # [K / block, N]: the Gemm's B
-                arrays[offsets] = np.ascontiguousarray(q.offsets.T)  # type: ignore[union-attr]
+            if plan.offsets:  # [K / block, N]
+                arrays[offsets] = compact_offsets(np.ascontiguousarray(q.offsets.T))  # type: ignore[union-attr]
             if gather_too:
                 arrays[f"{label}.scales_3d"] = q.scales[..., None]
                 arrays[f"{label}.zero_points_3d"] = q.unpacked_zero_points()[..., None]

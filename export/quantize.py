@@ -144,6 +144,13 @@ def _on_min_grid(blocks: np.ndarray, levels: np.float32) -> tuple[np.ndarray, np
     return codes, scale, zero, (lo + scale * zero).astype(np.float32)
 
 
+def compact_offsets(offsets: np.ndarray) -> np.ndarray:
+    """Float block offsets as fp16 when fp16 holds every one exactly (Q4_1's and Q5_1's minimums are
+    fp16 in the file), else as they are: AddBlockOffsets reads them once per decode step."""
+    half = offsets.astype(np.float16)
+    return half if np.array_equal(half.astype(np.float32), offsets) else offsets
+
+
 def concat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight:
     """Weights of one format stacked along N (the parts of a fused linear)."""
     if len(parts) == 1:

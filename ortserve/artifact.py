@@ -18,9 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 FORMAT_VERSION = 1
 # The custom-op set the installed libortserve_ops.so provides: 1 = PagedAttention,
-# 2 = + AppendBlockSums, 3 = + PackedPagedAttention, GatedActivation, 4 = + AddBlockOffsets. An
-# artifact records the set its graph needs.
-OP_VERSION = 4
+# 2 = + AppendBlockSums, 3 = + PackedPagedAttention, GatedActivation, 4 = + AddBlockOffsets,
+# 5 = + AddBlockOffsets with fp16 offsets. An artifact records the set its graph needs.
+OP_VERSION = 5
 MANIFEST = "ortserve.json"
 MODEL_FILE = "model.onnx"
 # The tokenizer files an artifact copies from its checkpoint, chat template included (whichever exist).

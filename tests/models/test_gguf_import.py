@@ -116,6 +116,17 @@ def test_float_block_minimums_get_centred_integer_zero_points(tiny_gguf):
     assert (unpacked != 0).mean() > 0.9 and (unpacked > 4).mean() > 0.8
 
 
+@pytest.mark.parametrize("qtype,stored", [("Q4_1", np.float16), ("Q5_1", np.float16), ("Q4_K", np.float32)])
+def test_block_offsets_are_fp16_where_fp16_holds_them_exactly(qtype, stored, tiny_gguf):
+    """Q4_1 / Q5_1 minimums (and m + d * z with the centred zero point) are fp16 values: stored
+    as such they halve the offsets read per decode step. Q4_K's dmin * min[j] needs fp32. Either
+    way the weights stay exact (test_imported_weights_dequantise_bit_exactly_to_ggufs_own)."""
+    _, artifact = tiny_gguf(qtype)
+    model = onnx.load(artifact / "model.onnx", load_external_data=False)
+    kinds = {onnx.helper.tensor_dtype_to_np_dtype(t.data_type) for t in model.graph.initializer if ".offsets" in t.name}
+    assert kinds == {np.dtype(stored)}
+
+
 def run(artifact: Path) -> list[np.ndarray]:
     sequences = random_sequences(CONFIG["vocab"] - 2, [n + 3 for n in PROMPTS], seed=3)
     return teacher_forced_logits(PagedRunner(artifact, seed=5), sequences, PROMPTS)

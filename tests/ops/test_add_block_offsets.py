@@ -1,5 +1,6 @@
 """AddBlockOffsets (y + block_sums(x) @ offsets) matches its numpy reference for every shape the
-GGUF formats with float block minimums give, on any number of rows; bad input names itself."""
+GGUF formats with float block minimums give, on any number of rows, with fp32 or fp16 offsets;
+bad input names itself."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from paged_attention_harness import make_session, op_model
 import ortserve.ops
 
 
-def session(block_size: int | None) -> ort.InferenceSession:
+def session(block_size: int | None, offsets_type: int = TensorProto.FLOAT) -> ort.InferenceSession:
     attrs = {} if block_size is None else {"block_size": block_size}
     node = helper.make_node("AddBlockOffsets", ["x", "y", "offsets"], ["out"], domain=ortserve.ops.DOMAIN, **attrs)
     f = TensorProto.FLOAT
@@ -23,21 +24,24 @@ def session(block_size: int | None) -> ort.InferenceSession:
         [
             helper.make_tensor_value_info("x", f, ["T", "K"]),
             helper.make_tensor_value_info("y", f, ["T", "N"]),
-            helper.make_tensor_value_info("offsets", f, ["B", "N"]),
+            helper.make_tensor_value_info("offsets", offsets_type, ["B", "N"]),
         ],
         [helper.make_tensor_value_info("out", f, ["T", "N"])],
     )
     return make_session(op_model(graph))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
 @pytest.mark.parametrize("rows", [1, 3, 64, 150])
 @pytest.mark.parametrize("k,n,block_size", [(576, 1728, 32), (64, 600, 16), (256, 17, 256)])
-def test_matches_the_numpy_reference(rows, k, n, block_size):
+def test_matches_the_numpy_reference(rows, k, n, block_size, dtype):
+    """fp16 offsets: decode (up to 4 rows) converts them as they stream, more rows all at once."""
     rng = np.random.default_rng(rows + k)
     x = rng.normal(0.0, 1.0, (rows, k)).astype(np.float32)
     y = rng.normal(0.0, 1.0, (rows, n)).astype(np.float32)
-    offsets = rng.normal(0.0, 0.05, (k // block_size, n)).astype(np.float32)
-    got = session(block_size).run(None, {"x": x, "y": y, "offsets": offsets})[0]
+    offsets = rng.normal(0.0, 0.05, (k // block_size, n)).astype(dtype)
+    offsets_type = TensorProto.FLOAT16 if dtype == np.float16 else TensorProto.FLOAT
+    got = session(block_size, offsets_type).run(None, {"x": x, "y": y, "offsets": offsets})[0]
     np.testing.assert_allclose(got, reference(x, y, offsets, block_size), rtol=1e-5, atol=2e-5)
 
 
