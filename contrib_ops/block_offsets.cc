@@ -46,8 +46,8 @@ Kernels PickKernels() {
 constexpr int64_t kColumnsPerTask = 256, kRowsPerTask = 64, kSerialWork = 32768;
 constexpr int64_t kDecodeRows = 4, kDecodeColumnsPerTask = 512;
 
-// out = y + sums @ offsets over one tile; fp16 offsets (half) are read as they are by decode and
-// converted to floats once (offsets) for more rows.
+// out = y + sums @ offsets over one tile; fp16 offsets (half) are read as they are for up to one
+// tile of rows (decode batches) and converted to floats once (offsets) for a longer prefill chunk.
 struct Job {
   const float *y, *sums, *offsets;
   const uint16_t* half;
@@ -106,7 +106,7 @@ struct AddBlockOffsets {
     std::vector<float> converted;
     if constexpr (std::is_same_v<OffsetT, float>) {
       job.offsets = offsets.Data();
-    } else if (T <= kDecodeRows) {
+    } else if (T <= kRowsPerTask) {  // decode batches: read the halves once, as they stream
       job.half = reinterpret_cast<const uint16_t*>(offsets.Data());
     } else {
       converted.resize(static_cast<size_t>(nb * N));

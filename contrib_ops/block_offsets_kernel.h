@@ -9,8 +9,8 @@ namespace ortserve {
 
 // BlockSums: sums[t, b] = x[t, b * block_size : (b + 1) * block_size] summed, x [T, K], sums [T, K / block_size].
 // AddOffsetColumns: out[t, n] = y[t, n] + sum_b sums[t, b] * offsets[b, n] for columns n in [n0, n1):
-// y and out [T, N], offsets [nb, N]. AddHalfOffsetColumns: the same with fp16 offsets, for few rows
-// (decode), converted as they stream past; HalfRowsToFloats converts n of them (for many rows).
+// y and out [T, N], offsets [nb, N]. AddHalfOffsetColumns: the same with fp16 offsets, for up to a
+// tile of rows (decode batches), converted as they stream past; HalfRowsToFloats converts n of them (for many rows).
 #ifndef ORTSERVE_GENERIC_KERNEL_ONLY
 namespace avx512 {
 void BlockSums(const float* x, float* sums, int64_t T, int64_t K, int64_t block_size);

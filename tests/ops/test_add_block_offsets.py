@@ -35,7 +35,7 @@ def session(block_size: int | None, offsets_type: int = TensorProto.FLOAT) -> or
 @pytest.mark.parametrize("rows", [1, 3, 64, 150])
 @pytest.mark.parametrize("k,n,block_size", [(576, 1728, 32), (64, 600, 16), (256, 17, 256)])
 def test_matches_the_numpy_reference(rows, k, n, block_size, dtype):
-    """fp16 offsets: decode (up to 4 rows) converts them as they stream, more rows all at once."""
+    """fp16 offsets: up to 64 rows convert them as they stream, more rows all at once."""
     rng = np.random.default_rng(rows + k)
     x = rng.normal(0.0, 1.0, (rows, k)).astype(np.float32)
     y = rng.normal(0.0, 1.0, (rows, n)).astype(np.float32)
