@@ -13,7 +13,8 @@ Isa KernelIsa() {
   const char* cap = std::getenv("ORTSERVE_KERNEL_ISA");
   const std::string want = cap ? cap : "avx512";
   if (want == "avx512" && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw"))
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vnni"))
     return Isa::kAvx512;
   if (want != "generic" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
       __builtin_cpu_supports("f16c"))

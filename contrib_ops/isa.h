@@ -1,5 +1,5 @@
-// Which build of the per-ISA kernels runs (each kernel file is compiled for AVX-512, AVX2 + FMA +
-// F16C and plain x86-64; CMakeLists.txt): the best this CPU supports, capped by
+// Which build of the per-ISA kernels runs (each kernel file is compiled for AVX-512 with VNNI, AVX2 +
+// FMA + F16C and plain x86-64; CMakeLists.txt; an AVX-512 CPU without VNNI runs the AVX2 build): the best this CPU supports, capped by
 // $ORTSERVE_KERNEL_ISA=avx2|generic so that the tests run every build on one machine.
 #pragma once
 

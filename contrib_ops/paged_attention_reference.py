@@ -1,5 +1,6 @@
 """Numpy references of ortserve's custom ops (domain ``ortserve``): PagedAttention,
-PackedPagedAttention, GatedActivation, AddBlockOffsets and AppendBlockSums.
+PackedPagedAttention, GatedActivation, MatMulQ4 (and its weight layout), AddBlockOffsets and
+AppendBlockSums.
 
 This file is the specification: the C++ ops in ``contrib_ops/`` must match it.
 Shapes (T new tokens, B sequences, D = head_size):
@@ -203,3 +204,84 @@ def append_block_sums(x, block_size):
     x = np.asarray(x, dtype=np.float32)
     sums = x.reshape(x.shape[0], x.shape[1] // block_size, block_size).sum(axis=-1, dtype=np.float32)
     return np.concatenate([x, sums], axis=1)
+
+
+Q4_BLOCK, Q4_GROUP = 32, 16  # MatMulQ4: columns per block (one d, m each), weight rows per group
+
+
+def pack_q4(codes, d, m, scale_dtype=np.float16):
+    """MatMulQ4's weight layout (contrib_ops/matmul_q4_kernel.h) of W = d * q + m per row and block of
+    32 columns: codes uint8 [N, K] in 0..15, d and m [N, ceil(K / 32)] -> (packed uint8 [G, KB, 256],
+    scales [G, KB, 2, 16] of scale_dtype). Rows are padded to whole groups of 16 and columns to whole
+    blocks with q = d = m = 0. Byte c * 64 + r * 4 + j of a block holds q[16g + r, 32b + 4c + j] in its
+    low nibble and q[16g + r, 32b + 16 + 4c + j] in its high one."""
+    codes = np.asarray(codes, np.uint8)
+    n, k = codes.shape
+    groups, k_blocks = -(-n // Q4_GROUP), -(-k // Q4_BLOCK)
+    full = np.zeros((groups * Q4_GROUP, k_blocks * Q4_BLOCK), np.uint8)
+    full[:n, :k] = codes
+    # [G, r, KB, half, c, j] -> [G, KB, c, r, j] per half (low: columns 0..15, high: 16..31)
+    q = full.reshape(groups, Q4_GROUP, k_blocks, 2, 4, 4).transpose(0, 2, 3, 4, 1, 5)
+    packed = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(groups, k_blocks, 256)
+    scales = np.zeros((groups * Q4_GROUP, k_blocks, 2), np.float32)
+    scales[:n, :, 0], scales[:n, :, 1] = d, m
+    scales = scales.reshape(groups, Q4_GROUP, k_blocks, 2).transpose(0, 2, 3, 1)
+    return np.ascontiguousarray(packed), np.ascontiguousarray(scales.astype(scale_dtype))
+
+
+def unpack_q4(packed, scales, n, k):
+    """pack_q4's inverse: (codes uint8 [N, K], d float32 [N, KB], m float32 [N, KB])."""
+    groups, k_blocks, _ = packed.shape
+    q = np.asarray(packed, np.uint8).reshape(groups, k_blocks, 4, Q4_GROUP, 4)
+    both = np.stack([q & 0x0F, q >> 4], axis=2)  # [G, KB, half, c, r, j]
+    codes = both.transpose(0, 4, 1, 2, 3, 5).reshape(groups * Q4_GROUP, k_blocks * Q4_BLOCK)
+    s = np.asarray(scales, np.float32).transpose(0, 3, 1, 2).reshape(groups * Q4_GROUP, k_blocks, 2)
+    return np.ascontiguousarray(codes[:n, :k]), np.ascontiguousarray(s[:n, :, 0]), np.ascontiguousarray(s[:n, :, 1])
+
+
+def dequantize_q4(packed, scales, n, k):
+    """The float32 weight [N, K] a MatMulQ4 node holds: d * q + m, in float32 and in that order."""
+    codes, d, m = unpack_q4(packed, scales, n, k)
+    blocks = np.repeat(np.arange(d.shape[1]), Q4_BLOCK)[:k]
+    w = codes.astype(np.float32) * d[:, blocks] + m[:, blocks]
+    return w.astype(np.float32)
+
+
+def quantize_activations(x):
+    """MatMulQ4's int8 activations: per row and block of 32 columns (zero-padded), amax = max |x|,
+    xq = rint(x * (127 / amax)) (0 where amax = 0), dx = amax / 127, all in float32 ->
+    (xq int8 [T, KB * 32], dx float32 [T, KB], dx * sum(xq) float32 [T, KB])."""
+    x = np.asarray(x, np.float32)
+    t, k = x.shape
+    k_blocks = -(-k // Q4_BLOCK)
+    blocks = np.zeros((t, k_blocks * Q4_BLOCK), np.float32)
+    blocks[:, :k] = x
+    blocks = blocks.reshape(t, k_blocks, Q4_BLOCK)
+    amax = np.abs(blocks).max(axis=-1)
+    with np.errstate(divide="ignore"):
+        inverse = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    xq = np.clip(np.rint(blocks * inverse[..., None]), -127, 127).astype(np.int8)
+    dx = (amax / np.float32(127)).astype(np.float32)
+    sums = xq.astype(np.int32).sum(axis=-1).astype(np.float32)
+    return xq.reshape(t, -1), dx, (dx * sums).astype(np.float32)
+
+
+def matmul_q4(x, packed, scales, n, bias=None):
+    """MatMulQ4: y[t, r] = sum_b dx[t,b] * d[r,b] * (q[r, block b] . xq[t, block b]) + m[r,b] * dx[t,b] *
+    sum(xq[t, block b]) (+ bias[r]), with the int8 activations of ``quantize_activations``: the integer
+    dot products exactly, the rest accumulated in float64. x [T, K] -> y float32 [T, N]."""
+    x = np.asarray(x, np.float32)
+    t, k = x.shape
+    codes, d, m = unpack_q4(packed, scales, n, k)
+    xq, dx, sx = quantize_activations(x)
+    k_blocks = d.shape[1]
+    padded = np.zeros((n, k_blocks * Q4_BLOCK), np.int64)
+    padded[:, :k] = codes
+    dots = np.einsum(
+        "tbi,nbi->tnb", xq.reshape(t, k_blocks, Q4_BLOCK).astype(np.int64), padded.reshape(n, k_blocks, Q4_BLOCK)
+    ).astype(np.float64)
+    y = (dots * (d[None].astype(np.float64) * dx[:, None].astype(np.float64))).sum(-1)
+    y += sx.astype(np.float64) @ m.T.astype(np.float64)
+    if bias is not None:
+        y += np.asarray(bias, np.float64)
+    return y.astype(np.float32)

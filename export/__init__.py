@@ -1,8 +1,8 @@
 """``ortserve export``: Hugging Face checkpoints to paged ONNX artifacts (docs/design.md §2).
 
 Modules, in data-flow order: ``checkpoint`` (safetensors reader), ``config`` + ``architectures``
-(what a model is), ``rope`` (rotary tables), ``graph`` (the shared decoder builder), ``quantize``
-(MatMulNBits packing), ``weights`` (streaming initializers to model.onnx.data), ``pipeline``
+(what a model is), ``rope`` (rotary tables), ``graph`` (the shared decoder builder), ``q4`` (MatMulQ4
+weights) + ``quantize`` (MatMulNBits packing), ``weights`` (streaming initializers to model.onnx.data), ``pipeline``
 (stages, temp dir, atomic rename), ``validate`` (run an artifact; compare with transformers),
 ``cli``. Nothing here imports torch except ``validate``'s transformers comparison.
 """
@@ -15,7 +15,7 @@ from .pipeline import export_model
 
 # Bumped whenever the same SRC would export to a different artifact (graph or weights): caches
 # of exported artifacts (ortserve.models) key on it.
-EXPORTER_VERSION = 4  # 4: fp16 block offsets where exact
+EXPORTER_VERSION = 5  # 4: fp16 block offsets where exact; 5: 4-bit linears are MatMulQ4
 
 __all__ = [
     "ARCHITECTURES",

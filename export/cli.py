@@ -17,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--precision",
         choices=PRECISIONS,
         default=None,
-        help="weight precision of the linear layers (int4/int8: MatMulNBits, block 32). Default: the "
+        help="weight precision of the linear layers (int4: MatMulQ4, int8: MatMulNBits; block 32). Default: the "
         "source's own -- fp32 for a checkpoint; a GGUF file's quantised tensors keep their codes exactly "
         "(under any precision but fp32)",
     )

@@ -1,26 +1,27 @@
-"""GGUF quantised blocks -> MatMulNBits weights, with no rounding anywhere.
+"""GGUF quantised blocks -> MatMulNBits (8-bit) and MatMulQ4 (4-bit, ``q4.from_blocks``) weights,
+with no rounding anywhere.
 
 Every llama.cpp block format below is ``w = s * q + o`` per sub-block: integer codes ``q``, a
 float scale ``s`` and either a constant integer zero point (``o = -s * z``) or a float offset
-``o``. MatMulNBits computes ``s * (q - z)`` with uint8 zero points on its fast path, so:
+``o``. The 4-bit ones become ``ortserve.MatMulQ4`` weights, ``d * q + m`` with m = o (``q4.py``);
+the 8-bit ones MatMulNBits, which computes ``s * (q - z)`` with uint8 zero points on its fast path:
 
-| GGUF | MatMulNBits                   | s                | o / z            |
-|------|-------------------------------|------------------|------------------|
-| Q4_0 | 4 bits, block 32              | d                | z = 8            |
-| Q5_0 | 8 bits, block 32              | d                | z = 16           |
-| Q8_0 | 8 bits, block 32 (codes +128) | d                | z = 128          |
-| Q6_K | 8 bits, block 16              | d * scale[j]     | z = 32           |
-| Q4_1 | 4 bits, block 32, z = 0       | d                | o = m            |
-| Q5_1 | 8 bits, block 32, z = 0       | d                | o = m            |
-| Q4_K | 4 bits, block 32, z = 0       | d * scale[j]     | o = -dmin * min[j] |
-| Q5_K | 8 bits, block 32, z = 0       | d * scale[j]     | o = -dmin * min[j] |
+| GGUF | stored as                          | s                | o / z              |
+|------|------------------------------------|------------------|--------------------|
+| Q4_0 | MatMulQ4                           | d                | z = 8 (m = -8d)    |
+| Q4_1 | MatMulQ4                           | d                | o = m              |
+| Q4_K | MatMulQ4                           | d * scale[j]     | o = -dmin * min[j] |
+| Q5_0 | MatMulNBits 8 bits, block 32       | d                | z = 16             |
+| Q8_0 | MatMulNBits 8 bits, block 32 (+128)| d                | z = 128            |
+| Q6_K | MatMulNBits 8 bits, block 16       | d * scale[j]     | z = 32             |
+| Q5_1 | MatMulNBits 8 bits, block 32       | d                | o = m              |
+| Q5_K | MatMulNBits 8 bits, block 32       | d * scale[j]     | o = -dmin * min[j] |
 
 Float offsets are not MatMulNBits zero points: onnxruntime 1.31's CPU kernel has no fast path for
-float zero points (4-bit: 100x slower at one token, 8-bit: refused), so the graph adds
-``block_sums(x) @ o.T`` with one fp32 Gemm (``graph.py``), as llama.cpp's own Q4_K x Q8_K dot
-product adds ``dmin * min * sum(x)``. ``s`` and ``o`` are computed exactly as gguf's
-dequantiser computes them (float32 products), so ``s * q + o`` equals ``gguf.quants.dequantize``
-bit for bit (tests/export/test_gguf_import.py).
+float zero points (8-bit: refused), so the graph adds ``block_sums(x) @ o.T`` (``AddBlockOffsets``,
+``graph.py``), as llama.cpp's own Q5_K x Q8_K dot product adds ``dmin * min * sum(x)``. ``s`` and
+``o`` are computed exactly as gguf's dequantiser computes them (float32 products), so ``s * q + o``
+equals ``gguf.quants.dequantize`` bit for bit (tests/models/test_gguf_import.py).
 
 The bit unpacking is gguf's own: a copy of the blocks with ``d = 1`` and ``dmin = 0`` (``m = 0``)
 dequantises to ``scale[j] * q`` (or ``q - z``), from which the codes follow exactly.
@@ -136,7 +137,9 @@ def _import_rows(data: np.ndarray, qtype_name: str, cols: int) -> QuantizedWeigh
     scales = np.ascontiguousarray(scales.reshape(rows, k_blocks), np.float32)
     zero_points = np.full((rows, k_blocks), fmt.zero_point, np.uint8)
     if offsets is not None:
-        zero_points, offsets = centre(scales, offsets.reshape(rows, k_blocks).astype(np.float32), fmt.bits)
+        offsets = offsets.reshape(rows, k_blocks).astype(np.float32)
+        if fmt.bits == 8:  # MatMulNBits with int8 activations; 4-bit codes go to MatMulQ4 as d * q + m (q4.py)
+            zero_points, offsets = centre(scales, offsets, fmt.bits)
     return QuantizedWeight(
         packed=pack(codes, fmt.bits),
         scales=scales,

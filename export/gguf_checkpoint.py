@@ -130,7 +130,7 @@ class GgufCheckpoint:
         return self.read(name)[:count]
 
     def import_blocks(self, name: str) -> QuantizedWeight:
-        """The tensor's codes, exactly, as MatMulNBits needs them ([out, in] rows)."""
+        """The tensor's codes, exactly, in MatMulNBits packing ([out, in] rows; ``q4.from_blocks`` for 4-bit)."""
         tensor = self._tensor(name)
         cols, rows = (int(n) for n in tensor.shape)
         q = import_blocks(tensor.data, tensor.tensor_type.name, rows, cols)

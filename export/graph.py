@@ -11,12 +11,13 @@ Everything is 2-D over the flattened batch [T, ·]: no padding, no batch axis. P
 Hidden states are gathered at ``logits_indices`` before the final norm and the LM head.
 CPU-fast ORT contrib ops: SimplifiedLayerNormalization, SkipSimplifiedLayerNormalization,
 SkipLayerNormalization, MatMulNBits, GatherBlockQuantized; ours (domain ``ortserve``):
-PackedPagedAttention, GatedActivation. Every node is a kernel launch and a
-decode step of a small model is mostly launches, so each layer is as few nodes as we can make it. fp32 linears are
-``MatMul`` on [in, out] weights (a tied fp32 LM head transposes the embedding once, at load); a
-tied quantised LM head serves the embedding lookup too. Quantised linears are MatMulNBits (GGUF
-tensors keep their own codes, see ``storage.py``); GGUF formats with float block minimums add
-``AddBlockOffsets(x, y, offsets)`` = y + block_sums(x) @ offsets (one node).
+PackedPagedAttention, GatedActivation, MatMulQ4, AddBlockOffsets. Every node is a kernel launch and a
+decode step of a small model is mostly launches, so each layer is as few nodes as we can make it. fp32
+linears are ``MatMul`` on [in, out] weights (a tied fp32 LM head transposes the embedding once, at
+load); 4-bit linears are ``MatMulQ4`` (w = d * q + m per block of 32, GGUF codes kept exactly, see
+``q4.py``); 8-bit ones MatMulNBits (``storage.py``), where GGUF formats with float block minimums add
+``AddBlockOffsets(x, y, offsets)`` = y + block_sums(x) @ offsets (one node). A tied 8-bit LM head
+serves the embedding lookup too.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from . import storage
 from .architectures import Architecture
 from .config import ModelSpec
 from .errors import ExportError
+from .q4 import Q4Weight, concat_q4, from_blocks, quantize_q4
 from .quantize import ACCURACY_LEVEL, compact_offsets, concat_rows, quantize
 from .rope import rope_table
 from .weights import WeightJob, WeightSource
@@ -154,6 +156,8 @@ class DecoderBuilder:
             return self.op("Add", [y, bias], name=f"{label}.bias")[0] if bias else y
 
         n = sum(rows for _, rows in parts)
+        if plan.bits == 4:
+            return self.q4_linear(x, label, weights, plans, transpose, n, k, bias)
         zero_points, offsets = f"{label}.zero_points", f"{label}.offsets"
 
         def make_quantized() -> dict[str, np.ndarray]:
@@ -192,6 +196,32 @@ class DecoderBuilder:
         return self.op(
             "AddBlockOffsets", [x, y, offsets], domain=OURS, name=f"{label}.offsets", block_size=plan.block_size
         )[0]
+
+    def q4_linear(
+        self,
+        x: str,
+        label: str,
+        weights: list[str],
+        plans: list[storage.Storage],
+        transpose: bool,
+        n: int,
+        k: int,
+        bias: str | None,
+    ) -> str:
+        """One MatMulQ4 node: each part's GGUF codes as they are, or float weights quantised."""
+
+        def part(w: str, plan: storage.Storage) -> Q4Weight:
+            if plan.kind == "exact":
+                return from_blocks(self.src.import_blocks(w), k)
+            return quantize_q4(self.src.read(w, transpose))
+
+        def make() -> dict[str, np.ndarray]:
+            codes, scales = concat_q4([part(w, p) for w, p in zip(weights, plans)]).packed()
+            return {f"{label}.codes": codes, f"{label}.scales": scales}
+
+        self.plan(f"{label} ({plans[0].label})", make)
+        inputs = [x, f"{label}.codes", f"{label}.scales"] + ([bias] if bias else [])
+        return self.op("MatMulQ4", inputs, domain=OURS, name=label, N=n, K=k)[0]
 
     def bias(self, label: str, parts: list[tuple[str, int]]) -> str | None:
         """One bias for the fused parts (zeros for parts without one), or None if none has one."""
@@ -346,9 +376,10 @@ class DecoderBuilder:
         embed = self.src.expect(f"{n.embed}.weight", (s.vocab_size, s.hidden_size))
         tied = s.tie_word_embeddings or not self.src.has(f"{n.lm_head}.weight")
         head_plan = storage.plan(self.src, embed, self.lm_head_precision) if tied else storage.FP32
-        # A tied, quantised LM head also serves the embedding lookup (GatherBlockQuantized on the
-        # same packed bytes): no float copy of the largest tensor. Not with float block offsets.
-        shared = tied and head_plan.kind != "fp32" and not head_plan.offsets
+        # A tied 8-bit LM head also serves the embedding lookup (GatherBlockQuantized on the same
+        # packed bytes): no float copy of the largest tensor. Not with float block offsets, nor for a
+        # 4-bit head (MatMulQ4's layout): the embedding is then stored as floats.
+        shared = tied and head_plan.bits == 8 and not head_plan.offsets
         if shared:
             h = self.op(
                 "GatherBlockQuantized",

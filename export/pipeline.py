@@ -313,7 +313,7 @@ def _warn_requantised(stored: dict[str, Storage]) -> None:
     again = Counter(p.label for p in stored.values() if p.kind == "quantize" and p.source_type not in FLOAT_TYPES)
     if again:
         logger.warning(
-            "GGUF tensors without an exact MatMulNBits form were dequantised and quantised again: %s",
+            "GGUF tensors without an exact 4- or 8-bit form were dequantised and quantised again: %s",
             ", ".join(f"{label} x {count}" for label, count in sorted(again.items())),
         )
 

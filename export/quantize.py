@@ -1,4 +1,5 @@
-"""Block-wise weight quantisation for ``com.microsoft.MatMulNBits``, one tensor at a time.
+"""Block-wise weight quantisation for ``com.microsoft.MatMulNBits`` (8-bit linears, and the int8
+LM head and embedding), one tensor at a time; 4-bit linears are ``q4.py``'s.
 
 Every block holds ``block_size`` consecutive weights of one output row (along K) as integer codes
 with a float scale and a uint8 zero point: ``w = scale * (code - zero_point)``, plus, for GGUF

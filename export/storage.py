@@ -6,7 +6,8 @@ quantised here. One rule, decided per tensor before any weight is read:
   the precision (Q8_0 stays 8-bit under int4: re-quantising would only lose information).
 - a GGUF tensor of another quantised format (Q2_K, Q3_K, IQ*): dequantised, then quantised to
   the precision (int4 when none is given) -- export lists these.
-- a float tensor: the precision (fp32 when none is given), quantised by ``quantize.quantize``.
+- a float tensor: the precision (fp32 when none is given), quantised by ``q4.quantize_q4`` (int4)
+  or ``quantize.quantize`` (int8).
 """
 
 from __future__ import annotations
@@ -30,7 +31,10 @@ class Storage:
 
     @property
     def key(self) -> tuple:
-        """Parts of a fused linear with equal keys share one MatMulNBits."""
+        """Parts of a fused linear with equal keys share one node: every 4-bit part one MatMulQ4
+        (its d * q + m holds each 4-bit format), 8-bit parts one MatMulNBits per layout."""
+        if self.bits == 4:
+            return (4,)
         return self.kind == "fp32", self.bits, self.block_size, self.zero_points, self.offsets
 
     @property
@@ -60,5 +64,7 @@ def plan(source: WeightSource, name: str, precision: str | None, transpose: bool
     if source_type in FLOAT_TYPES and precision is None:
         return Storage("fp32", source_type=source_type)
     bits = BITS[precision or "int4"]
+    if bits == 4:  # MatMulQ4 always has float block minimums (q4.py)
+        return Storage("quantize", 4, BLOCK_SIZE, False, False, source_type)
     offsets = prefers_offsets(source.sample(name, transpose=transpose), bits)
     return Storage("quantize", bits, BLOCK_SIZE, True, offsets, source_type)

@@ -102,7 +102,7 @@ class WeightSource:
         return self.checkpoint.gguf_type(name)
 
     def import_blocks(self, name: str):
-        """A GGUF tensor's own codes as an exact MatMulNBits weight, in [out, in] row order."""
+        """A GGUF tensor's own codes as an exact MatMulNBits-packed weight, in [out, in] row order."""
         return self.checkpoint.import_blocks(name)
 
     def num_parameters(self) -> int:

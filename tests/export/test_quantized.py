@@ -1,5 +1,6 @@
-"""int8 / int4 exports: MatMulNBits (block 32, accuracy level 4) computing with exactly the
-weights the quantiser produced, and logits that stay close to the fp32 export.
+"""int8 / int4 exports: MatMulNBits (int8: block 32, accuracy level 4) and MatMulQ4 (int4: d * q + m
+per block of 32) computing with exactly the weights the quantisers produced, and logits that stay
+close to the fp32 export.
 
 Top-1 agreement with fp32 is measured on SmolLM2 (tests/models): tiny random models have flat
 output distributions, where top-1 flips on noise and says nothing about the export.
@@ -11,6 +12,7 @@ import numpy as np
 import onnx
 import pytest
 from ortserve.export import export_model
+from ortserve.export.q4 import quantize_q4
 from ortserve.export.quantize import BITS, dequantize, quantize
 from ortserve.export.validate import PagedRunner, random_sequences, teacher_forced_logits
 from safetensors.numpy import load_file, save_file
@@ -36,7 +38,7 @@ def run(artifact, vocab=320):
 
 
 def fake_quantized_checkpoint(source, folder, precision, conv1d):
-    """The checkpoint with every linear weight replaced by dequantize(quantize(weight))."""
+    """The checkpoint with every linear weight replaced by its quantised-then-dequantised self."""
     import shutil
 
     shutil.copytree(source, folder)
@@ -44,7 +46,8 @@ def fake_quantized_checkpoint(source, folder, precision, conv1d):
     for name, weight in tensors.items():
         if name.endswith(LINEAR) and weight.ndim == 2:
             w = weight.T if conv1d else weight
-            restored = dequantize(quantize(np.ascontiguousarray(w), BITS[precision]), w.shape[1])
+            w = np.ascontiguousarray(w)
+            restored = quantize_q4(w).dequantize() if precision == "int4" else dequantize(quantize(w, 8), w.shape[1])
             tensors[name] = np.ascontiguousarray(restored.T if conv1d else restored)
     save_file(tensors, folder / "model.safetensors")
     return folder
@@ -53,9 +56,8 @@ def fake_quantized_checkpoint(source, folder, precision, conv1d):
 @pytest.mark.parametrize("precision", ["int8", "int4"])
 @pytest.mark.parametrize("case", ["llama2", "gpt2_conv1d", "qwen2_qkv_bias_tied"])
 def test_quantized_linears_compute_with_the_dequantized_weights(case, precision, tiny_checkpoint, tmp_path):
-    """Packing, scales and zero points are laid out as MatMulNBits reads them: the quantised
-    export equals an fp32 export of the dequantised weights, up to accuracy level 4's int8
-    activations."""
+    """Packing, scales and zero points are laid out as MatMulNBits and MatMulQ4 read them: the
+    quantised export equals an fp32 export of the dequantised weights, up to their int8 activations."""
     source = tiny_checkpoint(case)
     export_model(source, tmp_path / "q", precision=precision, lm_head_precision="fp32", progress=False)
     fake = fake_quantized_checkpoint(source, tmp_path / "fake", precision, conv1d=case.startswith("gpt2"))
@@ -73,16 +75,15 @@ def test_quantized_logits_stay_close_to_fp32(case, precision, min_cosine, mean_c
         assert cosine.min() >= min_cosine and cosine.mean() >= mean_cosine
 
 
-def test_every_linear_is_matmulnbits_with_block_32_and_int8_compute(tiny_artifact):
+def test_int4_linears_are_matmulq4_and_the_head_matmulnbits_int8(tiny_artifact):
     """int4 layers; the LM head defaults to int8 (the most quantisation-sensitive matmul)."""
     graph = onnx.load(tiny_artifact("llama2", "int4") / "model.onnx", load_external_data=False).graph
-    assert not [n for n in graph.node if n.op_type in ("Gemm", "MatMul")]
-    nbits = [n for n in graph.node if n.op_type == "MatMulNBits"]
-    assert len(nbits) == 2 * 4 + 1  # qkv, o, gate_up, down per layer, and the LM head
-    for node in nbits:
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-        bits = 8 if node.name.startswith("lm_head") else 4
-        assert (attrs["bits"], attrs["block_size"], attrs["accuracy_level"]) == (bits, 32, 4)
+    assert not [n for n in graph.node if n.op_type in ("Gemm", "MatMul", "AddBlockOffsets")]
+    q4 = [n for n in graph.node if n.op_type == "MatMulQ4"]
+    assert sorted(n.name.split(".")[-2] for n in q4) == sorted(["down", "gate_up", "o", "qkv"] * 2)
+    (head,) = [n for n in graph.node if n.op_type == "MatMulNBits"]
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in head.attribute}
+    assert head.name.startswith("lm_head") and (attrs["bits"], attrs["block_size"], attrs["accuracy_level"]) == (8, 32, 4)
 
 
 def test_lm_head_precision_is_chosen_separately(tiny_checkpoint, tmp_path):
@@ -97,8 +98,8 @@ def test_lm_head_precision_is_chosen_separately(tiny_checkpoint, tmp_path):
     heads = [n for n in graph.node if n.name.startswith("lm_head")]
     assert len(heads) == 1 and heads[0].op_type == "MatMulNBits"
     assert {a.name: a.i for a in heads[0].attribute}["bits"] == 8
-    layers = [n for n in graph.node if n.op_type == "MatMulNBits" and not n.name.startswith("lm_head")]
-    assert layers and all({a.name: a.i for a in n.attribute}["bits"] == 4 for n in layers)
+    layers = [n for n in graph.node if n.name.startswith("layers.") and n.op_type in ("MatMulQ4", "MatMulNBits")]
+    assert layers and {n.op_type for n in layers} == {"MatMulQ4"}
 
 
 # ---- the quantiser ---------------------------------------------------------------------------
@@ -119,25 +120,36 @@ def ort_round_to_nearest(weight: np.ndarray, bits: int) -> np.ndarray:
 
 @pytest.mark.parametrize("bits", [4, 8])
 def test_the_scale_search_beats_round_to_nearest_on_natural_weights(bits):
+    """int4: MatMulQ4's fp16 d and m per block (quantize_q4); int8: MatMulNBits' scale and zero point."""
     rng = np.random.default_rng(0)
     w = (rng.standard_normal((64, 512)) * rng.uniform(0.5, 2.0, (64, 1))).astype(np.float32)
     w[:, ::37] *= 4  # a few outliers per row, as real weights have
-    ours = float(((dequantize(quantize(w, bits), 512) - w) ** 2).mean())
+    restored = quantize_q4(w).dequantize() if bits == 4 else dequantize(quantize(w, bits), 512)
+    ours = float(((restored - w) ** 2).mean())
     reference = float(((ort_round_to_nearest(w, bits) - w) ** 2).mean())
-    assert ours < 0.95 * reference, (ours, reference)  # int4: 7 % lower, int8: more
+    assert ours < 0.95 * reference, (ours, reference)
 
 
-def test_weights_on_a_min_step_grid_keep_it_with_float_offsets_and_natural_ones_do_not():
-    """Dequantised Q4_1 blocks (gguf's own quantiser) are recovered by float block minimums;
-    Gaussian weights stay with integer zero points (no AddBlockOffsets)."""
+def q4_1_grid(natural: np.ndarray) -> np.ndarray:
     import gguf
+
+    q4_1 = gguf.GGMLQuantizationType.Q4_1
+    return gguf.quants.dequantize(gguf.quants.quantize(natural, q4_1), q4_1)
+
+
+def test_int4_recovers_weights_on_a_q4_1_grid_exactly():
+    """Dequantised Q4_1 blocks (gguf's own quantiser): d and m are fp16, and the search finds them."""
+    grid = q4_1_grid(np.random.default_rng(1).standard_normal((32, 256)).astype(np.float32))
+    assert np.array_equal(quantize_q4(grid).dequantize(), grid)
+
+
+def test_int8_keeps_a_min_step_grid_with_float_offsets_and_natural_weights_do_not():
+    """Dequantised Q4_1 blocks sit on every 17th int8 level from their minimum: recovered by float
+    block minimums; Gaussian weights stay with integer zero points (no AddBlockOffsets)."""
     from ortserve.export.quantize import prefers_offsets
 
-    rng = np.random.default_rng(1)
-    natural = rng.standard_normal((32, 256)).astype(np.float32)
-    grid = gguf.quants.dequantize(
-        gguf.quants.quantize(natural, gguf.GGMLQuantizationType.Q4_1), gguf.GGMLQuantizationType.Q4_1
-    )
-    assert prefers_offsets(grid, 4) and not prefers_offsets(natural, 4)
-    recovered = dequantize(quantize(grid, 4, offsets=True), 256)
+    natural = np.random.default_rng(1).standard_normal((32, 256)).astype(np.float32)
+    grid = q4_1_grid(natural)
+    assert prefers_offsets(grid, 8) and not prefers_offsets(natural, 8)
+    recovered = dequantize(quantize(grid, 8, offsets=True), 256)
     assert np.abs(recovered - grid).max() <= 1e-6 * np.abs(grid).max()

@@ -1,6 +1,6 @@
-"""A GGUF's quantised tensors are imported exactly: every linear's MatMulNBits initialisers
-dequantise, bit for bit, to what gguf's own ``dequantize()`` gives for the same tensor, and the
-graph computes with exactly those weights."""
+"""A GGUF's quantised tensors are imported exactly: every linear's MatMulQ4 (4-bit) or MatMulNBits
+(8-bit) initialisers dequantise, bit for bit, to what gguf's own ``dequantize()`` gives for the same
+tensor, and the graph computes with those weights."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 from llama_gguf import llama_cpp_permute
 from ortserve.export import export_model
 from ortserve.export.quantize import QuantizedWeight, dequantize
+from ortserve.ops.paged_attention_reference import dequantize_q4
 from ortserve.export.validate import PagedRunner, random_sequences, teacher_forced_logits
 from tiny_gguf import CONFIG, FORMATS, write_tiny_llama
 
@@ -51,13 +52,16 @@ def gguf_weights(path: Path) -> dict[str, np.ndarray]:
 
 
 def imported(artifact: Path, label: str) -> np.ndarray:
-    """The [N, K] weight of the MatMulNBits node ``label``, dequantised from its initialisers."""
+    """The [N, K] weight of the MatMulQ4 or MatMulNBits node ``label``, dequantised from its initialisers."""
     model = onnx.load(artifact / "model.onnx", load_external_data=False)
     onnx.external_data_helper.load_external_data_for_model(model, str(artifact))
-    node = next(n for n in model.graph.node if n.op_type == "MatMulNBits" and n.name.startswith(label))
+    node = next(n for n in model.graph.node if n.op_type in ("MatMulQ4", "MatMulNBits") and n.name.startswith(label))
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     init = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer if t.name.startswith(label)}
-    bits, block, n, k = attrs["bits"], attrs["block_size"], attrs["N"], attrs["K"]
+    n, k = attrs["N"], attrs["K"]
+    if node.op_type == "MatMulQ4":
+        return dequantize_q4(init[f"{label}.codes"], init[f"{label}.scales"], n, k)
+    bits, block = attrs["bits"], attrs["block_size"]
     scales = init[f"{label}.scales"].reshape(n, -1)
     zero_points = init.get(f"{label}.zero_points")
     if zero_points is None:  # the kernel's default: the code midpoint
@@ -103,28 +107,36 @@ def test_imported_weights_dequantise_bit_exactly_to_ggufs_own(qtype, tiny_gguf):
     assert manifest.weight_formats == {f"{qtype} (exact)": 8}  # q, k, v, o, gate, up, down, the head
 
 
-def test_float_block_minimums_get_centred_integer_zero_points(tiny_gguf):
-    """Q4_1 blocks of weights that straddle zero (as gguf quantises them) keep exact weights
-    with the code nearest zero as their zero point, so int8 activations multiply centred codes."""
-    _, artifact = tiny_gguf("Q4_1")
+def test_8_bit_float_block_minimums_get_centred_integer_zero_points(tiny_gguf):
+    """Q5_1 blocks (MatMulNBits, 8 bits) of weights that straddle zero keep exact weights with the code
+    nearest zero as their zero point, so int8 activations multiply centred codes."""
+    _, artifact = tiny_gguf("Q5_1")
     model = onnx.load(artifact / "model.onnx", load_external_data=False)
     onnx.external_data_helper.load_external_data_for_model(model, str(artifact))
     zero_points = onnx.numpy_helper.to_array(
         next(t for t in model.graph.initializer if t.name == "layers.0.down.zero_points")
     )
-    unpacked = np.stack([zero_points & 15, zero_points >> 4], -1)
-    assert (unpacked != 0).mean() > 0.9 and (unpacked > 4).mean() > 0.8
+    assert (zero_points != 0).mean() > 0.9 and (zero_points > 8).mean() > 0.8
 
 
-@pytest.mark.parametrize("qtype,stored", [("Q4_1", np.float16), ("Q5_1", np.float16), ("Q4_K", np.float32)])
-def test_block_offsets_are_fp16_where_fp16_holds_them_exactly(qtype, stored, tiny_gguf):
-    """Q4_1 / Q5_1 minimums (and m + d * z with the centred zero point) are fp16 values: stored
-    as such they halve the offsets read per decode step. Q4_K's dmin * min[j] needs fp32. Either
-    way the weights stay exact (test_imported_weights_dequantise_bit_exactly_to_ggufs_own)."""
+@pytest.mark.parametrize(
+    "qtype,name,stored",
+    [
+        ("Q4_0", ".scales", np.float16),
+        ("Q4_1", ".scales", np.float16),
+        ("Q4_K", ".scales", np.float32),
+        ("Q5_1", ".offsets", np.float16),
+    ],
+)
+def test_scales_and_minimums_are_fp16_where_fp16_holds_them_exactly(qtype, name, stored, tiny_gguf):
+    """4-bit codes (MatMulQ4): Q4_0's d and -8d and Q4_1's d and m are fp16 values, stored as such
+    (5 bits a weight, as in the file); Q4_K's d * scale[j] and dmin * min[j] need fp32. Q5_1's
+    minimums (8-bit MatMulNBits + AddBlockOffsets) likewise. Either way the weights stay exact
+    (test_imported_weights_dequantise_bit_exactly_to_ggufs_own)."""
     _, artifact = tiny_gguf(qtype)
     model = onnx.load(artifact / "model.onnx", load_external_data=False)
-    kinds = {onnx.helper.tensor_dtype_to_np_dtype(t.data_type) for t in model.graph.initializer if ".offsets" in t.name}
-    assert kinds == {np.dtype(stored)}
+    layers = [t for t in model.graph.initializer if t.name.startswith("layers.") and t.name.endswith(name)]
+    assert layers and {onnx.helper.tensor_dtype_to_np_dtype(t.data_type) for t in layers} == {np.dtype(stored)}
 
 
 def run(artifact: Path) -> list[np.ndarray]:
@@ -134,9 +146,11 @@ def run(artifact: Path) -> list[np.ndarray]:
 
 @pytest.mark.parametrize("qtype", FORMATS)
 def test_the_graph_computes_with_the_imported_weights(qtype, tiny_gguf, tmp_path, monkeypatch):
-    """With fp32 activations (accuracy level 0) the quantised artifact (MatMulNBits, AddBlockOffsets
-    for the float block minimums, a GatherBlockQuantized embedding) equals the fp32 export of the
-    same file."""
+    """The quantised artifact (MatMulQ4, MatMulNBits with AddBlockOffsets for float block minimums, a
+    GatherBlockQuantized embedding) against the fp32 export of the same file. MatMulNBits at accuracy
+    level 0 (fp32 activations) must agree to float rounding; MatMulQ4 rounds activations to int8
+    blocks, which moves these logits by a few % (a weight in the wrong place moves them by ~100 %;
+    tests/ops/test_matmul_q4.py holds the op to its reference exactly)."""
     from ortserve.export import graph
 
     path, _ = tiny_gguf(qtype)
@@ -144,7 +158,12 @@ def test_the_graph_computes_with_the_imported_weights(qtype, tiny_gguf, tmp_path
     monkeypatch.setattr(graph, "ACCURACY_LEVEL", 0)
     export_model(path, tmp_path / "exact", progress=False)
     for ours, reference in zip(run(tmp_path / "exact"), run(fp32)):
-        assert np.abs(ours - reference).max() <= 1e-4 * max(1.0, float(np.abs(reference).max()))
+        if qtype.startswith("Q4"):  # relative RMS error seen: 1.2 % (Q4_0, Q4_1), 3.3-5.5 % (Q4_K's random
+            # blocks: large block minimums, so large weights against the activations' rounding)
+            bound = 0.08 if qtype == "Q4_K" else 0.03
+            assert np.sqrt(((ours - reference) ** 2).mean() / (reference**2).mean()) <= bound
+        else:
+            assert np.abs(ours - reference).max() <= 1e-4 * max(1.0, float(np.abs(reference).max()))
 
 
 @pytest.mark.parametrize("qtype", ["Q3_K", "Q2_K"])
