@@ -1,6 +1,6 @@
 """Numpy references of ortserve's custom ops (domain ``ortserve``): PagedAttention,
-PackedPagedAttention, GatedActivation, MatMulQ4 (and its weight layout), AddBlockOffsets and
-AppendBlockSums.
+PackedPagedAttention, GatedActivation, MatMulQ4 / MatMulQ8 and GatherQ4 / GatherQ8 (and their weight
+layout), AddBlockOffsets and AppendBlockSums.
 
 This file is the specification: the C++ ops in ``contrib_ops/`` must match it.
 Shapes (T new tokens, B sequences, D = head_size):
@@ -206,82 +206,104 @@ def append_block_sums(x, block_size):
     return np.concatenate([x, sums], axis=1)
 
 
-Q4_BLOCK, Q4_GROUP = 32, 16  # MatMulQ4: columns per block (one d, m each), weight rows per group
+Q_BLOCK, Q_GROUP = 32, 16  # MatMulQ4 / MatMulQ8: columns per block (one d, m each), weight rows per group
+Q_BLOCK_BYTES = {4: 256, 8: 512}
 
 
-def pack_q4(codes, d, m, scale_dtype=np.float16):
-    """MatMulQ4's weight layout (contrib_ops/matmul_q4_kernel.h) of W = d * q + m per row and block of
-    32 columns: codes uint8 [N, K] in 0..15, d and m [N, ceil(K / 32)] -> (packed uint8 [G, KB, 256],
-    scales [G, KB, 2, 16] of scale_dtype). Rows are padded to whole groups of 16 and columns to whole
-    blocks with q = d = m = 0. Byte c * 64 + r * 4 + j of a block holds q[16g + r, 32b + 4c + j] in its
-    low nibble and q[16g + r, 32b + 16 + 4c + j] in its high one."""
+def pack_q(codes, d, m, bits=4, scale_dtype=np.float16):
+    """MatMulQ4's (bits 4) or MatMulQ8's (bits 8) weight layout (contrib_ops/matmul_q_kernel.h) of
+    W = d * q + m per row and block of 32 columns: codes uint8 [N, K] (0..15 or 0..255), d and m
+    [N, ceil(K / 32)] -> (packed uint8 [G, KB, 256 or 512], scales [G, KB, 2, 16] of scale_dtype). Rows
+    are padded to whole groups of 16 and columns to whole blocks with q = d = m = 0. Byte c * 64 + r * 4
+    + j of a block holds q[16g + r, 32b + 4c + j] (8 bits; 4 bits: c < 4 in the low nibble, and
+    q[16g + r, 32b + 16 + 4c + j] in the high one)."""
     codes = np.asarray(codes, np.uint8)
     n, k = codes.shape
-    groups, k_blocks = -(-n // Q4_GROUP), -(-k // Q4_BLOCK)
-    full = np.zeros((groups * Q4_GROUP, k_blocks * Q4_BLOCK), np.uint8)
+    groups, k_blocks = -(-n // Q_GROUP), -(-k // Q_BLOCK)
+    full = np.zeros((groups * Q_GROUP, k_blocks * Q_BLOCK), np.uint8)
     full[:n, :k] = codes
-    # [G, r, KB, half, c, j] -> [G, KB, c, r, j] per half (low: columns 0..15, high: 16..31)
-    q = full.reshape(groups, Q4_GROUP, k_blocks, 2, 4, 4).transpose(0, 2, 3, 4, 1, 5)
-    packed = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(groups, k_blocks, 256)
-    scales = np.zeros((groups * Q4_GROUP, k_blocks, 2), np.float32)
+    q = full.reshape(groups, Q_GROUP, k_blocks, 8, 4).transpose(0, 2, 3, 1, 4)  # [G, KB, c, r, j]
+    packed = q if bits == 8 else q[:, :, :4] | (q[:, :, 4:] << 4)
+    scales = np.zeros((groups * Q_GROUP, k_blocks, 2), np.float32)
     scales[:n, :, 0], scales[:n, :, 1] = d, m
-    scales = scales.reshape(groups, Q4_GROUP, k_blocks, 2).transpose(0, 2, 3, 1)
+    scales = scales.reshape(groups, Q_GROUP, k_blocks, 2).transpose(0, 2, 3, 1)
+    packed = packed.reshape(groups, k_blocks, Q_BLOCK_BYTES[bits])
     return np.ascontiguousarray(packed), np.ascontiguousarray(scales.astype(scale_dtype))
 
 
-def unpack_q4(packed, scales, n, k):
-    """pack_q4's inverse: (codes uint8 [N, K], d float32 [N, KB], m float32 [N, KB])."""
-    groups, k_blocks, _ = packed.shape
-    q = np.asarray(packed, np.uint8).reshape(groups, k_blocks, 4, Q4_GROUP, 4)
-    both = np.stack([q & 0x0F, q >> 4], axis=2)  # [G, KB, half, c, r, j]
-    codes = both.transpose(0, 4, 1, 2, 3, 5).reshape(groups * Q4_GROUP, k_blocks * Q4_BLOCK)
-    s = np.asarray(scales, np.float32).transpose(0, 3, 1, 2).reshape(groups * Q4_GROUP, k_blocks, 2)
+def unpack_q(packed, scales, n, k):
+    """pack_q's inverse: (codes uint8 [N, K], d float32 [N, KB], m float32 [N, KB])."""
+    groups, k_blocks, width = packed.shape
+    q = np.asarray(packed, np.uint8).reshape(groups, k_blocks, width // 64, Q_GROUP, 4)  # [G, KB, c, r, j]
+    if width == Q_BLOCK_BYTES[4]:
+        q = np.concatenate([q & 0x0F, q >> 4], axis=2)
+    codes = q.transpose(0, 3, 1, 2, 4).reshape(groups * Q_GROUP, k_blocks * Q_BLOCK)
+    s = np.asarray(scales, np.float32).transpose(0, 3, 1, 2).reshape(groups * Q_GROUP, k_blocks, 2)
     return np.ascontiguousarray(codes[:n, :k]), np.ascontiguousarray(s[:n, :, 0]), np.ascontiguousarray(s[:n, :, 1])
 
 
-def dequantize_q4(packed, scales, n, k):
-    """The float32 weight [N, K] a MatMulQ4 node holds: d * q + m, in float32 and in that order."""
-    codes, d, m = unpack_q4(packed, scales, n, k)
-    blocks = np.repeat(np.arange(d.shape[1]), Q4_BLOCK)[:k]
-    w = codes.astype(np.float32) * d[:, blocks] + m[:, blocks]
-    return w.astype(np.float32)
+def dequantize_q(packed, scales, n, k):
+    """The float32 weight [N, K] a MatMulQ4 / MatMulQ8 node holds: d * q + m, in float32 and in that order."""
+    codes, d, m = unpack_q(packed, scales, n, k)
+    blocks = np.repeat(np.arange(d.shape[1]), Q_BLOCK)[:k]
+    return (codes.astype(np.float32) * d[:, blocks] + m[:, blocks]).astype(np.float32)
 
 
-def quantize_activations(x):
-    """MatMulQ4's int8 activations: per row and block of 32 columns (zero-padded), amax = max |x|,
+def gather_q(packed, scales, indices, n, k):
+    """GatherQ4 / GatherQ8: rows ``indices`` of ``dequantize_q`` -> float32 [T, K]."""
+    return dequantize_q(packed, scales, n, k)[np.asarray(indices, np.int64)]
+
+
+def quantize_activations(x, residual=False):
+    """MatMulQ4's and MatMulQ8's int8 activations: per row and block of 32 columns (zero-padded), amax = max |x|,
     xq = rint(x * (127 / amax)) (0 where amax = 0), dx = amax / 127, all in float32 ->
-    (xq int8 [T, KB * 32], dx float32 [T, KB], dx * sum(xq) float32 [T, KB])."""
+    (xq int8 [R, KB * 32], dx float32 [R, KB], dx * sum(xq) float32 [R, KB]). R = T rows, or with
+    ``residual`` (activation_bits 16) 2T: row 2t is x's, row 2t + 1 the same of x - dx * xq, rounded
+    once to float32 (the kernel's fma)."""
     x = np.asarray(x, np.float32)
     t, k = x.shape
-    k_blocks = -(-k // Q4_BLOCK)
-    blocks = np.zeros((t, k_blocks * Q4_BLOCK), np.float32)
+    k_blocks = -(-k // Q_BLOCK)
+    blocks = np.zeros((t, k_blocks * Q_BLOCK), np.float32)
     blocks[:, :k] = x
-    blocks = blocks.reshape(t, k_blocks, Q4_BLOCK)
+    blocks = blocks.reshape(t, k_blocks, Q_BLOCK)
+    xq, dx, sx = _quantize_blocks(blocks)
+    if residual:
+        rest = (blocks.astype(np.float64) - dx[..., None].astype(np.float64) * xq).astype(np.float32)
+        xq2, dx2, sx2 = _quantize_blocks(rest)
+        xq, dx, sx = (
+            np.stack([a, b], axis=1).reshape(2 * t, *a.shape[1:]) for a, b in ((xq, xq2), (dx, dx2), (sx, sx2))
+        )
+    return xq.reshape(xq.shape[0], -1), dx, sx
+
+
+def _quantize_blocks(blocks):
     amax = np.abs(blocks).max(axis=-1)
     with np.errstate(divide="ignore"):
         inverse = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
     xq = np.clip(np.rint(blocks * inverse[..., None]), -127, 127).astype(np.int8)
     dx = (amax / np.float32(127)).astype(np.float32)
     sums = xq.astype(np.int32).sum(axis=-1).astype(np.float32)
-    return xq.reshape(t, -1), dx, (dx * sums).astype(np.float32)
+    return xq, dx, (dx * sums).astype(np.float32)
 
 
-def matmul_q4(x, packed, scales, n, bias=None):
-    """MatMulQ4: y[t, r] = sum_b dx[t,b] * d[r,b] * (q[r, block b] . xq[t, block b]) + m[r,b] * dx[t,b] *
-    sum(xq[t, block b]) (+ bias[r]), with the int8 activations of ``quantize_activations``: the integer
-    dot products exactly, the rest accumulated in float64. x [T, K] -> y float32 [T, N]."""
+def matmul_q(x, packed, scales, n, bias=None, activation_bits=8):
+    """MatMulQ4 / MatMulQ8: y[t, r] = sum_b dx[t,b] * d[r,b] * (q[r, block b] . xq[t, block b]) + m[r,b] * dx[t,b] *
+    sum(xq[t, block b]) (+ bias[r]), with the int8 activations of ``quantize_activations`` (16 bits:
+    the sum of that over x's row and its residual's): the integer dot products exactly, the rest
+    accumulated in float64. x [T, K] -> y float32 [T, N]."""
     x = np.asarray(x, np.float32)
     t, k = x.shape
-    codes, d, m = unpack_q4(packed, scales, n, k)
-    xq, dx, sx = quantize_activations(x)
-    k_blocks = d.shape[1]
-    padded = np.zeros((n, k_blocks * Q4_BLOCK), np.int64)
+    codes, d, m = unpack_q(packed, scales, n, k)
+    xq, dx, sx = quantize_activations(x, residual=activation_bits == 16)
+    rows, k_blocks = dx.shape
+    padded = np.zeros((n, k_blocks * Q_BLOCK), np.int64)
     padded[:, :k] = codes
     dots = np.einsum(
-        "tbi,nbi->tnb", xq.reshape(t, k_blocks, Q4_BLOCK).astype(np.int64), padded.reshape(n, k_blocks, Q4_BLOCK)
+        "tbi,nbi->tnb", xq.reshape(rows, k_blocks, Q_BLOCK).astype(np.int64), padded.reshape(n, k_blocks, Q_BLOCK)
     ).astype(np.float64)
     y = (dots * (d[None].astype(np.float64) * dx[:, None].astype(np.float64))).sum(-1)
     y += sx.astype(np.float64) @ m.T.astype(np.float64)
+    y = y.reshape(t, rows // t if t else 1, n).sum(axis=1)
     if bias is not None:
         y += np.asarray(bias, np.float64)
     return y.astype(np.float32)

@@ -1,7 +1,7 @@
 // The library's entry point: every op of domain "ortserve" (ONNX op set 1). An artifact's
 // op_version (ortserve.json) names the ops its graph needs:
 //   1: PagedAttention;  2: + AppendBlockSums;  3: + PackedPagedAttention, GatedActivation;
-//   4: + AddBlockOffsets;  5: + its fp16 offsets;  6: + MatMulQ4
+//   4: + AddBlockOffsets;  5: + its fp16 offsets;  6: + MatMulQ4, MatMulQ8, GatherQ4, GatherQ8
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -9,7 +9,8 @@
 #include "append_block_sums.h"
 #include "block_offsets.h"
 #include "gated_activation.h"
-#include "matmul_q4.h"
+#include "gather_q.h"
+#include "matmul_q.h"
 #include "paged_attention.h"
 
 extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL
@@ -26,7 +27,8 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
     domain.Add(ortserve::AppendBlockSumsOp());
     domain.Add(ortserve::GatedActivationOp());
     for (Ort::Custom::OrtLiteCustomOp* op : ortserve::AddBlockOffsetsOps()) domain.Add(op);
-    for (Ort::Custom::OrtLiteCustomOp* op : ortserve::MatMulQ4Ops()) domain.Add(op);
+    for (Ort::Custom::OrtLiteCustomOp* op : ortserve::MatMulQOps()) domain.Add(op);
+    for (Ort::Custom::OrtLiteCustomOp* op : ortserve::GatherQOps()) domain.Add(op);
     Ort::UnownedSessionOptions(options).Add(domain);
     domains.push_back(std::move(domain));
   } catch (const std::exception& e) {

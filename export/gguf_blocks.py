@@ -1,27 +1,23 @@
-"""GGUF quantised blocks -> MatMulNBits (8-bit) and MatMulQ4 (4-bit, ``q4.from_blocks``) weights,
-with no rounding anywhere.
+"""GGUF quantised blocks -> the codes and scales of MatMulQ4 / MatMulQ8 (blocks of 32, via
+``qweight.from_blocks``) and MatMulNBits (Q6_K's blocks of 16), with no rounding anywhere.
 
 Every llama.cpp block format below is ``w = s * q + o`` per sub-block: integer codes ``q``, a
 float scale ``s`` and either a constant integer zero point (``o = -s * z``) or a float offset
-``o``. The 4-bit ones become ``ortserve.MatMulQ4`` weights, ``d * q + m`` with m = o (``q4.py``);
-the 8-bit ones MatMulNBits, which computes ``s * (q - z)`` with uint8 zero points on its fast path:
+``o``. MatMulQ4 / MatMulQ8 hold ``d * q + m``: d = s and m = o (or -s * z):
 
-| GGUF | stored as                          | s                | o / z              |
-|------|------------------------------------|------------------|--------------------|
-| Q4_0 | MatMulQ4                           | d                | z = 8 (m = -8d)    |
-| Q4_1 | MatMulQ4                           | d                | o = m              |
-| Q4_K | MatMulQ4                           | d * scale[j]     | o = -dmin * min[j] |
-| Q5_0 | MatMulNBits 8 bits, block 32       | d                | z = 16             |
-| Q8_0 | MatMulNBits 8 bits, block 32 (+128)| d                | z = 128            |
-| Q6_K | MatMulNBits 8 bits, block 16       | d * scale[j]     | z = 32             |
-| Q5_1 | MatMulNBits 8 bits, block 32       | d                | o = m              |
-| Q5_K | MatMulNBits 8 bits, block 32       | d * scale[j]     | o = -dmin * min[j] |
+| GGUF | stored as                 | s                | o / z              |
+|------|---------------------------|------------------|--------------------|
+| Q4_0 | MatMulQ4                  | d                | z = 8 (m = -8d)    |
+| Q4_1 | MatMulQ4                  | d                | o = m              |
+| Q4_K | MatMulQ4                  | d * scale[j]     | o = -dmin * min[j] |
+| Q5_0 | MatMulQ8                  | d                | z = 16             |
+| Q8_0 | MatMulQ8 (codes + 128)    | d                | z = 128            |
+| Q5_1 | MatMulQ8                  | d                | o = m              |
+| Q5_K | MatMulQ8                  | d * scale[j]     | o = -dmin * min[j] |
+| Q6_K | MatMulNBits 8 bits, blocks of 16 | d * scale[j] | z = 32          |
 
-Float offsets are not MatMulNBits zero points: onnxruntime 1.31's CPU kernel has no fast path for
-float zero points (8-bit: refused), so the graph adds ``block_sums(x) @ o.T`` (``AddBlockOffsets``,
-``graph.py``), as llama.cpp's own Q5_K x Q8_K dot product adds ``dmin * min * sum(x)``. ``s`` and
-``o`` are computed exactly as gguf's dequantiser computes them (float32 products), so ``s * q + o``
-equals ``gguf.quants.dequantize`` bit for bit (tests/models/test_gguf_import.py).
+``s`` and ``o`` are computed exactly as gguf's dequantiser computes them (float32 products), so
+``s * q + o`` equals ``gguf.quants.dequantize`` bit for bit (tests/models/test_gguf_import.py).
 
 The bit unpacking is gguf's own: a copy of the blocks with ``d = 1`` and ``dmin = 0`` (``m = 0``)
 dequantises to ``scale[j] * q`` (or ``q - z``), from which the codes follow exactly.
@@ -34,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .quantize import QuantizedWeight, pack
+from .nbits import QuantizedWeight, pack
 
 _ONE = np.array([1.0], np.float16).view(np.uint8)
 _ZERO = np.array([0.0], np.float16).view(np.uint8)
@@ -138,8 +134,6 @@ def _import_rows(data: np.ndarray, qtype_name: str, cols: int) -> QuantizedWeigh
     zero_points = np.full((rows, k_blocks), fmt.zero_point, np.uint8)
     if offsets is not None:
         offsets = offsets.reshape(rows, k_blocks).astype(np.float32)
-        if fmt.bits == 8:  # MatMulNBits with int8 activations; 4-bit codes go to MatMulQ4 as d * q + m (q4.py)
-            zero_points, offsets = centre(scales, offsets, fmt.bits)
     return QuantizedWeight(
         packed=pack(codes, fmt.bits),
         scales=scales,
@@ -148,17 +142,3 @@ def _import_rows(data: np.ndarray, qtype_name: str, cols: int) -> QuantizedWeigh
         block_size=fmt.block_size,
         offsets=offsets,
     )
-
-
-def centre(scales: np.ndarray, offsets: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
-    """Integer zero points z (the code nearest a zero weight) and offsets o' = o + s * z, so that
-    ``s * (q - z) + o'`` is ``s * q + o``: the kernel's int8 activations then multiply small
-    centred codes (SmolLM2 Q4_1: 97.6 % top-1 agreement with fp32 instead of 92.8 % with z = 0).
-    Kept only where it stays exact: s * (q - z) is exact (at most 17 + 6 mantissa bits), and
-    where o + s * z rounds in float32 the block keeps z = 0 and o."""
-    safe = np.where(scales == 0, np.float32(1), scales)
-    z = np.clip(np.rint(-offsets / safe), 0, (1 << bits) - 1).astype(np.float32)
-    z = np.where(scales == 0, np.float32(0), z)
-    moved = offsets + z * scales  # z * scales is exact; the sum may round
-    exact = offsets.astype(np.float64) + z.astype(np.float64) * scales.astype(np.float64) == moved
-    return np.where(exact, z, 0).astype(np.uint8), np.ascontiguousarray(np.where(exact, moved, offsets), np.float32)

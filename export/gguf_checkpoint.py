@@ -22,7 +22,7 @@ from .architectures import Architecture
 from .checkpoint import Checkpoint, sha256_files
 from .errors import ExportError
 from .gguf_blocks import import_blocks
-from .quantize import QuantizedWeight
+from .nbits import QuantizedWeight
 
 GGUF_WEIGHTS = "model.gguf"  # in a GGUF source's checkpoint folder: a link to the file
 

@@ -11,13 +11,13 @@ Everything is 2-D over the flattened batch [T, ·]: no padding, no batch axis. P
 Hidden states are gathered at ``logits_indices`` before the final norm and the LM head.
 CPU-fast ORT contrib ops: SimplifiedLayerNormalization, SkipSimplifiedLayerNormalization,
 SkipLayerNormalization, MatMulNBits, GatherBlockQuantized; ours (domain ``ortserve``):
-PackedPagedAttention, GatedActivation, MatMulQ4, AddBlockOffsets. Every node is a kernel launch and a
-decode step of a small model is mostly launches, so each layer is as few nodes as we can make it. fp32
-linears are ``MatMul`` on [in, out] weights (a tied fp32 LM head transposes the embedding once, at
-load); 4-bit linears are ``MatMulQ4`` (w = d * q + m per block of 32, GGUF codes kept exactly, see
-``q4.py``); 8-bit ones MatMulNBits (``storage.py``), where GGUF formats with float block minimums add
-``AddBlockOffsets(x, y, offsets)`` = y + block_sums(x) @ offsets (one node). A tied 8-bit LM head
-serves the embedding lookup too.
+PackedPagedAttention, GatedActivation, MatMulQ4 / MatMulQ8, GatherQ4 / GatherQ8. Every node is a kernel
+launch and a decode step of a small model is mostly launches, so each layer is as few nodes as we can
+make it. fp32 linears are ``MatMul`` on [in, out] weights (a tied fp32 LM head transposes the embedding
+once, at load); quantised ones ``MatMulQ4`` / ``MatMulQ8`` (w = d * q + m per block of 32: GGUF codes
+kept exactly, float weights quantised, see ``qweight.py``), with 8- or 16-bit activations
+(``activation_bits``); only Q6_K's blocks of 16 stay ``MatMulNBits`` (int8 activations). A tied
+quantised LM head serves the embedding lookup too.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from collections.abc import Callable
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
+from ortserve.ops.paged_attention_reference import Q_BLOCK as QBLOCK
 
 from ortserve.artifact import LOGITS_OUTPUT, STEP_INPUTS, ArtifactManifest
 
@@ -34,8 +35,8 @@ from . import storage
 from .architectures import Architecture
 from .config import ModelSpec
 from .errors import ExportError
-from .q4 import Q4Weight, concat_q4, from_blocks, quantize_q4
-from .quantize import ACCURACY_LEVEL, compact_offsets, concat_rows, quantize
+from .nbits import ACCURACY_LEVEL, concat_rows
+from .qweight import QWeight, concat_q, from_blocks, quantize_q
 from .rope import rope_table
 from .weights import WeightJob, WeightSource
 
@@ -57,9 +58,12 @@ class DecoderBuilder:
         precision: str | None = "fp32",
         lm_head_precision: str | None = "fp32",
         max_model_len: int | None = None,
+        activation_bits: int = 8,
     ):
-        """``precision`` None: each tensor as the source stores it (a GGUF's codes, fp32 floats)."""
+        """``precision`` None: each tensor as the source stores it (a GGUF's codes, fp32 floats).
+        ``activation_bits``: 8 (int8 activations in the quantised linears) or 16 (int8 + a residual)."""
         self.spec, self.arch, self.src = spec, arch, source
+        self.activation_bits = activation_bits
         self.precision, self.lm_head_precision = precision, lm_head_precision
         self.max_model_len = max_model_len or spec.max_position_embeddings
         self.nodes: list[onnx.NodeProto] = []
@@ -130,7 +134,7 @@ class DecoderBuilder:
         W's scales and zero points in GatherBlockQuantized's layout (for a tied embedding)."""
         transpose = self.arch.conv1d if conv1d is None else conv1d
         weights = [share] if share else [self.src.expect(f"{m}.weight", (rows, k), transpose) for m, rows in parts]
-        plans = [storage.FP32 if share else storage.plan(self.src, w, precision, transpose) for w in weights]
+        plans = [storage.FP32 if share else storage.plan(self.src, w, precision) for w in weights]
         if len({p.key for p in plans}) > 1:
             starts = [i for i in range(len(parts)) if i == 0 or plans[i].key != plans[i - 1].key]
             pieces = [parts[a:b] for a, b in zip(starts, [*starts[1:], len(parts)])]
@@ -156,30 +160,22 @@ class DecoderBuilder:
             return self.op("Add", [y, bias], name=f"{label}.bias")[0] if bias else y
 
         n = sum(rows for _, rows in parts)
-        if plan.bits == 4:
-            return self.q4_linear(x, label, weights, plans, transpose, n, k, bias)
-        zero_points, offsets = f"{label}.zero_points", f"{label}.offsets"
+        if plan.block_size == QBLOCK:
+            return self.q_linear(x, label, weights, plans, transpose, n, k, bias)
 
-        def make_quantized() -> dict[str, np.ndarray]:
-            if plan.kind == "exact":
-                q = concat_rows([self.src.import_blocks(w) for w in weights])
-            else:
-                q = quantize(full_weight(), plan.bits, plan.block_size, plan.offsets)
-            arrays = {f"{label}.qweight": q.packed, f"{label}.scales": q.scales}
-            if plan.zero_points:
-                arrays[zero_points] = q.zero_points
-            if plan.offsets:  # [K / block, N]
-                arrays[offsets] = compact_offsets(np.ascontiguousarray(q.offsets.T))  # type: ignore[union-attr]
+        def make_nbits() -> dict[str, np.ndarray]:  # Q6_K: blocks of 16, codes exactly
+            q = concat_rows([self.src.import_blocks(w) for w in weights])
+            arrays = {f"{label}.qweight": q.packed, f"{label}.scales": q.scales, f"{label}.zero_points": q.zero_points}
             if gather_too:
                 arrays[f"{label}.scales_3d"] = q.scales[..., None]
                 arrays[f"{label}.zero_points_3d"] = q.unpacked_zero_points()[..., None]
             return arrays
 
-        self.plan(f"{label} ({plan.label})", make_quantized)
-        inputs = [x, f"{label}.qweight", f"{label}.scales"] + ([zero_points] if plan.zero_points else [])
+        self.plan(f"{label} ({plan.label})", make_nbits)
+        inputs = [x, f"{label}.qweight", f"{label}.scales", f"{label}.zero_points"]
         if bias:
-            inputs += [""] * (5 - len(inputs)) + [bias]
-        y = self.op(
+            inputs += ["", bias]
+        return self.op(
             "MatMulNBits",
             inputs,
             domain=MS,
@@ -190,14 +186,8 @@ class DecoderBuilder:
             block_size=plan.block_size,
             accuracy_level=ACCURACY_LEVEL,
         )[0]
-        if not plan.offsets:
-            return y
-        # GGUF float block minimums: y + block_sums(x) @ offsets, exact, beside the fast integer path
-        return self.op(
-            "AddBlockOffsets", [x, y, offsets], domain=OURS, name=f"{label}.offsets", block_size=plan.block_size
-        )[0]
 
-    def q4_linear(
+    def q_linear(
         self,
         x: str,
         label: str,
@@ -208,20 +198,23 @@ class DecoderBuilder:
         k: int,
         bias: str | None,
     ) -> str:
-        """One MatMulQ4 node: each part's GGUF codes as they are, or float weights quantised."""
+        """One MatMulQ4 / MatMulQ8 node: each part's GGUF codes as they are, or float weights quantised."""
+        bits = plans[0].bits
 
-        def part(w: str, plan: storage.Storage) -> Q4Weight:
+        def part(w: str, plan: storage.Storage) -> QWeight:
             if plan.kind == "exact":
                 return from_blocks(self.src.import_blocks(w), k)
-            return quantize_q4(self.src.read(w, transpose))
+            return quantize_q(self.src.read(w, transpose), bits)
 
         def make() -> dict[str, np.ndarray]:
-            codes, scales = concat_q4([part(w, p) for w, p in zip(weights, plans)]).packed()
+            codes, scales = concat_q([part(w, p) for w, p in zip(weights, plans)]).packed()
             return {f"{label}.codes": codes, f"{label}.scales": scales}
 
         self.plan(f"{label} ({plans[0].label})", make)
         inputs = [x, f"{label}.codes", f"{label}.scales"] + ([bias] if bias else [])
-        return self.op("MatMulQ4", inputs, domain=OURS, name=label, N=n, K=k)[0]
+        return self.op(
+            f"MatMulQ{bits}", inputs, domain=OURS, name=label, N=n, K=k, activation_bits=self.activation_bits
+        )[0]
 
     def bias(self, label: str, parts: list[tuple[str, int]]) -> str | None:
         """One bias for the fused parts (zeros for parts without one), or None if none has one."""
@@ -376,11 +369,19 @@ class DecoderBuilder:
         embed = self.src.expect(f"{n.embed}.weight", (s.vocab_size, s.hidden_size))
         tied = s.tie_word_embeddings or not self.src.has(f"{n.lm_head}.weight")
         head_plan = storage.plan(self.src, embed, self.lm_head_precision) if tied else storage.FP32
-        # A tied 8-bit LM head also serves the embedding lookup (GatherBlockQuantized on the same
-        # packed bytes): no float copy of the largest tensor. Not with float block offsets, nor for a
-        # 4-bit head (MatMulQ4's layout): the embedding is then stored as floats.
-        shared = tied and head_plan.bits == 8 and not head_plan.offsets
-        if shared:
+        # A tied, quantised LM head also serves the embedding lookup (GatherQ4 / GatherQ8, or for a Q6_K
+        # head GatherBlockQuantized, on the same bytes): no float copy of the largest tensor.
+        shared = tied and head_plan.kind != "fp32"
+        if shared and head_plan.block_size == QBLOCK:
+            h = self.op(
+                f"GatherQ{head_plan.bits}",
+                ["lm_head.codes", "lm_head.scales", "input_ids"],
+                domain=OURS,
+                name="embed",
+                N=s.vocab_size,
+                K=s.hidden_size,
+            )[0]
+        elif shared:
             h = self.op(
                 "GatherBlockQuantized",
                 ["lm_head.qweight", "input_ids", "lm_head.scales_3d", "lm_head.zero_points_3d"],

@@ -19,13 +19,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import get_args
 
 import onnx
 
 from ortserve.artifact import (
+    DEFAULT_ACTIVATION_BITS,
     MODEL_FILE,
     PRECISIONS,
     TOKENIZER_FILES,
+    ActivationBits,
     ArtifactManifest,
     Precision,
     is_artifact,
@@ -184,16 +187,20 @@ def export_model(
     *,
     precision: str | None = None,
     lm_head_precision: str | None = None,
+    activation_bits: int = DEFAULT_ACTIVATION_BITS,
     max_model_len: int | None = None,
     validate: bool = False,
     quality_check: bool = False,
     progress: bool = True,
 ) -> ArtifactManifest:
     """Export a checkpoint directory, .gguf file or built-in model name to an artifact at ``out``.
-    ``precision`` None keeps the source's own: fp32 for float tensors, a GGUF's quantised codes."""
+    ``precision`` None keeps the source's own: fp32 for float tensors, a GGUF's quantised codes.
+    ``activation_bits``: 16 (int8 plus a residual) or 8 (int8) activations in the quantised linears."""
     started = time.perf_counter()
     if precision is not None and precision not in PRECISIONS:
         raise ExportError(f"--precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    if activation_bits not in get_args(ActivationBits):
+        raise ExportError(f"--activation-bits {activation_bits!r} is not 8 or 16")
     lm_head_precision = lm_head_precision or (DEFAULT_LM_HEAD[precision] if precision else None)
     if lm_head_precision is not None and lm_head_precision not in PRECISIONS:
         raise ExportError(f"--lm-head-precision {lm_head_precision!r} is not one of {', '.join(PRECISIONS)}")
@@ -210,7 +217,13 @@ def export_model(
 
     source = WeightSource(checkpoint)
     builder = DecoderBuilder(
-        spec, arch, source, precision=precision, lm_head_precision=lm_head_precision, max_model_len=max_len
+        spec,
+        arch,
+        source,
+        precision=precision,
+        lm_head_precision=lm_head_precision,
+        max_model_len=max_len,
+        activation_bits=activation_bits,
     )
     model, jobs = builder.build()  # checks every tensor's name and shape before any data moves
     _warn_requantised(builder.stored)
@@ -248,6 +261,7 @@ def export_model(
                 max_model_len=max_len,
                 weight_precision=stored_precision(builder.stored, head=False),
                 lm_head_precision=stored_precision(builder.stored, head=True),
+                activation_bits=activation_bits,
                 weight_formats=dict(Counter(p.label for p in builder.stored.values())),
                 num_parameters=source.num_parameters(),
                 weight_bytes=weights.bytes,
@@ -325,7 +339,8 @@ def _print_summary(
     lines = [
         f"exported {m.architecture} to {out}",
         f"  parameters   {m.num_parameters / 1e6:,.1f} M",
-        f"  weights      {m.weight_bytes / 2**20:,.1f} MiB ({m.weight_precision}, lm head {m.lm_head_precision}); "
+        f"  weights      {m.weight_bytes / 2**20:,.1f} MiB ({m.weight_precision}, lm head {m.lm_head_precision}, "
+        f"{m.activation_bits}-bit activations); "
         f"artifact {size / 2**20:,.1f} MiB",
         "  stored as    " + ", ".join(f"{label} x {count}" for label, count in sorted(m.weight_formats.items())),
         f"  time         {seconds:.1f} s",

@@ -91,12 +91,6 @@ class WeightSource:
             array = np.ascontiguousarray(array.T)
         return array
 
-    def sample(self, name: str, rows: int = 16, transpose: bool = False) -> np.ndarray:
-        """A few rows of a linear weight in [out, in] layout, to plan its storage before the weights stage."""
-        if transpose:  # rows of [out, in] are columns of the stored [in, out]
-            return np.ascontiguousarray(self.checkpoint.read(name)[:, :rows].T)
-        return self.checkpoint.read_rows(name, rows)
-
     def gguf_type(self, name: str) -> str:
         """The tensor's GGUF type name ('Q4_K', 'F32', ...); 'F32' for a safetensors tensor."""
         return self.checkpoint.gguf_type(name)

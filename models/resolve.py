@@ -5,8 +5,8 @@ what transformers loads for validation and tests).
 
 Cache layout (see ``cache.cache_dir``)::
 
-    artifacts/<name>-<precision>/                 a built-in model's artifact
-    artifacts/<stem>-<sha256[:16]>-<precision>/   a .gguf file's or checkpoint directory's artifact
+    artifacts/<name>-<precision>-a<bits>/                 a built-in model's artifact
+    artifacts/<stem>-<sha256[:16]>-<precision>-a<bits>/   a .gguf file's or checkpoint directory's artifact
     checkpoints/gguf/<stem>-<sha256[:16]>/        config, tokenizer and a link to a .gguf file
     checkpoints/<name>/                           a built-in model as a full fp32 checkpoint
 
@@ -26,7 +26,7 @@ import logging
 import time
 from pathlib import Path
 
-from ortserve.artifact import FORMAT_VERSION, PRECISIONS, ArtifactError, load_manifest
+from ortserve.artifact import DEFAULT_ACTIVATION_BITS, FORMAT_VERSION, PRECISIONS, ArtifactError, load_manifest
 
 from . import cache
 from .gguf_checkpoint import CONVERTER_VERSION, convert_gguf
@@ -38,13 +38,20 @@ logger = logging.getLogger(__name__)
 SOURCE_STAMP = "ortserve-source.json"
 
 
-def resolve_model(name_or_path: str | Path | None, *, precision: str | None = None, progress: bool = True) -> Path:
+def resolve_model(
+    name_or_path: str | Path | None,
+    *,
+    precision: str | None = None,
+    activation_bits: int = DEFAULT_ACTIVATION_BITS,
+    progress: bool = True,
+) -> Path:
     """The artifact directory to serve for any model argument (None: the default built-in).
 
-    An artifact directory is itself (``precision`` is the artifact's own). A built-in name, a
-    .gguf file or a Hugging Face checkpoint directory is exported once into the cache, keyed by
-    its content and ``precision`` (None: the source's own -- fp32 for a checkpoint, the file's
-    quantisation for a GGUF, the built-in's default precision), and reused after that.
+    An artifact directory is itself (``precision`` and ``activation_bits`` are the artifact's own). A
+    built-in name, a .gguf file or a Hugging Face checkpoint directory is exported once into the cache,
+    keyed by its content, ``precision`` (None: the source's own -- fp32 for a checkpoint, the file's
+    quantisation for a GGUF, the built-in's default precision) and ``activation_bits``, and reused
+    after that.
     """
     if precision is not None and precision not in PRECISIONS:
         raise ModelSourceError(f"Unknown precision {precision!r}; use one of: {', '.join(PRECISIONS)}")
@@ -53,12 +60,12 @@ def resolve_model(name_or_path: str | Path | None, *, precision: str | None = No
         return source.path
     if precision is None and source.builtin is not None:
         precision = source.builtin.precision
-    return _exported(source, precision, progress=progress)
+    return _exported(source, precision, activation_bits, progress=progress)
 
 
-def _exported(source: ModelSource, precision: str | None, *, progress: bool) -> Path:
+def _exported(source: ModelSource, precision: str | None, activation_bits: int, *, progress: bool) -> Path:
     content = source.content_hash()
-    tag = precision or "native"
+    tag = f"{precision or 'native'}-a{activation_bits}"
     name = f"{source.stem}-{tag}" if source.builtin else f"{source.stem}-{content[:16]}-{tag}"
     entry = cache.cache_dir() / "artifacts" / name
     stamp = {"content_sha256": content, "precision": tag, "exporter": _exporter_hash()}
@@ -72,7 +79,7 @@ def _exported(source: ModelSource, precision: str | None, *, progress: bool) -> 
         logger.warning("Exporting %s (%s) to %s (done once, then cached)", source.label, tag, entry)
         cache.remove(entry)  # a stale or half-written one; export itself publishes by rename
         try:
-            export_model(source.path, entry, precision=precision, progress=progress)
+            export_model(source.path, entry, precision=precision, activation_bits=activation_bits, progress=progress)
         except ExportError as exc:
             raise ModelSourceError(f"{source.label}: {exc}") from exc
         (entry / SOURCE_STAMP).write_text(json.dumps({**stamp, "source": source.label}, indent=2) + "\n")

@@ -38,6 +38,10 @@ TOKENIZER_FILES = (
 )
 
 Precision = Literal["fp32", "int8", "int4"]
+ActivationBits = Literal[8, 16]
+# Activations of the quantised linears: 16 (int8 codes plus an int8 residual: about 16 bits, answers as
+# with float activations; vLLM's w4a16 default) or 8 (int8 blocks, as llama.cpp's Q8_1: faster prefill).
+DEFAULT_ACTIVATION_BITS: ActivationBits = 16
 KVCacheDtype = Literal["fp32", "fp16", "int8"]
 KV_CACHE_DTYPES: tuple[str, ...] = get_args(KVCacheDtype)
 # One cached row (one position of one kv head) per KV cache dtype: its numpy type, and how many
@@ -65,6 +69,7 @@ class ArtifactManifest(BaseModel):
     max_model_len: int
     weight_precision: Precision = Field(description="the fewest bits any linear is stored with")
     lm_head_precision: Precision
+    activation_bits: ActivationBits = Field(8, description="activations of the quantised linears: 8 or 16 bits")
     weight_formats: dict[str, int] = Field(
         default_factory=dict, description="how many linear weights are stored how: 'Q4_K (exact)', 'int4', 'fp32'"
     )

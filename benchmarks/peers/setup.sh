@@ -57,7 +57,12 @@ BUILD="$VENV/build-llama.cpp"
 BIN="$BUILD/bin"
 if ! stamp llama.cpp; then
   echo "[peers] building llama.cpp from the llama-cpp-python $LLAMA_CPP_PYTHON_VERSION sdist (nice -n 10, 2 jobs)"
+  # GGML_NATIVE turns on ggml's AMX backend on CPUs that list amx_tile; in these VMs its first tile
+  # instruction (ldtilecfg) crashes, so AMX is switched off there and ggml keeps its AVX-512 VNNI path.
+  NO_AMX=""
+  if grep -qw amx_tile /proc/cpuinfo; then NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"; fi
   "$VENV/bin/cmake" -S "$SRC/vendor/llama.cpp" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+    -DCMAKE_C_FLAGS="$NO_AMX" -DCMAKE_CXX_FLAGS="$NO_AMX" \
     -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
     -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
     -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF >"$VENV/cmake-configure.log"

@@ -279,7 +279,7 @@ def resolve_artifact(config: EngineConfig) -> Path:
         return Path(config.model)
     from ortserve.models import resolve_model
 
-    return Path(resolve_model(config.model, precision=config.precision))
+    return Path(resolve_model(config.model, precision=config.precision, activation_bits=config.activation_bits))
 
 
 def settle_max_model_len(config: EngineConfig, manifest: ArtifactManifest, kv: KVCachePlan) -> int:

@@ -118,6 +118,8 @@ def test_engine_flags_fill_the_config_and_env_is_the_fallback(monkeypatch, tmp_p
                 "--no-prefix-caching",
                 "--precision",
                 "int4",
+                "--activation-bits",
+                "8",
                 "--chat-template",
                 "t.jinja",
                 "--kv-cache-dtype",
@@ -136,6 +138,7 @@ def test_engine_flags_fill_the_config_and_env_is_the_fallback(monkeypatch, tmp_p
     assert config.model_dump() == {
         "model": None,
         "precision": "int4",
+        "activation_bits": 8,
         "chat_template": "t.jinja",
         "block_size": 32,
         "kv_cache_space": 1.0,

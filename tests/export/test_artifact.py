@@ -149,11 +149,12 @@ def test_export_never_imports_torch(tiny_checkpoint, tmp_path):
 
 
 def test_tied_quantised_head_also_serves_the_embedding(tiny_artifact):
-    """No float copy of the tied embedding: GatherBlockQuantized reads the LM head's packed bytes."""
+    """No float copy of the tied embedding: GatherQ8 reads the (int8) LM head's codes."""
     graph = graph_of(tiny_artifact("qwen2_qkv_bias_tied", "int4"))
     embed = next(n for n in graph.node if n.name.startswith("embed."))
     head = next(n for n in graph.node if n.name.startswith("lm_head"))
-    assert embed.op_type == "GatherBlockQuantized" and embed.input[0] == head.input[1] == "lm_head.qweight"
+    assert (embed.op_type, head.op_type) == ("GatherQ8", "MatMulQ8")
+    assert embed.input[:2] == head.input[1:3] == ["lm_head.codes", "lm_head.scales"]
     assert "model.embed_tokens.weight" not in {t.name for t in graph.initializer}
 
 

@@ -1,6 +1,6 @@
-"""int8 / int4 exports: MatMulNBits (int8: block 32, accuracy level 4) and MatMulQ4 (int4: d * q + m
-per block of 32) computing with exactly the weights the quantisers produced, and logits that stay
-close to the fp32 export.
+"""int8 / int4 exports: MatMulQ8 / MatMulQ4 (d * q + m per block of 32, int8 or 16-bit activations)
+computing with exactly the weights the quantiser produced, and logits that stay close to the fp32
+export.
 
 Top-1 agreement with fp32 is measured on SmolLM2 (tests/models): tiny random models have flat
 output distributions, where top-1 flips on noise and says nothing about the export.
@@ -12,8 +12,8 @@ import numpy as np
 import onnx
 import pytest
 from ortserve.export import export_model
-from ortserve.export.q4 import quantize_q4
-from ortserve.export.quantize import BITS, dequantize, quantize
+from ortserve.export.nbits import BITS, dequantize
+from ortserve.export.qweight import quantize_q
 from ortserve.export.validate import PagedRunner, random_sequences, teacher_forced_logits
 from safetensors.numpy import load_file, save_file
 
@@ -47,23 +47,33 @@ def fake_quantized_checkpoint(source, folder, precision, conv1d):
         if name.endswith(LINEAR) and weight.ndim == 2:
             w = weight.T if conv1d else weight
             w = np.ascontiguousarray(w)
-            restored = quantize_q4(w).dequantize() if precision == "int4" else dequantize(quantize(w, 8), w.shape[1])
+            restored = quantize_q(w, BITS[precision]).dequantize()
             tensors[name] = np.ascontiguousarray(restored.T if conv1d else restored)
     save_file(tensors, folder / "model.safetensors")
     return folder
 
 
+@pytest.mark.parametrize("activation_bits, bound", [(8, 0.03), (16, 1e-3)])
 @pytest.mark.parametrize("precision", ["int8", "int4"])
 @pytest.mark.parametrize("case", ["llama2", "gpt2_conv1d", "qwen2_qkv_bias_tied"])
-def test_quantized_linears_compute_with_the_dequantized_weights(case, precision, tiny_checkpoint, tmp_path):
-    """Packing, scales and zero points are laid out as MatMulNBits and MatMulQ4 read them: the
-    quantised export equals an fp32 export of the dequantised weights, up to their int8 activations."""
+def test_quantized_linears_compute_with_the_dequantized_weights(
+    case, precision, activation_bits, bound, tiny_checkpoint, tmp_path
+):
+    """Codes and scales are laid out as MatMulQ4 / MatMulQ8 read them: the quantised export equals an
+    fp32 export of the dequantised weights, up to their int8 (or 16-bit) activations."""
     source = tiny_checkpoint(case)
-    export_model(source, tmp_path / "q", precision=precision, lm_head_precision="fp32", progress=False)
+    export_model(
+        source,
+        tmp_path / "q",
+        precision=precision,
+        lm_head_precision="fp32",
+        activation_bits=activation_bits,
+        progress=False,
+    )
     fake = fake_quantized_checkpoint(source, tmp_path / "fake", precision, conv1d=case.startswith("gpt2"))
     export_model(fake, tmp_path / "ref", progress=False)
     for ours, reference in zip(run(tmp_path / "q"), run(tmp_path / "ref")):
-        assert np.abs(ours - reference).max() <= 0.03 * np.abs(reference).max()
+        assert np.abs(ours - reference).max() <= bound * np.abs(reference).max()
 
 
 @pytest.mark.parametrize("precision, min_cosine, mean_cosine", [("int8", 0.998, 0.999), ("int4", 0.85, 0.95)])
@@ -75,15 +85,14 @@ def test_quantized_logits_stay_close_to_fp32(case, precision, min_cosine, mean_c
         assert cosine.min() >= min_cosine and cosine.mean() >= mean_cosine
 
 
-def test_int4_linears_are_matmulq4_and_the_head_matmulnbits_int8(tiny_artifact):
+def test_int4_linears_are_matmulq4_and_the_head_matmulq8(tiny_artifact):
     """int4 layers; the LM head defaults to int8 (the most quantisation-sensitive matmul)."""
     graph = onnx.load(tiny_artifact("llama2", "int4") / "model.onnx", load_external_data=False).graph
-    assert not [n for n in graph.node if n.op_type in ("Gemm", "MatMul", "AddBlockOffsets")]
+    assert not [n for n in graph.node if n.op_type in ("Gemm", "MatMul", "MatMulNBits", "AddBlockOffsets")]
     q4 = [n for n in graph.node if n.op_type == "MatMulQ4"]
     assert sorted(n.name.split(".")[-2] for n in q4) == sorted(["down", "gate_up", "o", "qkv"] * 2)
-    (head,) = [n for n in graph.node if n.op_type == "MatMulNBits"]
-    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in head.attribute}
-    assert head.name.startswith("lm_head") and (attrs["bits"], attrs["block_size"], attrs["accuracy_level"]) == (8, 32, 4)
+    (head,) = [n for n in graph.node if n.op_type == "MatMulQ8"]
+    assert head.name.startswith("lm_head")
 
 
 def test_lm_head_precision_is_chosen_separately(tiny_checkpoint, tmp_path):
@@ -96,9 +105,8 @@ def test_lm_head_precision_is_chosen_separately(tiny_checkpoint, tmp_path):
     )
     graph = onnx.load(tmp_path / "a" / "model.onnx", load_external_data=False).graph
     heads = [n for n in graph.node if n.name.startswith("lm_head")]
-    assert len(heads) == 1 and heads[0].op_type == "MatMulNBits"
-    assert {a.name: a.i for a in heads[0].attribute}["bits"] == 8
-    layers = [n for n in graph.node if n.name.startswith("layers.") and n.op_type in ("MatMulQ4", "MatMulNBits")]
+    assert len(heads) == 1 and heads[0].op_type == "MatMulQ8"
+    layers = [n for n in graph.node if n.name.startswith("layers.") and n.op_type.startswith("MatMul")]
     assert layers and {n.op_type for n in layers} == {"MatMulQ4"}
 
 
@@ -113,43 +121,27 @@ def ort_round_to_nearest(weight: np.ndarray, bits: int) -> np.ndarray:
     zero_points = np.zeros((n, -(-(k // 32) * bits // 8)), np.uint8)
     quantizer = {4: quantize_matmul_4bits, 8: quantize_matmul_8bits}[bits]
     quantizer(packed, np.ascontiguousarray(weight.T), scales, zero_points, 32, n, k, False)
-    from ortserve.export.quantize import QuantizedWeight
+    from ortserve.export.nbits import QuantizedWeight
 
     return dequantize(QuantizedWeight(packed, scales, zero_points, bits), k)
 
 
 @pytest.mark.parametrize("bits", [4, 8])
 def test_the_scale_search_beats_round_to_nearest_on_natural_weights(bits):
-    """int4: MatMulQ4's fp16 d and m per block (quantize_q4); int8: MatMulNBits' scale and zero point."""
+    """d and m per block (fp16) searched for the least error, against onnxruntime's min/max rounding."""
     rng = np.random.default_rng(0)
     w = (rng.standard_normal((64, 512)) * rng.uniform(0.5, 2.0, (64, 1))).astype(np.float32)
     w[:, ::37] *= 4  # a few outliers per row, as real weights have
-    restored = quantize_q4(w).dequantize() if bits == 4 else dequantize(quantize(w, bits), 512)
-    ours = float(((restored - w) ** 2).mean())
+    ours = float(((quantize_q(w, bits).dequantize() - w) ** 2).mean())
     reference = float(((ort_round_to_nearest(w, bits) - w) ** 2).mean())
     assert ours < 0.95 * reference, (ours, reference)
 
 
-def q4_1_grid(natural: np.ndarray) -> np.ndarray:
-    import gguf
-
-    q4_1 = gguf.GGMLQuantizationType.Q4_1
-    return gguf.quants.dequantize(gguf.quants.quantize(natural, q4_1), q4_1)
-
-
 def test_int4_recovers_weights_on_a_q4_1_grid_exactly():
     """Dequantised Q4_1 blocks (gguf's own quantiser): d and m are fp16, and the search finds them."""
-    grid = q4_1_grid(np.random.default_rng(1).standard_normal((32, 256)).astype(np.float32))
-    assert np.array_equal(quantize_q4(grid).dequantize(), grid)
-
-
-def test_int8_keeps_a_min_step_grid_with_float_offsets_and_natural_weights_do_not():
-    """Dequantised Q4_1 blocks sit on every 17th int8 level from their minimum: recovered by float
-    block minimums; Gaussian weights stay with integer zero points (no AddBlockOffsets)."""
-    from ortserve.export.quantize import prefers_offsets
+    import gguf
 
     natural = np.random.default_rng(1).standard_normal((32, 256)).astype(np.float32)
-    grid = q4_1_grid(natural)
-    assert prefers_offsets(grid, 8) and not prefers_offsets(natural, 8)
-    recovered = dequantize(quantize(grid, 8, offsets=True), 256)
-    assert np.abs(recovered - grid).max() <= 1e-6 * np.abs(grid).max()
+    q4_1 = gguf.GGMLQuantizationType.Q4_1
+    grid = gguf.quants.dequantize(gguf.quants.quantize(natural, q4_1), q4_1)
+    assert np.array_equal(quantize_q(grid, 4).dequantize(), grid)

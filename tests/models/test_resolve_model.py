@@ -95,6 +95,7 @@ def test_cache_key_is_the_content_and_the_options(tmp_path: Path, empty_cache: P
     native = resolve_model(tmp_path / "a.gguf", progress=False)
     assert resolve_model(tmp_path / "elsewhere" / "a.gguf", progress=False) == native
     assert resolve_model(tmp_path / "a.gguf", precision="fp32", progress=False) != native
+    assert resolve_model(tmp_path / "a.gguf", activation_bits=8, progress=False) != native
     os.rename(tmp_path / "b.gguf", tmp_path / "a.gguf")  # same path, other content
     assert resolve_model(tmp_path / "a.gguf", progress=False) != native
 
@@ -179,6 +180,6 @@ def test_two_processes_resolving_at_once_convert_and_export_once(tmp_path: Path,
     outputs = [proc.communicate(timeout=600) for proc in procs]
     assert [proc.returncode for proc in procs] == [0, 0], [err[-2000:] for _, err in outputs]
     artifacts = {out.strip().splitlines()[-1] for out, _ in outputs}
-    assert artifacts == {str(tmp_path / "cache" / "artifacts" / "smollm2-135m-instruct-native")}
+    assert artifacts == {str(tmp_path / "cache" / "artifacts" / "smollm2-135m-instruct-native-a16")}
     logs = "".join(err for _, err in outputs)
     assert logs.count("Converting SmolLM2") == 1 and logs.count("Exporting smollm2") == 1, logs[-2000:]

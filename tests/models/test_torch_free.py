@@ -85,7 +85,7 @@ def test_first_serve_resolves_the_default_model_without_torch(tmp_path: Path, re
         tmp_path / "cache",
     )
     outcome = json.loads(result.stdout.strip().splitlines()[-1])
-    assert outcome["artifact"] == str(tmp_path / "cache" / "artifacts" / "smollm2-135m-instruct-native")
+    assert outcome["artifact"] == str(tmp_path / "cache" / "artifacts" / "smollm2-135m-instruct-native-a16")
     assert (outcome["precision"], outcome["layers"]) == ("int4", 30)
     assert outcome["formats"] == {"Q4_1 (exact)": 210, "Q8_0 (exact)": 1}
     report_figure(

@@ -2,7 +2,7 @@
 block 32, integer zero points, accuracy level 4) followed by AddBlockOffsets (fp16 float block
 minimums, as Q4_1 codes need), on the same codes, in one process, in alternating rounds of runs (a session's idle pool threads spin for
 a while after each run and would slow the other session's next one).
-Shapes are SmolLM2-135M's linears; rows are a decode step (1), a batched decode (4, 16) and prefill
+MatMulQ4 runs with 8-bit and with 16-bit activations (int8 + an int8 residual). Shapes are SmolLM2-135M's linears; rows are a decode step (1), a batched decode (4, 16) and prefill
 chunks (64, 512). Times are medians over --iters runs of each session, in microseconds.
 
     python benchmarks/bench_matmul_q4.py --threads 2
@@ -18,12 +18,12 @@ import time
 import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
+from ortserve.export.nbits import pack
+from ortserve.export.q4 import Q4Weight
+from ortserve.ops.paged_attention_reference import matmul_q4
 from runners.common import kernel_isa
 
 import ortserve.ops
-from ortserve.export.q4 import Q4Weight
-from ortserve.export.quantize import pack
-from ortserve.ops.paged_attention_reference import matmul_q4
 
 SHAPES = {"qkv": (576, 960), "o": (576, 576), "gate_up": (576, 3072), "down": (1536, 576)}
 
@@ -43,9 +43,11 @@ def session(m, threads: int) -> ort.InferenceSession:
     return ort.InferenceSession(m.SerializeToString(), o, providers=["CPUExecutionProvider"])
 
 
-def q4_session(w: Q4Weight, k: int, n: int, threads: int) -> ort.InferenceSession:
+def q4_session(w: Q4Weight, k: int, n: int, threads: int, activation_bits: int = 8) -> ort.InferenceSession:
     codes, scales = w.packed()
-    node = helper.make_node("MatMulQ4", ["x", "codes", "scales"], ["y"], domain="ortserve", N=n, K=k)
+    node = helper.make_node(
+        "MatMulQ4", ["x", "codes", "scales"], ["y"], domain="ortserve", N=n, K=k, activation_bits=activation_bits
+    )
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", k])
     inits = [numpy_helper.from_array(codes, "codes"), numpy_helper.from_array(scales, "scales")]
     return session(model([node], [x], inits), threads)
@@ -89,14 +91,20 @@ def main() -> None:
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     print(f"ISA: {kernel_isa()}, threads {args.threads}, kernel build: {ortserve.ops.library_path()}")
-    print("| shape K x N | rows | MatMulQ4 us | MatMulNBits + AddBlockOffsets us | speed-up |")
-    print("|---|---:|---:|---:|---:|")
+    print(
+        "| shape K x N | rows | MatMulQ4 us | MatMulQ4, 16-bit activations us | MatMulNBits + AddBlockOffsets us | speed-up (8-bit) |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
     for name in args.shapes:
         k, n = SHAPES[name] if name in SHAPES else map(int, name.split("x"))
         d = rng.uniform(0.002, 0.01, (n, k // 32)).astype(np.float16).astype(np.float32)
         m = (-d * rng.uniform(6, 9, d.shape)).astype(np.float16).astype(np.float32)
         w = Q4Weight(rng.integers(0, 16, (n, k), dtype=np.uint8), d, m)
-        sessions = {"q4": q4_session(w, k, n, args.threads), "nbits": nbits_session(w, k, n, args.threads)}
+        sessions = {
+            "q4": q4_session(w, k, n, args.threads),
+            "q4-16": q4_session(w, k, n, args.threads, 16),
+            "nbits": nbits_session(w, k, n, args.threads),
+        }
         for rows in args.rows:
             x = rng.normal(size=(rows, k)).astype(np.float32)
             reference = matmul_q4(x, *w.packed(), n)
@@ -112,8 +120,8 @@ def main() -> None:
                         start = time.perf_counter()
                         s.run(None, {"x": x})
                         times[key].append(time.perf_counter() - start)
-            q4, nbits = (statistics.median(times[key]) * 1e6 for key in ("q4", "nbits"))
-            print(f"| {name} {k}x{n} | {rows} | {q4:,.1f} | {nbits:,.1f} | {nbits / q4:.2f}x |")
+            q4, q4_16, nbits = (statistics.median(times[key]) * 1e6 for key in ("q4", "q4-16", "nbits"))
+            print(f"| {name} {k}x{n} | {rows} | {q4:,.1f} | {q4_16:,.1f} | {nbits:,.1f} | {nbits / q4:.2f}x |")
 
 
 if __name__ == "__main__":

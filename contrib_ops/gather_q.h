@@ -1,0 +1,20 @@
+// ortserve::GatherQ4 and ortserve::GatherQ8 (domain "ortserve", since op_version 6): rows of a MatMulQ4 /
+// MatMulQ8 weight, dequantised: y[t] = d * q + m of row indices[t], so a tied embedding and LM head
+// share one copy of the codes (matmul_q_kernel.h has the layout).
+//   codes u8 [G, KB, 256 or 512], scales f16 or f32 [G, KB, 2, 16], indices i64 [T] -> y f32 [T, K];
+//   attributes N (the rows) and K (the row width). An index outside [0, N) fails the run, naming it.
+// The numpy reference is gather_q() in paged_attention_reference.py.
+#pragma once
+
+#define ORT_API_MANUAL_INIT
+#include "onnxruntime_lite_custom_op.h"
+#undef ORT_API_MANUAL_INIT
+
+#include <vector>
+
+namespace ortserve {
+
+// The ops' definitions (4 and 8 bits, f16 and f32 scales), for RegisterCustomOps.
+std::vector<Ort::Custom::OrtLiteCustomOp*> GatherQOps();
+
+}  // namespace ortserve

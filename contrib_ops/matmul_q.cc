@@ -1,0 +1,185 @@
+// See matmul_q.h.
+#include "matmul_q.h"
+
+#include "isa.h"
+
+#include <algorithm>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+using namespace ortserve;
+using Ort::Custom::Tensor;
+using QuantizeFn = void (*)(const float*, int64_t, int64_t, bool, int8_t*, float*);
+using TileFn = void (*)(int, const uint8_t*, const void*, bool, bool, const int8_t*, const float*, const float*,
+                        float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
+
+struct Kernels {
+  QuantizeFn quantize;
+  TileFn tile;
+};
+
+Kernels PickKernels() {
+#ifdef ORTSERVE_GENERIC_KERNEL_ONLY
+  return {generic::QuantizeRows, generic::QTile};
+#else
+  return {PickBuild<QuantizeFn>(avx512::QuantizeRows, avx2::QuantizeRows, generic::QuantizeRows),
+          PickBuild<TileFn>(avx512::QTile, avx2::QTile, generic::QTile)};
+#endif
+}
+
+int64_t CpuCount() {
+  static const int64_t count = std::max(1u, std::thread::hardware_concurrency());
+  return count;
+}
+
+// A task is a tile of int8 activation rows (two per row of x with 16-bit activations) x weight groups.
+// Up to kWholeRows rows (decode batches) stay in one tile, so every weight is read once per call, and
+// the groups split over about 4 tasks a CPU; longer chunks (prefill) take tiles of kRowsPerTask rows x
+// kGroupsPerTask groups, whose codes stay in cache while the rows stream past. Below kSerialWork
+// weight bytes x rows the calling thread does it all: waking the pool costs more.
+constexpr int64_t kWholeRows = 32, kRowsPerTask = 64, kGroupsPerTask = 8, kSerialWork = 1 << 16;
+
+struct Job {
+  int bits;
+  const uint8_t* codes;
+  const void* scales;
+  bool half, residual;
+  int8_t* xq;
+  float* xs;
+  const float *x, *bias;
+  float* y;
+  int64_t T, K, KB, N, G;
+  int64_t rows_per_task, groups_per_task;
+  const Kernels* kernels;
+
+  int64_t Rows() const { return residual ? 2 * T : T; }  // int8 rows
+  int64_t GroupTiles() const { return (G + groups_per_task - 1) / groups_per_task; }
+  size_t Tasks() const { return static_cast<size_t>(GroupTiles() * ((Rows() + rows_per_task - 1) / rows_per_task)); }
+};
+
+void RunTask(void* data, size_t task) {
+  const auto* job = static_cast<const Job*>(data);
+  const int64_t tile = static_cast<int64_t>(task);
+  const int64_t t0 = tile / job->GroupTiles() * job->rows_per_task;
+  const int64_t t1 = std::min(t0 + job->rows_per_task, job->Rows());
+  const int64_t g0 = tile % job->GroupTiles() * job->groups_per_task, g1 = std::min(g0 + job->groups_per_task, job->G);
+  job->kernels->tile(job->bits, job->codes, job->scales, job->half, job->residual, job->xq, job->xs, job->bias, job->y, job->KB,
+                     job->N, t0, t1, g0, g1);
+}
+
+void QuantizeTask(void* data, size_t task) {
+  const auto* job = static_cast<const Job*>(data);
+  const int64_t t0 = static_cast<int64_t>(task) * kRowsPerTask, rows = std::min(kRowsPerTask, job->T - t0);
+  const int64_t r0 = job->residual ? 2 * t0 : t0;
+  job->kernels->quantize(job->x + t0 * job->K, rows, job->K, job->residual, job->xq + r0 * job->KB * kQBlock,
+                         job->xs + r0 * job->KB * 2);
+}
+
+std::string ShapeText(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+template <int Bits, typename ScaleT>
+struct MatMulQ {
+  static_assert(std::is_same_v<ScaleT, float> || std::is_same_v<ScaleT, Ort::Float16_t>);
+  static constexpr int64_t kBlockBytes = Bits == 4 ? kQ4BlockBytes : kQ8BlockBytes;
+
+  MatMulQ(const OrtApi* api, const OrtKernelInfo* info) {
+    if (OrtStatus* st = api->KernelInfoGetAttribute_int64(info, "N", &N_)) {
+      api->ReleaseStatus(st);
+      N_ = 0;
+    }
+    if (OrtStatus* st = api->KernelInfoGetAttribute_int64(info, "K", &K_)) {  // optional: checks x
+      api->ReleaseStatus(st);
+      K_ = 0;
+    }
+    if (OrtStatus* st = api->KernelInfoGetAttribute_int64(info, "activation_bits", &activation_bits_)) {
+      api->ReleaseStatus(st);
+      activation_bits_ = 8;
+    }
+  }
+
+  Ort::Status Compute(OrtKernelContext* context, const Tensor<float>& x, const Tensor<uint8_t>& codes,
+                      const Tensor<ScaleT>& scales, std::optional<const Tensor<float>*> bias, Tensor<float>& y) {
+    if (N_ <= 0) return Error("attribute 'N' (the weight's rows) is required and must be > 0, got " + std::to_string(N_));
+    if (activation_bits_ != 8 && activation_bits_ != 16)
+      return Error("attribute 'activation_bits' must be 8 or 16, got " + std::to_string(activation_bits_));
+    const std::vector<int64_t>&xs = x.Shape(), &cs = codes.Shape(), &ss = scales.Shape();
+    if (xs.size() != 2 || xs[1] <= 0 || (K_ > 0 && xs[1] != K_))
+      return Error("x must be [T, K" + (K_ > 0 ? " = " + std::to_string(K_) : std::string(" > 0")) + "], got " +
+                   ShapeText(xs));
+    const int64_t T = xs[0], K = xs[1], KB = (K + kQBlock - 1) / kQBlock, G = (N_ + kQGroup - 1) / kQGroup;
+    if (cs != std::vector<int64_t>{G, KB, kBlockBytes})
+      return Error("codes must be [ceil(N / 16), ceil(K / 32), " + std::to_string(kBlockBytes) +
+                   "] = " + ShapeText({G, KB, kBlockBytes}) +
+                   " for N = " + std::to_string(N_) + ", K = " + std::to_string(K) + ", got " + ShapeText(cs));
+    if (ss != std::vector<int64_t>{G, KB, 2, kQGroup})
+      return Error("scales must be " + ShapeText({G, KB, 2, kQGroup}) + ", got " + ShapeText(ss));
+    const float* bias_data = nullptr;
+    if (bias.has_value() && *bias != nullptr) {
+      if ((*bias)->Shape() != std::vector<int64_t>{N_})
+        return Error("bias must be [N] = [" + std::to_string(N_) + "], got " + ShapeText((*bias)->Shape()));
+      bias_data = (*bias)->Data();
+    }
+    float* out = y.Allocate({T, N_});
+    if (T == 0) return Ort::Status{nullptr};
+
+    // x to int8 blocks (per-thread scratch, reused across calls), then the tiles
+    const bool residual = activation_bits_ == 16;
+    const int64_t rows = residual ? 2 * T : T;
+    thread_local std::vector<int8_t> xq;
+    thread_local std::vector<float> xscales;
+    xq.resize(static_cast<size_t>(rows * KB * kQBlock));
+    xscales.resize(static_cast<size_t>(rows * KB * 2));
+    const bool decode = rows <= kWholeRows;
+    const int64_t groups_per_task = decode ? std::max<int64_t>(1, G / (4 * CpuCount())) : kGroupsPerTask;
+    Job job{Bits, codes.Data(), scales.Data(), std::is_same_v<ScaleT, Ort::Float16_t>, residual, xq.data(), xscales.data(),
+            x.Data(), bias_data, out, T, K, KB, N_, G, decode ? rows : kRowsPerTask, groups_per_task, &kernels_};
+    Ort::KernelContext ctx(context);
+    const bool serial = rows * G * KB * kBlockBytes < kSerialWork;
+    const size_t row_tasks = static_cast<size_t>((T + kRowsPerTask - 1) / kRowsPerTask);
+    if (serial || row_tasks == 1) {
+      for (size_t task = 0; task < row_tasks; ++task) QuantizeTask(&job, task);
+    } else {
+      ctx.ParallelFor(QuantizeTask, row_tasks, 0, &job);
+    }
+    const size_t tasks = job.Tasks();
+    if (serial || tasks == 1) {
+      for (size_t task = 0; task < tasks; ++task) RunTask(&job, task);
+    } else {
+      ctx.ParallelFor(RunTask, tasks, 0, &job);
+    }
+    return Ort::Status{nullptr};
+  }
+
+  static Ort::Status Error(const std::string& msg) {
+    return Ort::Status(((Bits == 4 ? "MatMulQ4: " : "MatMulQ8: ") + msg).c_str(), ORT_INVALID_ARGUMENT);
+  }
+
+  int64_t N_ = 0, K_ = 0, activation_bits_ = 8;
+  Kernels kernels_ = PickKernels();
+};
+
+}  // namespace
+
+namespace ortserve {
+
+std::vector<Ort::Custom::OrtLiteCustomOp*> MatMulQOps() {
+  using Ort::Custom::CreateLiteCustomOp;
+  using Op = std::unique_ptr<Ort::Custom::OrtLiteCustomOp>;
+  static Op q4_f16{CreateLiteCustomOp<MatMulQ<4, Ort::Float16_t>>("MatMulQ4", "CPUExecutionProvider", 1)};
+  static Op q4_f32{CreateLiteCustomOp<MatMulQ<4, float>>("MatMulQ4", "CPUExecutionProvider", 1)};
+  static Op q8_f16{CreateLiteCustomOp<MatMulQ<8, Ort::Float16_t>>("MatMulQ8", "CPUExecutionProvider", 1)};
+  static Op q8_f32{CreateLiteCustomOp<MatMulQ<8, float>>("MatMulQ8", "CPUExecutionProvider", 1)};
+  return {q4_f16.get(), q4_f32.get(), q8_f16.get(), q8_f32.get()};
+}
+
+}  // namespace ortserve

@@ -1,0 +1,28 @@
+// ortserve::MatMulQ4 and ortserve::MatMulQ8 (domain "ortserve", since op_version 6): y = x @ W.T (+ bias)
+// for a 4- or 8-bit block-quantised W [N, K], w = d * q + m per row and block of 32 columns, with x
+// quantised to int8 per block of 32 on the way in (as llama.cpp's Q4_1 x Q8_1 dot product), or with
+// activation_bits = 16 to int8 plus an int8 residual (two integer passes; x held to about 16 bits):
+//   x f32 [T, K], codes u8 [G, KB, 256 (Q4) or 512 (Q8)], scales f16 or f32 [G, KB, 2, 16],
+//   bias f32 [N] (optional) -> y f32 [T, N]; attributes N (the rows; G = ceil(N / 16),
+//   KB = ceil(K / 32)), optionally K (checks x) and activation_bits (8, the default, or 16).
+// The layout is in matmul_q_kernel.h. GGUF's block-32 formats map onto it exactly (Q4_0: m = -8d;
+// Q4_1: d, m; Q4_K: d * scale, -dmin * min; Q8_0: q + 128, m = -128d; Q5_0, Q5_1, Q5_K likewise), so
+// one node replaces MatMulNBits and AddBlockOffsets. The numpy reference is matmul_q() in
+// paged_attention_reference.py.
+#pragma once
+
+#define ORT_API_MANUAL_INIT
+#include "onnxruntime_lite_custom_op.h"
+#undef ORT_API_MANUAL_INIT
+
+#include "matmul_q_kernel.h"
+
+#include <vector>
+
+namespace ortserve {
+
+// The ops' definitions (4 and 8 bits, f16 and f32 scales), for RegisterCustomOps; they live as long as
+// the library.
+std::vector<Ort::Custom::OrtLiteCustomOp*> MatMulQOps();
+
+}  // namespace ortserve

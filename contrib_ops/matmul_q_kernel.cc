@@ -1,0 +1,356 @@
+// MatMulQ kernels (see matmul_q_kernel.h), compiled once per ISA. Per block of 32 columns and
+// group of 16 weight rows, the integer dot products of the 4- or 8-bit codes with the int8 activations
+// run with one int32 lane per weight row (AVX-512 VNNI: vpdpbusd; AVX2: vpmaddubsw + vpmaddwd on 4-bit
+// halves, so the int16 sums cannot saturate), then
+//   acc[row] += dot * (d[row] * dx) + m[row] * (dx * sum(xq))     // w = d * q + m, x ~ dx * xq
+// in float. Lanes are weight rows, so no horizontal sums: a group's 16 outputs are one vector.
+// Up to kTileRows activation rows share each unpacked block of codes (prefill chunks, batched decode).
+// With 16-bit activations each row of x is two int8 rows, its codes and the residual's, whose
+// results are added as they are stored.
+#include "matmul_q_kernel.h"
+
+#ifndef ORTSERVE_ISA
+#error "compile with -DORTSERVE_ISA=avx512|avx2|generic"
+#endif
+
+#if defined(__AVX2__)
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -Wmaybe-uninitialized reports
+// wherever they are inlined: a false positive of the compiler's own headers.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#endif
+
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
+namespace ortserve {
+namespace ORTSERVE_ISA {
+
+namespace {
+
+#include "simd_math.h"  // HalfToFloat, HalvesToFloats: in this ISA's namespace
+
+ALWAYS_INLINE int64_t MinI(int64_t a, int64_t b) { return a < b ? a : b; }
+
+constexpr int64_t BlockBytes(int bits) { return bits == 4 ? kQ4BlockBytes : kQ8BlockBytes; }
+
+// One block's quantisation: dx and the codes' sum follow from amax (see the header).
+ALWAYS_INLINE void BlockScales(float amax, int32_t sum, float* s) {
+  const float dx = amax / 127.f;
+  s[0] = dx;
+  s[1] = dx * static_cast<float>(sum);
+}
+
+ALWAYS_INLINE float Inverse(float amax) { return amax > 0.f ? 127.f / amax : 0.f; }
+
+// A block of up to 32 values of x, zero-padded to 32.
+ALWAYS_INLINE const float* Block32(const float* x, int64_t n, float* pad) {
+  if (n == kQBlock) return x;
+  for (int64_t i = 0; i < kQBlock; ++i) pad[i] = i < n ? x[i] : 0.f;
+  return pad;
+}
+
+ALWAYS_INLINE int32_t Load32(const int8_t* p) {
+  int32_t v;
+  __builtin_memcpy(&v, p, 4);
+  return v;
+}
+
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+constexpr int kTileRows = 8;
+
+ALWAYS_INLINE void QuantizeBlock(const float* in, int8_t* out, float* s) {
+  const __m512 v0 = _mm512_loadu_ps(in), v1 = _mm512_loadu_ps(in + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+  const __m512 id = _mm512_set1_ps(Inverse(amax));
+  const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, id)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, id));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtsepi32_epi8(q0));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16), _mm512_cvtsepi32_epi8(q1));
+  BlockScales(amax, _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)), s);
+}
+
+template <typename S>
+ALWAYS_INLINE __m512 Load16(const S* p) {
+  if constexpr (sizeof(S) == 2) return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  else return _mm512_loadu_ps(p);
+}
+
+// Rows [0, MT) of x against one group: y[i, 0..valid) for each row i (Pairs: y[i / 2] = the sum of rows
+// i and i + 1, an activation row and its residual).
+template <int Bits, typename S, int MT, bool Pairs>
+ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t* xq, int64_t xq_stride,
+                             const float* xs, int64_t xs_stride, const float* bias, float* y, int64_t y_stride,
+                             int64_t KB, int64_t valid) {
+  __m512 acc[MT];
+  for (int i = 0; i < MT; ++i) acc[i] = _mm512_setzero_ps();
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  for (int64_t b = 0; b < KB; ++b) {
+    const uint8_t* c = codes + b * BlockBytes(Bits);
+    __m512i w[8];  // w[q]: 16 rows x columns 4q..4q+3 of the block
+    if constexpr (Bits == 4) {
+      for (int j = 0; j < 4; ++j) {
+        const __m512i raw = _mm512_loadu_si512(c + 64 * j);
+        w[j] = _mm512_and_si512(raw, nibble);
+        w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nibble);
+      }
+    } else {
+      for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(c + 64 * j);
+    }
+    const __m512 d = Load16(scales + b * 2 * kQGroup), m = Load16(scales + b * 2 * kQGroup + kQGroup);
+    for (int i = 0; i < MT; ++i) {
+      const int8_t* xb = xq + i * xq_stride + b * kQBlock;
+      __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();  // two chains: half the latency
+      for (int q = 0; q < 8; q += 2) {
+        s0 = _mm512_dpbusd_epi32(s0, w[q], _mm512_set1_epi32(Load32(xb + 4 * q)));
+        s1 = _mm512_dpbusd_epi32(s1, w[q + 1], _mm512_set1_epi32(Load32(xb + 4 * q + 4)));
+      }
+      const float* sc = xs + i * xs_stride + 2 * b;
+      const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+      acc[i] = _mm512_fmadd_ps(dot, _mm512_mul_ps(d, _mm512_set1_ps(sc[0])), acc[i]);
+      acc[i] = _mm512_fmadd_ps(m, _mm512_set1_ps(sc[1]), acc[i]);
+    }
+  }
+  const __mmask16 mask = valid >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << valid) - 1);
+  const __m512 add = bias ? _mm512_maskz_loadu_ps(mask, bias) : _mm512_setzero_ps();
+  if constexpr (Pairs) {
+    for (int i = 0; i + 1 < MT; i += 2)
+      _mm512_mask_storeu_ps(y + i / 2 * y_stride, mask, _mm512_add_ps(_mm512_add_ps(acc[i], acc[i + 1]), add));
+  } else {
+    for (int i = 0; i < MT; ++i) _mm512_mask_storeu_ps(y + i * y_stride, mask, _mm512_add_ps(acc[i], add));
+  }
+}
+
+#elif defined(__AVX2__)
+constexpr int kTileRows = 4;
+
+ALWAYS_INLINE float HorizontalMax(__m256 v) {
+  __m128 r = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  r = _mm_max_ps(r, _mm_movehl_ps(r, r));
+  return _mm_cvtss_f32(_mm_max_ss(r, _mm_movehdup_ps(r)));
+}
+
+ALWAYS_INLINE int32_t HorizontalSum(__m256i v) {
+  __m128i r = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0x4E));
+  return _mm_cvtsi128_si32(_mm_add_epi32(r, _mm_shuffle_epi32(r, 0xB1)));
+}
+
+ALWAYS_INLINE void QuantizeBlock(const float* in, int8_t* out, float* s) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  __m256 v[4];
+  __m256 a = _mm256_setzero_ps();
+  for (int j = 0; j < 4; ++j) {
+    v[j] = _mm256_loadu_ps(in + 8 * j);
+    a = _mm256_max_ps(a, _mm256_andnot_ps(sign, v[j]));
+  }
+  const float amax = HorizontalMax(a);
+  const __m256 id = _mm256_set1_ps(Inverse(amax));
+  __m256i q[4];
+  for (int j = 0; j < 4; ++j) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], id));
+  // int32 -> int8 with saturation; the two packs interleave 128-bit lanes, the permute restores order
+  const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+  const __m256i ordered = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), ordered);
+  BlockScales(amax, HorizontalSum(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]))), s);
+}
+
+template <typename S>
+ALWAYS_INLINE __m256 Load8(const S* p) {
+  if constexpr (sizeof(S) == 2) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  else return _mm256_loadu_ps(p);
+}
+
+// As the AVX-512 build, one half of the group (8 rows) at a time. vpmaddubsw's int16 pair sums stay
+// below 2^15 when the codes are 4-bit: 8 of them add at most 16 * 15 * 127 = 30480. 8-bit codes are
+// taken as two 4-bit halves, hi * 16 + lo, each summed apart.
+template <int Bits, typename S, int MT, bool Pairs>
+ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t* xq, int64_t xq_stride,
+                             const float* xs, int64_t xs_stride, const float* bias, float* y, int64_t y_stride,
+                             int64_t KB, int64_t valid) {
+  const __m256i nibble = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);
+  for (int64_t h = 0; h < 2 && 8 * h < valid; ++h) {
+    __m256 acc[MT];
+    for (int i = 0; i < MT; ++i) acc[i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < KB; ++b) {
+      const uint8_t* c = codes + b * BlockBytes(Bits) + 32 * h;
+      __m256i low_pairs[MT], high_pairs[MT];  // 8-bit: the low and the high nibbles' sums
+      for (int i = 0; i < MT; ++i) low_pairs[i] = high_pairs[i] = _mm256_setzero_si256();
+      for (int j = 0; j < (Bits == 4 ? 4 : 8); ++j) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * j));
+        const __m256i low = _mm256_and_si256(raw, nibble), high = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
+        for (int i = 0; i < MT; ++i) {
+          const int8_t* xb = xq + i * xq_stride + b * kQBlock;
+          const __m256i x_low = _mm256_set1_epi32(Load32(xb + 4 * j));
+          const __m256i x_high = Bits == 4 ? _mm256_set1_epi32(Load32(xb + 16 + 4 * j)) : x_low;
+          low_pairs[i] = _mm256_add_epi16(low_pairs[i], _mm256_maddubs_epi16(low, x_low));
+          __m256i& high_sum = Bits == 4 ? low_pairs[i] : high_pairs[i];  // 4-bit: one sum holds both
+          high_sum = _mm256_add_epi16(high_sum, _mm256_maddubs_epi16(high, x_high));
+        }
+      }
+      const S* sb = scales + b * 2 * kQGroup + 8 * h;
+      const __m256 d = Load8(sb), m = Load8(sb + kQGroup);
+      for (int i = 0; i < MT; ++i) {
+        const float* sc = xs + i * xs_stride + 2 * b;
+        __m256i sum = _mm256_madd_epi16(low_pairs[i], ones);
+        if constexpr (Bits == 8) sum = _mm256_add_epi32(sum, _mm256_madd_epi16(high_pairs[i], sixteen));
+        const __m256 dot = _mm256_cvtepi32_ps(sum);
+        acc[i] = _mm256_fmadd_ps(dot, _mm256_mul_ps(d, _mm256_set1_ps(sc[0])), acc[i]);
+        acc[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(sc[1]), acc[i]);
+      }
+    }
+    const int64_t n = MinI(8, valid - 8 * h);
+    const auto store = [&](__m256 v, int64_t i) {
+      float out[8];
+      _mm256_storeu_ps(out, v);
+      float* row = y + i * y_stride + 8 * h;
+      for (int64_t r = 0; r < n; ++r) row[r] = out[r] + (bias ? bias[8 * h + r] : 0.f);
+    };
+    if constexpr (Pairs) {
+      for (int i = 0; i + 1 < MT; i += 2) store(_mm256_add_ps(acc[i], acc[i + 1]), i / 2);
+    } else {
+      for (int i = 0; i < MT; ++i) store(acc[i], i);
+    }
+  }
+}
+
+#else
+constexpr int kTileRows = 2;
+
+ALWAYS_INLINE void QuantizeBlock(const float* in, int8_t* out, float* s) {
+  float amax = 0.f;
+  for (int64_t i = 0; i < kQBlock; ++i) amax = __builtin_fmaxf(amax, __builtin_fabsf(in[i]));
+  const float id = Inverse(amax);
+  int32_t sum = 0;
+  for (int64_t i = 0; i < kQBlock; ++i) {
+    const float v = __builtin_fminf(__builtin_fmaxf(__builtin_rintf(in[i] * id), -127.f), 127.f);
+    out[i] = static_cast<int8_t>(v);
+    sum += out[i];
+  }
+  BlockScales(amax, sum, s);
+}
+
+// The code of column 4q + j (of the block at c, for the row c points into).
+template <int Bits>
+ALWAYS_INLINE int32_t Code(const uint8_t* c, int64_t q, int64_t j) {
+  if constexpr (Bits == 8) return c[64 * q + j];
+  const uint8_t byte = c[64 * (q % 4) + j];
+  return q < 4 ? byte & 0x0F : byte >> 4;
+}
+
+template <typename S>
+ALWAYS_INLINE float Scale(const S* p) {
+  if constexpr (sizeof(S) == 2) return HalfToFloat(*p);
+  else return *p;
+}
+
+template <int Bits, typename S, int MT, bool Pairs>
+ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t* xq, int64_t xq_stride,
+                             const float* xs, int64_t xs_stride, const float* bias, float* y, int64_t y_stride,
+                             int64_t KB, int64_t valid) {
+  for (int64_t r = 0; r < valid; ++r) {
+    float acc[MT] = {};
+    for (int i = 0; i < MT; ++i)
+      for (int64_t b = 0; b < KB; ++b) {
+        const uint8_t* c = codes + b * BlockBytes(Bits) + 4 * r;
+        const int8_t* xb = xq + i * xq_stride + b * kQBlock;
+        int32_t dot = 0;
+        for (int64_t q = 0; q < 8; ++q)
+          for (int64_t j = 0; j < 4; ++j) dot += Code<Bits>(c, q, j) * xb[4 * q + j];
+        const S* sb = scales + b * 2 * kQGroup + r;
+        const float* sc = xs + i * xs_stride + 2 * b;
+        acc[i] += static_cast<float>(dot) * (Scale(sb) * sc[0]);
+        acc[i] += Scale(sb + kQGroup) * sc[1];
+      }
+    const float add = bias ? bias[r] : 0.f;
+    if constexpr (Pairs) {
+      for (int i = 0; i + 1 < MT; i += 2) y[i / 2 * y_stride + r] = acc[i] + acc[i + 1] + add;
+    } else {
+      for (int i = 0; i < MT; ++i) y[i * y_stride + r] = acc[i] + add;
+    }
+  }
+}
+#endif
+
+template <int Bits, typename S, int MT, bool Pairs>
+void TileRows(const uint8_t* codes, const S* scales, const int8_t* xq, const float* xs, const float* bias, float* y,
+              int64_t KB, int64_t N, int64_t t, int64_t g0, int64_t g1) {
+  const int64_t xq_stride = KB * kQBlock, xs_stride = 2 * KB;
+  float* y_rows = y + (Pairs ? t / 2 : t) * N;
+  for (int64_t g = g0; g < g1; ++g) {
+    const int64_t n0 = g * kQGroup;
+    GroupRows<Bits, S, MT, Pairs>(codes + g * KB * BlockBytes(Bits), scales + g * KB * 2 * kQGroup,
+                                  xq + t * xq_stride, xq_stride, xs + t * xs_stride, xs_stride,
+                                  bias ? bias + n0 : nullptr, y_rows + n0, N, KB, MinI(kQGroup, N - n0));
+  }
+}
+
+// The last rows < kTileRows of a range, in one pass over the weights (Pairs: an even count).
+template <int Bits, typename S, int MT, bool Pairs>
+void LastRows(const uint8_t* codes, const S* scales, const int8_t* xq, const float* xs, const float* bias, float* y,
+              int64_t KB, int64_t N, int64_t t, int64_t rows, int64_t g0, int64_t g1) {
+  if constexpr (MT > 1) {
+    if (rows < MT) return LastRows<Bits, S, MT - 1, Pairs>(codes, scales, xq, xs, bias, y, KB, N, t, rows, g0, g1);
+  }
+  if constexpr (MT >= 1) TileRows<Bits, S, MT, Pairs>(codes, scales, xq, xs, bias, y, KB, N, t, g0, g1);
+}
+
+template <int Bits, typename S, bool Pairs>
+void Tile(const uint8_t* codes, const S* scales, const int8_t* xq, const float* xs, const float* bias, float* y,
+          int64_t KB, int64_t N, int64_t t0, int64_t t1, int64_t g0, int64_t g1) {
+  int64_t t = t0;
+  for (; t + kTileRows <= t1; t += kTileRows)
+    TileRows<Bits, S, kTileRows, Pairs>(codes, scales, xq, xs, bias, y, KB, N, t, g0, g1);
+  if (t < t1) LastRows<Bits, S, kTileRows - 1, Pairs>(codes, scales, xq, xs, bias, y, KB, N, t, t1 - t, g0, g1);
+}
+
+template <int Bits, typename S>
+void TileOf(const uint8_t* codes, const S* scales, bool pairs, const int8_t* xq, const float* xs, const float* bias,
+            float* y, int64_t KB, int64_t N, int64_t t0, int64_t t1, int64_t g0, int64_t g1) {
+  if (pairs)
+    Tile<Bits, S, true>(codes, scales, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
+  else
+    Tile<Bits, S, false>(codes, scales, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
+}
+
+template <int Bits>
+void TileOfBits(const uint8_t* codes, const void* scales, bool half, bool pairs, const int8_t* xq, const float* xs,
+                const float* bias, float* y, int64_t KB, int64_t N, int64_t t0, int64_t t1, int64_t g0, int64_t g1) {
+  if (half)
+    TileOf<Bits>(codes, static_cast<const uint16_t*>(scales), pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
+  else
+    TileOf<Bits>(codes, static_cast<const float*>(scales), pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
+}
+
+// A row of x to int8 blocks and, with a residual, the part of each block the codes miss: x - dx * xq
+// rounded once (fma), then quantised as x is.
+void QuantizeRow(const float* x, int64_t K, int64_t KB, bool residual, int8_t* xq, float* xs) {
+  float pad[kQBlock], rest[kQBlock];
+  for (int64_t b = 0; b < KB; ++b) {
+    const int64_t k0 = b * kQBlock;
+    const float* in = Block32(x + k0, MinI(kQBlock, K - k0), pad);
+    QuantizeBlock(in, xq + k0, xs + 2 * b);
+    if (!residual) continue;
+    const float dx = xs[2 * b];
+    for (int64_t i = 0; i < kQBlock; ++i) rest[i] = __builtin_fmaf(-dx, static_cast<float>(xq[k0 + i]), in[i]);
+    QuantizeBlock(rest, xq + KB * kQBlock + k0, xs + 2 * KB + 2 * b);
+  }
+}
+
+}  // namespace
+
+void QuantizeRows(const float* x, int64_t T, int64_t K, bool residual, int8_t* xq, float* xs) {
+  const int64_t KB = (K + kQBlock - 1) / kQBlock, rows = residual ? 2 : 1;
+  for (int64_t t = 0; t < T; ++t)
+    QuantizeRow(x + t * K, K, KB, residual, xq + t * rows * KB * kQBlock, xs + t * rows * KB * 2);
+}
+
+void QTile(int bits, const uint8_t* codes, const void* scales, bool half, bool pairs, const int8_t* xq,
+           const float* xs, const float* bias, float* y, int64_t KB, int64_t N, int64_t t0, int64_t t1, int64_t g0,
+           int64_t g1) {
+  if (bits == 4)
+    TileOfBits<4>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
+  else
+    TileOfBits<8>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
+}
+
+}  // namespace ORTSERVE_ISA
+}  // namespace ortserve

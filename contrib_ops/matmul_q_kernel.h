@@ -1,0 +1,43 @@
+// Interface between the MatMulQ ops (matmul_q.cc) and their kernels (matmul_q_kernel.cc, compiled
+// once per ISA). Nothing from the standard library beyond integer types: no inline function may be
+// shared between builds of different ISAs.
+//
+// The weight layout (the numpy reference pack_q in paged_attention_reference.py is its definition):
+// W [N, K] as w = d * q + m, q in 0..15 (MatMulQ4) or 0..255 (MatMulQ8), one (d, m) per row and block
+// of 32 columns along K. Rows are taken 16 at a time (a group; N is padded to whole groups with
+// q = d = m = 0), blocks 32 columns at a time (K padded with q = 0):
+//   codes  u8 [G, KB, 256] (4-bit): byte c * 64 + r * 4 + j of block b holds q[16g + r, 32b + 4c + j]
+//          in its low nibble and q[16g + r, 32b + 16 + 4c + j] in its high one (c < 4, r < 16, j < 4);
+//          u8 [G, KB, 512] (8-bit): byte c * 64 + r * 4 + j holds q[16g + r, 32b + 4c + j] (c < 8).
+//          Either way a 64-byte load (and a nibble mask) gives 16 rows x 4 columns: an int32 lane a row.
+//   scales f16 or f32 [G, KB, 2, 16]: d then m of the group's 16 rows.
+#pragma once
+
+#include <cstdint>
+
+namespace ortserve {
+
+constexpr int64_t kQBlock = 32, kQGroup = 16, kQ4BlockBytes = 256, kQ8BlockBytes = 512;
+
+// QuantizeRows: rows of x [T, K] to int8, per block of 32: xq = rint(x * 127 / amax) (amax = max |x| of
+// the block, 0 -> codes 0), into xq [R, KB * 32] (zero-padded) and xs [R, KB, 2] = {dx, dx * sum(xq)}
+// with dx = amax / 127. R = T rows, or with residual 2T: row 2t is x's, row 2t + 1 quantises the same
+// way what row 2t misses (x - dx * xq), so dx * xq + dx' * xq' holds x to about 16 bits.
+// QTile: y[t, 16g + r] = sum_b xs[t,b,0] * d * dot(q, xq) + m * xs[t,b,1] (+ bias) for rows
+// [t0, t1) of xq and groups [g0, g1); only columns < N are written. pairs: y[t / 2] gets the sum of
+// rows t and t + 1 (t0, t1 even). bits: 4 or 8; half: scales are fp16 (else f32).
+#define ORTSERVE_Q_KERNELS                                                                              \
+  void QuantizeRows(const float* x, int64_t T, int64_t K, bool residual, int8_t* xq, float* xs);        \
+  void QTile(int bits, const uint8_t* codes, const void* scales, bool half, bool pairs, const int8_t* xq, \
+             const float* xs, const float* bias, float* y, int64_t KB, int64_t N, int64_t t0, int64_t t1, \
+             int64_t g0, int64_t g1);
+
+#ifndef ORTSERVE_GENERIC_KERNEL_ONLY
+namespace avx512 { ORTSERVE_Q_KERNELS }
+namespace avx2 { ORTSERVE_Q_KERNELS }
+#endif
+namespace generic { ORTSERVE_Q_KERNELS }
+
+#undef ORTSERVE_Q_KERNELS
+
+}  // namespace ortserve
