@@ -5,8 +5,8 @@ a while after each run and would slow the other session's next one).
 MatMulQ4 runs with 8-bit and with 16-bit activations (int8 + an int8 residual). Shapes are SmolLM2-135M's linears; rows are a decode step (1), a batched decode (4, 16) and prefill
 chunks (64, 512). Times are medians over --iters runs of each session, in microseconds.
 
-    python benchmarks/bench_matmul_q4.py --threads 2
-    python benchmarks/bench_matmul_q4.py --threads 1 --rows 1 16 --shapes 576x1536
+    python benchmarks/bench_matmul_q.py --threads 2
+    python benchmarks/bench_matmul_q.py --threads 1 --rows 1 16 --shapes 576x1536
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 from ortserve.export.nbits import pack
-from ortserve.export.q4 import Q4Weight
-from ortserve.ops.paged_attention_reference import matmul_q4
+from ortserve.export.qweight import QWeight
+from ortserve.ops.paged_attention_reference import matmul_q
 from runners.common import kernel_isa
 
 import ortserve.ops
@@ -43,7 +43,7 @@ def session(m, threads: int) -> ort.InferenceSession:
     return ort.InferenceSession(m.SerializeToString(), o, providers=["CPUExecutionProvider"])
 
 
-def q4_session(w: Q4Weight, k: int, n: int, threads: int, activation_bits: int = 8) -> ort.InferenceSession:
+def q4_session(w: QWeight, k: int, n: int, threads: int, activation_bits: int = 8) -> ort.InferenceSession:
     codes, scales = w.packed()
     node = helper.make_node(
         "MatMulQ4", ["x", "codes", "scales"], ["y"], domain="ortserve", N=n, K=k, activation_bits=activation_bits
@@ -53,7 +53,7 @@ def q4_session(w: Q4Weight, k: int, n: int, threads: int, activation_bits: int =
     return session(model([node], [x], inits), threads)
 
 
-def nbits_session(w: Q4Weight, k: int, n: int, threads: int) -> ort.InferenceSession:
+def nbits_session(w: QWeight, k: int, n: int, threads: int) -> ort.InferenceSession:
     """The same weights as MatMulNBits codes with centred zero points z and offsets m + d * z."""
     z = np.clip(np.rint(-w.m / w.d), 0, 15).astype(np.uint8)
     offsets = (w.m + w.d * z).astype(np.float16)
@@ -99,7 +99,7 @@ def main() -> None:
         k, n = SHAPES[name] if name in SHAPES else map(int, name.split("x"))
         d = rng.uniform(0.002, 0.01, (n, k // 32)).astype(np.float16).astype(np.float32)
         m = (-d * rng.uniform(6, 9, d.shape)).astype(np.float16).astype(np.float32)
-        w = Q4Weight(rng.integers(0, 16, (n, k), dtype=np.uint8), d, m)
+        w = QWeight(rng.integers(0, 16, (n, k), dtype=np.uint8), d, m, 4)
         sessions = {
             "q4": q4_session(w, k, n, args.threads),
             "q4-16": q4_session(w, k, n, args.threads, 16),
@@ -107,7 +107,7 @@ def main() -> None:
         }
         for rows in args.rows:
             x = rng.normal(size=(rows, k)).astype(np.float32)
-            reference = matmul_q4(x, *w.packed(), n)
+            reference = matmul_q(x, *w.packed(), n)
             times: dict[str, list[float]] = {key: [] for key in sessions}
             for key, s in sessions.items():  # warm-up, and a check that both compute the same
                 y = s.run(None, {"x": x})[0]

@@ -28,14 +28,15 @@ PLOTS = BENCH_DIR / "plots"
 PRECISION_ORDER = {"int4": 0, "int8": 1, "fp32": 2}
 SYSTEM_ORDER = {
     "ortserve": 0,
-    "ortserve-ngram": 1,
-    "ortserve-kv-fp16": 2,
-    "ortserve-kv-int8": 3,
-    "genai-static": 4,
-    "genai-engine": 5,
-    "llama.cpp": 6,
-    "llama.cpp-ngram": 7,
-    "transformers": 8,
+    "ortserve-a8": 1,
+    "ortserve-ngram": 2,
+    "ortserve-kv-fp16": 3,
+    "ortserve-kv-int8": 4,
+    "genai-static": 5,
+    "genai-engine": 6,
+    "llama.cpp": 7,
+    "llama.cpp-ngram": 8,
+    "transformers": 9,
 }
 
 
@@ -50,7 +51,7 @@ def _key(r):
 def weight_bytes(system: str, precision: str, model_name: str) -> int | None:
     """Bytes each system's own format reads per decoded token (see roofline.py)."""
     try:
-        if system.startswith("ortserve"):  # its flag variants serve the same artifact
+        if system.startswith("ortserve"):  # its flag variants serve the same artifact (a8: the same weights)
             return onnx_weight_bytes(RESULTS / "artifacts" / f"{model_name}-{precision}" / "model.onnx")
         if system.startswith("genai"):
             return onnx_weight_bytes(PEER_MODELS / model_name / f"genai-{precision}" / "model.onnx")
@@ -343,7 +344,9 @@ def write(path: Path, parts: list[IsaRun]) -> None:
         "- *grounded*: 4 chat requests, one at a time, asking to copy or correct a ~256-token passage; the model"
         " stops on its own (at most 320 tokens). Output repeats the prompt: where prompt-lookup speculation pays.",
         "- *-ngram* systems add n-gram speculative decoding (ortserve `--speculative ngram`, llama.cpp"
-        " `--spec-type ngram-simple`); *-kv-fp16* / *-kv-int8* are ortserve with `--kv-cache-dtype`.",
+        " `--spec-type ngram-simple`); *-kv-fp16* / *-kv-int8* are ortserve with `--kv-cache-dtype`; *ortserve-a8*"
+        " is ortserve exported with `--activation-bits 8` (int8 activations in its quantised linears, as llama.cpp's;"
+        " ortserve's default is 16).",
         "- onnxruntime-genai and transformers run in-process (no HTTP) with the same token counts and definitions;"
         " genai-static serve-cN is one static batch of N.",
         "- Roofline: decode tok/s ≤ read bandwidth / weight bytes read per token (each system's own file; see"

@@ -12,8 +12,9 @@ SYSTEM = "ortserve"
 WORKLOADS_SUPPORTED = tuple(WORKLOADS)
 
 
-def artifact(model: Model, precision: str):
-    out = RESULTS / "artifacts" / f"{model.name}-{precision}"
+def artifact(model: Model, precision: str, export_flags: tuple[str, ...] = ()):
+    tag = "".join(f"-{flag.lstrip('-')}" for flag in export_flags)  # e.g. -activation-bits-8
+    out = RESULTS / "artifacts" / f"{model.name}-{precision}{tag}"
     if not (out / "ortserve.json").is_file():
         run_logged(
             [
@@ -26,15 +27,23 @@ def artifact(model: Model, precision: str):
                 str(out),
                 "--precision",
                 precision,
+                *export_flags,
                 "--quiet",
             ],
-            RESULTS / "logs" / f"export-{model.name}-{precision}.log",
+            RESULTS / "logs" / f"export-{model.name}-{precision}{tag}.log",
         )
     return out
 
 
-def run(model: Model, precision: str, workloads: list[str], system: str = SYSTEM, flags: tuple[str, ...] = ()):
-    art = artifact(model, precision)
+def run(
+    model: Model,
+    precision: str,
+    workloads: list[str],
+    system: str = SYSTEM,
+    flags: tuple[str, ...] = (),
+    export_flags: tuple[str, ...] = (),
+):
+    art = artifact(model, precision, export_flags)
     port = free_port()
     argv = [
         sys.executable,
@@ -55,5 +64,8 @@ def run(model: Model, precision: str, workloads: list[str], system: str = SYSTEM
             raw = RESULTS / "raw" / model.name / f"{system}--{precision}" / f"{name}.json"
             raw.parent.mkdir(parents=True, exist_ok=True)
             bench, cmd = bench_serve(server.base_url, model.name, model, w, raw)
-            setup = f"ortserve export {model.hf_dir} -o {art} --precision {precision}; {server.command} &"
+            exported = " ".join(
+                ("ortserve export", str(model.hf_dir), "-o", str(art), "--precision", precision, *export_flags)
+            )
+            setup = f"{exported}; {server.command} &"
             yield record(model.name, system, precision, w, serve_metrics(bench, w), f"{setup} {cmd}", raw)

@@ -4,7 +4,9 @@
   llama.cpp's own n-gram mode (``--spec-type ngram-simple``, its defaults), on the input-grounded
   workload where the output repeats the prompt and on random prompts where it does not;
 - ortserve with fp16 and int8 KV caches (``--kv-cache-dtype``), on the workloads where attention
-  matters (decode, many sequences, shared prefixes).
+  matters (decode, many sequences, shared prefixes);
+- ortserve with int8 activations in its quantised linears (``--activation-bits 8``, exported so):
+  the same activation rounding as llama.cpp's, against ortserve's default of 16 bits.
 """
 
 from __future__ import annotations
@@ -51,4 +53,14 @@ class OrtserveKvInt8(Variant):
     WORKLOADS_SUPPORTED = ("decode", "serve-c16", "shared-prefix")
 
 
-VARIANTS = (OrtserveNgram, LlamaCppNgram, OrtserveKvFp16, OrtserveKvInt8)
+class OrtserveA8(Variant):
+    SYSTEM = "ortserve-a8"
+    PRECISIONS = ("int4", "int8")
+    WORKLOADS_SUPPORTED = ("decode", "prefill", "serve-c16", "grounded")
+
+    @classmethod
+    def run(cls, model: Model, precision: str, workloads: list[str]):
+        return ortserve_runner.run(model, precision, workloads, cls.SYSTEM, export_flags=("--activation-bits", "8"))
+
+
+VARIANTS = (OrtserveNgram, LlamaCppNgram, OrtserveKvFp16, OrtserveKvInt8, OrtserveA8)

@@ -32,6 +32,20 @@ def test_chat_answers_the_capital_of_france(llm):
     assert out.outputs[0].finish_reason == "stop" and out.outputs[0].token_ids[-1] == 2
 
 
+def test_the_default_model_answers_the_capital_of_france_as_the_readme_says():
+    """The embedded default (the wheel's Q4_1 codes, 16-bit activations), not an fp32 export."""
+    from ortserve import LLM
+
+    before = os.sched_getaffinity(0)
+    default = LLM(kv_cache_space=0.25, max_num_seqs=2)
+    os.sched_setaffinity(0, before)
+    manifest = default.engine.core.manifest
+    assert manifest.weight_precision == "int4" and manifest.activation_bits == 16
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    [out] = default.chat(question, GREEDY, use_tqdm=False)
+    assert out.outputs[0].text == "The capital of France is Paris."
+
+
 def test_generate_accepts_text_and_token_ids_and_keeps_order(llm):
     text = "The three primary colors are"
     ids = llm.get_tokenizer().encode(text)

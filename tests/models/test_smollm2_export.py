@@ -132,24 +132,26 @@ def test_greedy_continuations_equal_transformers_generate(
         assert continuation == reference
 
 
-# The GGUF holds SmolLM2 as Q4_1 (Q8_0 embedding): the exporter keeps those codes exactly, with
-# centred integer zero points and the block minimums added through the block sums of x (see
-# export/gguf_blocks.py). Plain re-rounding onto a second int4 grid gave only ~70% here.
+# The GGUF holds SmolLM2 as Q4_1 (Q8_0 embedding): the exporter keeps those codes exactly (MatMulQ4 and
+# MatMulQ8, d * q + m per block, see export/qweight.py). Plain re-rounding onto a second int4 grid gave
+# only ~70% here.
 ACCEPTANCE = 0.95
 
 
-def test_the_ggufs_own_codes_agree_with_fp32_on_top1(passage_ids, fp32_passage_logits, report_figure):
-    artifact = resolve_model(DEFAULT_MODEL, precision="int4", progress=False)
+@pytest.mark.parametrize("activation_bits", [16, 8])
+def test_the_ggufs_own_codes_agree_with_fp32_on_top1(activation_bits, passage_ids, fp32_passage_logits, report_figure):
+    artifact = resolve_model(DEFAULT_MODEL, precision="int4", activation_bits=activation_bits, progress=False)
     manifest = load_manifest(artifact)
     assert manifest.weight_formats == {"Q4_1 (exact)": 210, "Q8_0 (exact)": 1}
     assert (manifest.weight_precision, manifest.lm_head_precision) == ("int4", "int8")
+    assert manifest.activation_bits == activation_bits
     logits = teacher_forced(artifact, passage_ids)
     agreement = top1_agreement(logits, fp32_passage_logits)
     diff = max(float(np.abs(a - b).max()) for a, b in zip(logits, fp32_passage_logits))
     positions = sum(map(len, passage_ids))
     figure = (
-        f"SmolLM2 Q4_1 codes (int8 activations) vs fp32: top-1 agreement {agreement:.1%} over {positions} "
-        f"teacher-forced positions, max |logit diff| {diff:.2f}"
+        f"SmolLM2 Q4_1 codes ({activation_bits}-bit activations) vs fp32: top-1 agreement {agreement:.1%} over "
+        f"{positions} teacher-forced positions, max |logit diff| {diff:.2f}"
     )
     report_figure(figure)
     assert agreement >= ACCEPTANCE, figure
