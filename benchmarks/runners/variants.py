@@ -55,7 +55,7 @@ class OrtserveKvInt8(Variant):
 
 class OrtserveA8(Variant):
     SYSTEM = "ortserve-a8"
-    PRECISIONS = ("int4", "int8")
+    PRECISIONS = ("int4",)
     WORKLOADS_SUPPORTED = ("decode", "prefill", "serve-c16", "grounded")
 
     @classmethod
