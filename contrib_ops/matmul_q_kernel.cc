@@ -296,10 +296,12 @@ void LastRows(const uint8_t* codes, const S* scales, const int8_t* xq, const flo
 template <int Bits, typename S, bool Pairs>
 void Tile(const uint8_t* codes, const S* scales, const int8_t* xq, const float* xs, const float* bias, float* y,
           int64_t KB, int64_t N, int64_t t0, int64_t t1, int64_t g0, int64_t g1) {
-  int64_t t = t0;
-  for (; t + kTileRows <= t1; t += kTileRows)
-    TileRows<Bits, S, kTileRows, Pairs>(codes, scales, xq, xs, bias, y, KB, N, t, g0, g1);
-  if (t < t1) LastRows<Bits, S, kTileRows - 1, Pairs>(codes, scales, xq, xs, bias, y, KB, N, t, t1 - t, g0, g1);
+  for (int64_t g = g0; g < g1; ++g) {  // a group's codes stay in L1 while every tile of rows passes
+    int64_t t = t0;
+    for (; t + kTileRows <= t1; t += kTileRows)
+      TileRows<Bits, S, kTileRows, Pairs>(codes, scales, xq, xs, bias, y, KB, N, t, g, g + 1);
+    if (t < t1) LastRows<Bits, S, kTileRows - 1, Pairs>(codes, scales, xq, xs, bias, y, KB, N, t, t1 - t, g, g + 1);
+  }
 }
 
 template <int Bits, typename S>
