@@ -2,6 +2,7 @@
 #include "gather_q.h"
 
 #include "matmul_q_kernel.h"
+#include "op_util.h"
 
 #include <cstring>
 #include <memory>
@@ -28,26 +29,12 @@ float ScaleValue(const S& s) {
   }
 }
 
-std::string ShapeText(const std::vector<int64_t>& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
-
-int64_t Attribute(const OrtApi* api, const OrtKernelInfo* info, const char* name) {
-  int64_t value = 0;
-  if (OrtStatus* st = api->KernelInfoGetAttribute_int64(info, name, &value)) {
-    api->ReleaseStatus(st);
-    return 0;
-  }
-  return value;
-}
-
 template <int Bits, typename ScaleT>
 struct GatherQ {
   static constexpr int64_t kBlockBytes = Bits == 4 ? kQ4BlockBytes : kQ8BlockBytes;
 
-  GatherQ(const OrtApi* api, const OrtKernelInfo* info) : N_(Attribute(api, info, "N")), K_(Attribute(api, info, "K")) {}
+  GatherQ(const OrtApi* api, const OrtKernelInfo* info)
+      : N_(IntAttribute(api, info, "N", 0)), K_(IntAttribute(api, info, "K", 0)) {}
 
   Ort::Status Compute(const Tensor<uint8_t>& codes, const Tensor<ScaleT>& scales, const Tensor<int64_t>& indices,
                       Tensor<float>& y) {

@@ -2,6 +2,7 @@
 #include "matmul_q.h"
 
 #include "isa.h"
+#include "op_util.h"
 
 #include <algorithm>
 #include <memory>
@@ -81,31 +82,15 @@ void QuantizeTask(void* data, size_t task) {
                          job->xs + r0 * job->KB * 2);
 }
 
-std::string ShapeText(const std::vector<int64_t>& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
-
 template <int Bits, typename ScaleT>
 struct MatMulQ {
   static_assert(std::is_same_v<ScaleT, float> || std::is_same_v<ScaleT, Ort::Float16_t>);
   static constexpr int64_t kBlockBytes = Bits == 4 ? kQ4BlockBytes : kQ8BlockBytes;
 
-  MatMulQ(const OrtApi* api, const OrtKernelInfo* info) {
-    if (OrtStatus* st = api->KernelInfoGetAttribute_int64(info, "N", &N_)) {
-      api->ReleaseStatus(st);
-      N_ = 0;
-    }
-    if (OrtStatus* st = api->KernelInfoGetAttribute_int64(info, "K", &K_)) {  // optional: checks x
-      api->ReleaseStatus(st);
-      K_ = 0;
-    }
-    if (OrtStatus* st = api->KernelInfoGetAttribute_int64(info, "activation_bits", &activation_bits_)) {
-      api->ReleaseStatus(st);
-      activation_bits_ = 8;
-    }
-  }
+  MatMulQ(const OrtApi* api, const OrtKernelInfo* info)
+      : N_(IntAttribute(api, info, "N", 0)),
+        K_(IntAttribute(api, info, "K", 0)),  // optional: checks x
+        activation_bits_(IntAttribute(api, info, "activation_bits", 8)) {}
 
   Ort::Status Compute(OrtKernelContext* context, const Tensor<float>& x, const Tensor<uint8_t>& codes,
                       const Tensor<ScaleT>& scales, std::optional<const Tensor<float>*> bias, Tensor<float>& y) {
@@ -164,7 +149,7 @@ struct MatMulQ {
     return Ort::Status(((Bits == 4 ? "MatMulQ4: " : "MatMulQ8: ") + msg).c_str(), ORT_INVALID_ARGUMENT);
   }
 
-  int64_t N_ = 0, K_ = 0, activation_bits_ = 8;
+  int64_t N_, K_, activation_bits_;
   Kernels kernels_ = PickKernels();
 };
 
