@@ -5,7 +5,7 @@ chunks, ``gemma-3-270m-q4_k_m.gguf.part00..03``, concatenated in order and check
 sha256 its meta-package ships). Each prompt is tokenised by llama.cpp (BOS as the file says),
 completed greedily by llama.cpp (llama-cpp-python, peers venv) and by the ortserve server on the
 same token ids, and the texts compared. Where they differ, the table gives the first differing
-token of ortserve's served artifact (the file's codes, int8 activations) and of an exact run (the
+token of ortserve's served artifact (the file's codes, 16-bit activations) and of an exact run (the
 same weights dequantised, fp32 activations): llama.cpp quantises activations too, so at a near-tie
 it can leave the exact result as well. The file has no chat template: the server picks the
 built-in Gemma one (its log says so), and one chat question shows it.
@@ -189,15 +189,17 @@ def main() -> int:
     ):
         r["native_diff"], r["exact_diff"] = first_difference(native, r["ids"]), first_difference(exact, r["ids"])
     lines = [
-        "## A real GGUF: greedy completions equal llama.cpp's",
+        "## A real GGUF: greedy completions beside llama.cpp's",
         "",
         f"`python benchmarks/gguf_greedy.py` on {kernel_isa()}: `ortserve serve {path.name}` (first start, export included: "
         f"{ready:.0f} s) vs llama-cpp-python on the same file; prompts tokenised by llama.cpp and sent as ids, "
-        f"{args.max_tokens} tokens greedy. Equal: {sum(r['equal'] for r in rows)} of {len(rows)}; ortserve's "
+        f"{args.max_tokens} tokens greedy. Equal: {sum(r['equal'] for r in rows)} of {len(rows)} served, "
+        f"{sum(r['exact_diff'] == '-' for r in rows)} of {len(rows)} exact; ortserve's "
         f"tokenizer gives llama.cpp's ids for {sum(r['same_ids'] for r in rows)} of {len(rows)} prompts. Where the "
         "texts differ, the last column gives the first token that differs from llama.cpp's, for the served "
-        "artifact (the file's codes, int8 activations) and for the exact computation (the same weights, fp32 "
-        "activations): llama.cpp, which quantises activations too, leaves the exact path at near-ties as well.",
+        "artifact (the file's codes, 16-bit activations; its Q6_K tensors 8-bit) and for the exact computation (the "
+        "same weights, fp32 activations): llama.cpp, which quantises activations to 8 bits, leaves the exact path at "
+        "near-ties as well.",
         "",
         "| prompt | llama.cpp | ortserve serve | equal | first differing token: served / exact |",
         "|---|---|---|---|---|",
