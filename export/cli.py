@@ -38,6 +38,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"differ). Default {DEFAULT_ACTIVATION_BITS}",
     )
     parser.add_argument(
+        "--tensor-precision",
+        action="append",
+        default=[],
+        metavar="PATTERN=PRECISION",
+        help="store the linear weights whose checkpoint name matches the regular expression PATTERN at PRECISION "
+        "(repeatable; the first match wins), as llama-quantize's --tensor-type: for example "
+        "--precision int4 --tensor-precision 'v_proj|down_proj=int8' keeps a model's most sensitive linears at 8 "
+        "bits (benchmarks/tables/int4_sensitivity.md measures which)",
+    )
+    parser.add_argument(
         "--max-model-len",
         type=int,
         default=None,
@@ -71,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
             precision=args.precision,
             lm_head_precision=args.lm_head_precision,
             activation_bits=args.activation_bits,
+            tensor_precision=args.tensor_precision,
             max_model_len=args.max_model_len,
             validate=args.validate,
             quality_check=args.quality_check,

@@ -59,12 +59,15 @@ class DecoderBuilder:
         lm_head_precision: str | None = "fp32",
         max_model_len: int | None = None,
         activation_bits: int = 8,
+        tensor_precision: tuple[storage.TensorPrecision, ...] = (),
     ):
         """``precision`` None: each tensor as the source stores it (a GGUF's codes, fp32 floats).
-        ``activation_bits``: 8 (int8 activations in the quantised linears) or 16 (int8 + a residual)."""
+        ``activation_bits``: 8 (int8 activations in the quantised linears) or 16 (int8 + a residual).
+        ``tensor_precision``: per-tensor exceptions to ``precision`` (``storage.TensorPrecision``)."""
         self.spec, self.arch, self.src = spec, arch, source
         self.activation_bits = activation_bits
         self.precision, self.lm_head_precision = precision, lm_head_precision
+        self.tensor_precision = tensor_precision
         self.max_model_len = max_model_len or spec.max_position_embeddings
         self.nodes: list[onnx.NodeProto] = []
         self.constants: dict[str, onnx.TensorProto] = {}
@@ -134,7 +137,9 @@ class DecoderBuilder:
         W's scales and zero points in GatherBlockQuantized's layout (for a tied embedding)."""
         transpose = self.arch.conv1d if conv1d is None else conv1d
         weights = [share] if share else [self.src.expect(f"{m}.weight", (rows, k), transpose) for m, rows in parts]
-        plans = [storage.FP32 if share else storage.plan(self.src, w, precision) for w in weights]
+        plans = [
+            storage.FP32 if share else storage.plan(self.src, w, precision, self.tensor_precision) for w in weights
+        ]
         if len({p.key for p in plans}) > 1:
             starts = [i for i in range(len(parts)) if i == 0 or plans[i].key != plans[i - 1].key]
             pieces = [parts[a:b] for a, b in zip(starts, [*starts[1:], len(parts)])]
@@ -368,7 +373,9 @@ class DecoderBuilder:
         s, n = self.spec, self.arch.names
         embed = self.src.expect(f"{n.embed}.weight", (s.vocab_size, s.hidden_size))
         tied = s.tie_word_embeddings or not self.src.has(f"{n.lm_head}.weight")
-        head_plan = storage.plan(self.src, embed, self.lm_head_precision) if tied else storage.FP32
+        head_plan = (
+            storage.plan(self.src, embed, self.lm_head_precision, self.tensor_precision) if tied else storage.FP32
+        )
         # A tied, quantised LM head also serves the embedding lookup (GatherQ4 / GatherQ8, or for a Q6_K
         # head GatherBlockQuantized, on the same bytes): no float copy of the largest tensor.
         shared = tied and head_plan.kind != "fp32"

@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +40,7 @@ from .config import ModelSpec, read_config_json
 from .errors import ExportError
 from .gguf_checkpoint import GGUF_WEIGHTS, open_checkpoint
 from .graph import DecoderBuilder
-from .storage import FLOAT_TYPES, Storage
+from .storage import FLOAT_TYPES, Storage, TensorPrecision
 from .weights import DATA_FILE, WeightFile, WeightSource
 
 logger = logging.getLogger(__name__)
@@ -188,6 +188,7 @@ def export_model(
     precision: str | None = None,
     lm_head_precision: str | None = None,
     activation_bits: int = DEFAULT_ACTIVATION_BITS,
+    tensor_precision: Sequence[str] = (),
     max_model_len: int | None = None,
     validate: bool = False,
     quality_check: bool = False,
@@ -195,7 +196,8 @@ def export_model(
 ) -> ArtifactManifest:
     """Export a checkpoint directory, .gguf file or built-in model name to an artifact at ``out``.
     ``precision`` None keeps the source's own: fp32 for float tensors, a GGUF's quantised codes.
-    ``activation_bits``: 16 (int8 plus a residual) or 8 (int8) activations in the quantised linears."""
+    ``activation_bits``: 16 (int8 plus a residual) or 8 (int8) activations in the quantised linears.
+    ``tensor_precision``: 'PATTERN=PRECISION' rules for the linears whose names match (first wins)."""
     started = time.perf_counter()
     if precision is not None and precision not in PRECISIONS:
         raise ExportError(f"--precision {precision!r} is not one of {', '.join(PRECISIONS)}")
@@ -204,6 +206,7 @@ def export_model(
     lm_head_precision = lm_head_precision or (DEFAULT_LM_HEAD[precision] if precision else None)
     if lm_head_precision is not None and lm_head_precision not in PRECISIONS:
         raise ExportError(f"--lm-head-precision {lm_head_precision!r} is not one of {', '.join(PRECISIONS)}")
+    rules = tuple(TensorPrecision.parse(text) for text in tensor_precision)
     out = Path(out).expanduser().absolute()
     _check_out(out)
     folder, label = resolve_source(src)
@@ -224,8 +227,10 @@ def export_model(
         lm_head_precision=lm_head_precision,
         max_model_len=max_len,
         activation_bits=activation_bits,
+        tensor_precision=rules,
     )
     model, jobs = builder.build()  # checks every tensor's name and shape before any data moves
+    _check_rules_match(rules, builder.stored)
     _warn_requantised(builder.stored)
     with bars.stage("build", 1) as bar:  # shown once done, so a bad checkpoint prints one error line
         bar.set_postfix_str(f"{len(model.graph.node)} nodes, {len(jobs)} weight jobs")
@@ -321,6 +326,16 @@ def _reference_checkpoint(folder: Path) -> Path:
     from ortserve.models import prepare_checkpoint
 
     return prepare_checkpoint(linked.resolve(), progress=False)
+
+
+def _check_rules_match(rules: tuple[TensorPrecision, ...], stored: dict[str, Storage]) -> None:
+    names = [key.split("/", 1)[1] for key in stored]
+    for rule in rules:
+        if not any(rule.pattern.search(name) for name in names):
+            raise ExportError(
+                f"--tensor-precision {str(rule)!r} matches no linear weight of this model; its names look like "
+                f"{names[0]!r}"
+            )
 
 
 def _warn_requantised(stored: dict[str, Storage]) -> None:

@@ -7,13 +7,22 @@ quantised here. One rule, decided per tensor before any weight is read:
 - a GGUF tensor of another quantised format (Q2_K, Q3_K, IQ*): dequantised, then quantised to
   the precision (int4 when none is given) -- export lists these.
 - a float tensor: the precision (fp32 when none is given), quantised by ``qweight.quantize_q``.
+
+``--tensor-precision PATTERN=PRECISION`` (``TensorPrecision``) replaces the precision of the
+tensors whose name matches, before the rule runs: llama-quantize's ``--tensor-type``, for keeping
+a model's most sensitive linears at 8 bits under int4.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from ortserve.artifact import PRECISIONS
+
+from .errors import ExportError
 from .gguf_blocks import FORMATS
 from .nbits import BITS, BLOCK_SIZE
 from .weights import WeightSource
@@ -45,8 +54,36 @@ FLOAT_TYPES = ("F32", "F16", "BF16")
 FP32 = Storage("fp32")
 
 
-def plan(source: WeightSource, name: str, precision: str | None) -> Storage:
-    """How the linear weight ``name`` is stored, for ``precision`` (None: the source's own)."""
+@dataclass(frozen=True)
+class TensorPrecision:
+    """Linear weights whose checkpoint name (Hugging Face style, a GGUF's translated) matches
+    ``pattern`` (``re.search``) are stored at ``precision``; the first matching rule wins."""
+
+    pattern: re.Pattern[str]
+    precision: str
+
+    @classmethod
+    def parse(cls, text: str) -> TensorPrecision:
+        """'v_proj|down_proj=int8' -> the rule; an ExportError that names the flag otherwise."""
+        pattern, _, precision = text.rpartition("=")
+        if not pattern or precision not in PRECISIONS:
+            raise ExportError(
+                f"--tensor-precision {text!r} is not PATTERN=PRECISION with PRECISION one of {', '.join(PRECISIONS)} "
+                "(for example 'v_proj|down_proj=int8')"
+            )
+        try:
+            return cls(re.compile(pattern), precision)
+        except re.error as exc:
+            raise ExportError(f"--tensor-precision {text!r}: {pattern!r} is not a regular expression ({exc})") from None
+
+    def __str__(self) -> str:
+        return f"{self.pattern.pattern}={self.precision}"
+
+
+def plan(source: WeightSource, name: str, precision: str | None, rules: Sequence[TensorPrecision] = ()) -> Storage:
+    """How the linear weight ``name`` is stored, for ``precision`` (None: the source's own) unless
+    one of ``rules`` matches the name."""
+    precision = next((rule.precision for rule in rules if rule.pattern.search(name)), precision)
     source_type = source.gguf_type(name)
     if precision == "fp32":
         return Storage("fp32", source_type=source_type)

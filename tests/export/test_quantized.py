@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import pytest
 from ortserve.export import export_model
+from ortserve.export.errors import ExportError
 from ortserve.export.nbits import BITS, dequantize
 from ortserve.export.qweight import quantize_q
 from ortserve.export.validate import PagedRunner, random_sequences, teacher_forced_logits
@@ -38,16 +39,18 @@ def run(artifact, vocab=320):
 
 
 def fake_quantized_checkpoint(source, folder, precision, conv1d):
-    """The checkpoint with every linear weight replaced by its quantised-then-dequantised self."""
+    """The checkpoint with every linear weight replaced by its quantised-then-dequantised self;
+    ``precision``: one for all, or a function of the tensor's name."""
     import shutil
 
+    precision_of = precision if callable(precision) else lambda name: precision
     shutil.copytree(source, folder)
     tensors = load_file(source / "model.safetensors")
     for name, weight in tensors.items():
         if name.endswith(LINEAR) and weight.ndim == 2:
             w = weight.T if conv1d else weight
             w = np.ascontiguousarray(w)
-            restored = quantize_q(w, BITS[precision]).dequantize()
+            restored = quantize_q(w, BITS[precision_of(name)]).dequantize()
             tensors[name] = np.ascontiguousarray(restored.T if conv1d else restored)
     save_file(tensors, folder / "model.safetensors")
     return folder
@@ -108,6 +111,49 @@ def test_lm_head_precision_is_chosen_separately(tiny_checkpoint, tmp_path):
     assert len(heads) == 1 and heads[0].op_type == "MatMulQ8"
     layers = [n for n in graph.node if n.name.startswith("layers.") and n.op_type.startswith("MatMul")]
     assert layers and {n.op_type for n in layers} == {"MatMulQ4"}
+
+
+def test_tensor_precision_keeps_the_matching_linears_at_8_bits(tiny_checkpoint, tmp_path):
+    """--precision int4 --tensor-precision 'v_proj|down_proj=int8': v leaves the fused qkv for a
+    MatMulQ8 of its own, down is MatMulQ8, the rest MatMulQ4; and the export computes with exactly
+    those weights (an fp32 export of the same mix, dequantised, up to 16-bit activations)."""
+    source = tiny_checkpoint("llama3_rope_scaling")
+    export_model(
+        source,
+        tmp_path / "mix",
+        precision="int4",
+        lm_head_precision="fp32",
+        tensor_precision=["v_proj|down_proj=int8"],
+        progress=False,
+    )
+    graph = onnx.load(tmp_path / "mix" / "model.onnx", load_external_data=False).graph
+    ops = {n.name.split(".", 2)[2].rsplit(".", 1)[0]: n.op_type for n in graph.node if n.name.startswith("layers.0.")}
+    assert (ops["qkv.0"], ops["qkv.1"], ops["down"]) == ("MatMulQ4", "MatMulQ8", "MatMulQ8")
+    assert (ops["o"], ops["gate_up"]) == ("MatMulQ4", "MatMulQ4")
+
+    def precision_of(name):
+        return "int8" if "v_proj" in name or "down_proj" in name else "int4"
+
+    fake = fake_quantized_checkpoint(source, tmp_path / "fake", precision_of, conv1d=False)
+    export_model(fake, tmp_path / "ref", progress=False)
+    for ours, reference in zip(run(tmp_path / "mix"), run(tmp_path / "ref")):
+        assert np.abs(ours - reference).max() <= 1e-3 * np.abs(reference).max()
+
+
+@pytest.mark.parametrize(
+    "rule, message",
+    [
+        ("v_proj", "is not PATTERN=PRECISION"),
+        ("v_proj=int3", "PRECISION one of fp32, int8, int4"),
+        ("v_proj([=int8", "is not a regular expression"),
+        ("attn_v=int8", "matches no linear weight of this model; its names look like 'model.layers.0."),
+    ],
+)
+def test_a_bad_tensor_precision_names_the_flag_and_the_fix(rule, message, tiny_checkpoint, tmp_path):
+    with pytest.raises(ExportError, match="--tensor-precision") as error:
+        export_model(tiny_checkpoint("llama2"), tmp_path / "a", precision="int4", tensor_precision=[rule])
+    assert message in str(error.value)
+    assert not (tmp_path / "a").exists()
 
 
 # ---- the quantiser ---------------------------------------------------------------------------
