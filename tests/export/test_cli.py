@@ -142,6 +142,17 @@ def test_export_writes_an_artifact_and_a_summary(tiny_checkpoint, tmp_path):
     assert (manifest.weight_precision, manifest.lm_head_precision, manifest.max_model_len) == ("int4", "int8", 64)
 
 
+def test_tensor_precision_reaches_export_from_the_command_line(tiny_checkpoint, tmp_path):
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    source = str(tiny_checkpoint("llama2"))
+    result = ortserve_export(source, "-o", str(good), "--precision", "int4", "--tensor-precision", "v_proj=int8")
+    assert result.returncode == 0, result.stderr
+    # 2 layers: q, k, o, gate, up, down at int4; v of each layer and the LM head at int8
+    assert load_manifest(good).weight_formats == {"int4": 12, "int8": 3}
+    result = ortserve_export(source, "-o", str(bad), "--precision", "int4", "--tensor-precision", "attn_v=int8")
+    assert_clean_failure(result, bad, "--tensor-precision 'attn_v=int8' matches no linear weight")
+
+
 def test_export_replaces_an_existing_artifact(tiny_checkpoint, tmp_path):
     out = tmp_path / "artifact"
     assert ortserve_export(str(tiny_checkpoint("llama2")), "-o", str(out), "--quiet").returncode == 0
