@@ -11,11 +11,13 @@ export, llama.cpp's F32 file). A last row per model: the GGUF file's own codes, 
 ``ortserve serve FILE.gguf`` serves it. Quality numbers are deterministic.
 
     python benchmarks/quality.py              # writes benchmarks/tables/quality.md
+    ORTSERVE_KERNEL_ISA=avx2 python benchmarks/quality.py   # ortserve's AVX2 kernels on a wider CPU
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -32,7 +34,9 @@ GEMMA_NOTE = (
     " 256 and Gemma's are 640, so `llama-quantize` falls back to Q5_0 for q, k, gate, up and half of v "
     "(Q8_0 for the other half of v, Q6_K for half of down, Q4_K only for o and the other half of down), "
     "as the PyPI file itself does. ortserve int4 puts every linear but the LM head on a 4-bit grid, and "
-    "here re-quantises that 5-bit mix; ortserve int8 and the file's own codes are the like-for-like rows."
+    "here re-quantises that 5-bit mix; ortserve int8 and the file's own codes are the like-for-like rows. "
+    "tables/int4_sensitivity.md measures which of Gemma's linears lose its answers at 4 bits, beside "
+    "llama.cpp's own 4-bit formats (Q4_0, Q4_1) on the same weights."
 )
 TABLE = BENCH_DIR / "tables" / "quality.md"
 
@@ -81,6 +85,13 @@ def weight_mib(artifact_or_gguf: Path) -> float:
     return (artifact_or_gguf / "model.onnx.data").stat().st_size / 2**20
 
 
+def isa_label() -> str:
+    """The CPU's widest ISA, or ortserve's kernels' when $ORTSERVE_KERNEL_ISA caps them (llama.cpp
+    has no such cap: its rows are then not run)."""
+    cap = os.environ.get("ORTSERVE_KERNEL_ISA")
+    return f"{cap.upper()} kernels on {kernel_isa()}" if cap else kernel_isa()
+
+
 def _rows_of_other_isas(isa: str) -> list[str]:
     """The table's rows measured on another ISA (column 3), kept as they are."""
     if not TABLE.is_file():
@@ -109,6 +120,8 @@ def main() -> int:
             artifact = ortserve_artifact(source, name, precision)
             report = compare(all_logits(artifact, sequences), reference, sequences)
             rows.append((model, label, weight_mib(artifact), report))
+        if "ORTSERVE_KERNEL_ISA" in os.environ:
+            continue
         llama_reference = llama_cpp_logits(llama_cpp_file(gguf, name, "F32"), sequences)
         for kind in ("Q4_K_M", "Q8_0"):
             path = llama_cpp_file(gguf, name, kind)
@@ -120,9 +133,9 @@ def main() -> int:
                     compare(llama_cpp_logits(path, sequences), llama_reference, sequences),
                 )
             )
-        for row in rows[-5:]:
-            print(f"{row[0]:28s} {row[1]:32s} {row[2]:7.1f} MiB  {row[3].summary()}")
-    isa = kernel_isa()
+    for row in rows:
+        print(f"{row[0]:28s} {row[1]:32s} {row[2]:7.1f} MiB  {row[3].summary()}")
+    isa = isa_label()
     ours = [
         f"| {model} | {label} | {isa} | {mib:.0f} | {r.top1_agreement:.1%} | {r.perplexity:.3f} | {r.fp32_perplexity:.3f} "
         f"| {r.ppl_ratio:.4f} |"
@@ -137,7 +150,9 @@ def main() -> int:
         "quantises with `llama-quantize` (no imatrix). The last row per model is the GGUF file's own codes, as "
         "`ortserve serve FILE.gguf` serves them. Weights: `model.onnx.data` or the GGUF file, including the "
         "embedding. The numbers are deterministic on one machine, but the int8-activation kernels differ by ISA "
-        "(VNNI or AVX2), so each ISA has its rows; a run replaces only its own ISA's.",
+        "(VNNI or AVX2), so each ISA has its rows; a run replaces only its own ISA's. 'AVX2 kernels on ...' rows "
+        "run ortserve's AVX2 kernels (`ORTSERVE_KERNEL_ISA=avx2`) on a wider CPU, where onnxruntime's own "
+        "kernels (the fp32 reference's MatMul, MatMulNBits for Q6_K) still use its full width.",
         "",
         GEMMA_NOTE,
         "",
