@@ -19,7 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field
 FORMAT_VERSION = 1
 # The custom-op set the installed libortserve_ops.so provides: 1 = PagedAttention,
 # 2 = + AppendBlockSums, 3 = + PackedPagedAttention, GatedActivation, 4 = + AddBlockOffsets,
-# 5 = + AddBlockOffsets with fp16 offsets, 6 = + MatMulQ4. An artifact records the set its graph needs.
+# 5 = + AddBlockOffsets with fp16 offsets, 6 = + MatMulQ4 / MatMulQ8, GatherQ4 / GatherQ8. An artifact
+# records the set its graph needs.
 OP_VERSION = 6
 MANIFEST = "ortserve.json"
 MODEL_FILE = "model.onnx"
