@@ -1,4 +1,5 @@
-"""Logits -> next tokens, in numpy, vectorised over the batch.
+"""Logits -> next tokens, in numpy, vectorised over the batch (the pass of e^x over the vocabulary,
+and its chunk sums, in the op library: ortserve/ops/sampling.py).
 
 Order (as vLLM v1): the grammar's token mask (structured outputs), min_tokens masking of EOS and
 stop ids, logit_bias, repetition / frequency / presence penalties, then greedy argmax or:
@@ -26,6 +27,7 @@ import numpy as np
 from ortserve.engine.grammar import allowed_tokens
 from ortserve.engine.ipc import TokenLogprob
 from ortserve.engine.sequence import Sequence
+from ortserve.ops.sampling import exp_chunk_sums
 
 NEG_INF = np.float32(-np.inf)
 CHUNK = 128  # inverse-CDF search granularity (see draw)
@@ -219,7 +221,8 @@ class Sampler:
             for j in np.flatnonzero(~np.isfinite(peaks[:, 0])):
                 fallback[truncated[j]] = _nan_argmax(x[truncated[j]])
             x[truncated] -= peaks
-        weights = np.exp(x, out=self._scratch(x.shape))  # x stays intact: overflowing rows are redone
+        weights = self._scratch(x.shape)  # x stays intact: overflowing rows are redone
+        chunk_sums = exp_chunk_sums(x, weights, CHUNK)  # e^x and its chunks' sums in one pass
         for i in truncated:
             p, row = params[i], weights[i]  # the row's largest weight is exactly 1
             if p.min_p > 0.0:
@@ -232,7 +235,8 @@ class Sampler:
             top_p = np.array([params[i].top_p for i in top_p_rows], dtype=np.float64)
             weights[top_p_rows] = _keep_nucleus(weights[top_p_rows], top_p)
         starts = np.arange(0, vocab, CHUNK)
-        chunk_sums = np.add.reduceat(weights, starts, axis=1)
+        if truncated:
+            chunk_sums[truncated] = np.add.reduceat(weights[truncated], starts, axis=1)
         totals = chunk_sums.sum(axis=1, dtype=np.float64)
         redo = np.flatnonzero(~((totals > TINY_TOTAL) & (totals < HUGE_TOTAL)))
         if redo.size:
