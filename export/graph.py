@@ -29,21 +29,19 @@ import onnx
 from onnx import TensorProto, helper
 from ortserve.ops.paged_attention_reference import Q_BLOCK as QBLOCK
 
-from ortserve.artifact import LOGITS_OUTPUT, STEP_INPUTS, ArtifactManifest
+from ortserve.artifact import LOGITS_OUTPUT
 
 from . import storage
 from .architectures import Architecture
 from .config import ModelSpec
 from .errors import ExportError
+from .graph_io import MS, OURS, make_model
 from .nbits import ACCURACY_LEVEL, concat_rows
 from .qweight import QWeight, concat_q, from_blocks, quantize_q
 from .rope import rope_table
 from .weights import WeightJob, WeightSource
 
-MS, OURS = "com.microsoft", "ortserve"
 GATED_ACTIVATIONS = ("silu", "gelu_tanh")  # what ortserve.GatedActivation computes
-OPSETS = [helper.make_opsetid("", 21), helper.make_opsetid(MS, 1), helper.make_opsetid(OURS, 1)]
-IR_VERSION = 10  # onnxruntime 1.31 loads IR <= 13; onnx 1.23 would write 14
 
 
 class DecoderBuilder:
@@ -437,26 +435,4 @@ class DecoderBuilder:
             cap = self.scalar(s.final_softcap)
             logits = self.op("Mul", [self.op("Tanh", [self.op("Div", [logits, cap])[0]])[0], cap])[0]
         self.op("Identity", [logits], outputs=[LOGITS_OUTPUT])
-        return self.model(), self.jobs
-
-    def model(self) -> onnx.ModelProto:
-        s = self.spec
-        cache = [("num_blocks", s.num_kv_heads, "block_size", s.head_size)]
-        inputs = [
-            helper.make_tensor_value_info(i.name, helper.np_dtype_to_tensor_dtype(np.dtype(i.dtype)), list(i.dims))
-            for i in STEP_INPUTS
-        ]
-        outputs = [helper.make_tensor_value_info(LOGITS_OUTPUT, TensorProto.FLOAT, ["num_logits", s.vocab_size])]
-        for i in range(s.num_layers):
-            names = (
-                (ArtifactManifest.key_cache_input(i), ArtifactManifest.key_cache_output(i)),
-                (ArtifactManifest.value_cache_input(i), ArtifactManifest.value_cache_output(i)),
-            )
-            for name_in, name_out in names:
-                inputs.append(helper.make_tensor_value_info(name_in, TensorProto.FLOAT, *cache))
-                outputs.append(helper.make_tensor_value_info(name_out, TensorProto.FLOAT, *cache))
-        graph = helper.make_graph(
-            self.nodes, f"ortserve_{s.model_type}", inputs, outputs, list(self.constants.values())
-        )
-        model = helper.make_model(graph, opset_imports=OPSETS, producer_name="ortserve.export", ir_version=IR_VERSION)
-        return model
+        return make_model(self.spec, self.nodes, list(self.constants.values())), self.jobs
