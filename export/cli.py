@@ -67,6 +67,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "ratio against an fp32 export of the same source, on built-in text; it needs the fp32 export's disk "
         "space for a moment). A GGUF's own codes are not checked: they are the file's",
     )
+    parser.add_argument(
+        "--calibration-text",
+        default=None,
+        metavar="FILE",
+        help="UTF-8 text to calibrate the quantiser on (as llama-imatrix's -f): each input column's mean square "
+        "activation on it weights that column's rounding error. Default: built-in text (Python docstrings, prose "
+        "and code); text like the model's own use is best",
+    )
+    parser.add_argument(
+        "--no-calibration",
+        dest="calibrate",
+        action="store_false",
+        help="quantise float weights without calibration (plain least-squares search per block; no fp32 "
+        "reference export needed unless the quality check runs)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bars or summary")
 
 
@@ -85,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
             max_model_len=args.max_model_len,
             validate=args.validate,
             quality_check=args.quality_check,
+            calibrate=args.calibrate,
+            calibration_text=args.calibration_text,
             progress=not args.quiet,
         )
     except ExportError as exc:

@@ -33,6 +33,7 @@ from ortserve.artifact import LOGITS_OUTPUT
 
 from . import storage
 from .architectures import Architecture
+from .calibration import Importance
 from .config import ModelSpec
 from .errors import ExportError
 from .graph_io import MS, OURS, make_model
@@ -58,14 +59,17 @@ class DecoderBuilder:
         max_model_len: int | None = None,
         activation_bits: int = 8,
         tensor_precision: tuple[storage.TensorPrecision, ...] = (),
+        importance: Importance | None = None,
     ):
         """``precision`` None: each tensor as the source stores it (a GGUF's codes, fp32 floats).
         ``activation_bits``: 8 (int8 activations in the quantised linears) or 16 (int8 + a residual).
-        ``tensor_precision``: per-tensor exceptions to ``precision`` (``storage.TensorPrecision``)."""
+        ``tensor_precision``: per-tensor exceptions to ``precision`` (``storage.TensorPrecision``).
+        ``importance``: calibration of the float weights this builder quantises (``calibration.capture``)."""
         self.spec, self.arch, self.src = spec, arch, source
         self.activation_bits = activation_bits
         self.precision, self.lm_head_precision = precision, lm_head_precision
         self.tensor_precision = tensor_precision
+        self.importance = importance
         self.max_model_len = max_model_len or spec.max_position_embeddings
         self.nodes: list[onnx.NodeProto] = []
         self.constants: dict[str, onnx.TensorProto] = {}
@@ -207,7 +211,8 @@ class DecoderBuilder:
         def part(w: str, plan: storage.Storage) -> QWeight:
             if plan.kind == "exact":
                 return from_blocks(self.src.import_blocks(w), k)
-            return quantize_q(self.src.read(w, transpose), bits)
+            columns = self.importance.get(label) if self.importance else None
+            return quantize_q(self.src.read(w, transpose), bits, columns)
 
         def make() -> dict[str, np.ndarray]:
             codes, scales = concat_q([part(w, p) for w, p in zip(weights, plans)]).packed()

@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import get_args
 
@@ -36,10 +37,12 @@ from ortserve.artifact import (
 )
 
 from .architectures import architecture_for
+from .calibration import CalibrationText, capture
 from .config import ModelSpec, read_config_json
 from .errors import ExportError
 from .gguf_checkpoint import GGUF_WEIGHTS, open_checkpoint
 from .graph import DecoderBuilder
+from .quality import check
 from .storage import FLOAT_TYPES, Storage, TensorPrecision
 from .weights import DATA_FILE, WeightFile, WeightSource
 
@@ -192,12 +195,16 @@ def export_model(
     max_model_len: int | None = None,
     validate: bool = False,
     quality_check: bool = False,
+    calibrate: bool = True,
+    calibration_text: str | os.PathLike | None = None,
     progress: bool = True,
 ) -> ArtifactManifest:
     """Export a checkpoint directory, .gguf file or built-in model name to an artifact at ``out``.
     ``precision`` None keeps the source's own: fp32 for float tensors, a GGUF's quantised codes.
     ``activation_bits``: 16 (int8 plus a residual) or 8 (int8) activations in the quantised linears.
-    ``tensor_precision``: 'PATTERN=PRECISION' rules for the linears whose names match (first wins)."""
+    ``tensor_precision``: 'PATTERN=PRECISION' rules for the linears whose names match (first wins).
+    ``calibrate``: weight the quantiser's error by each input column's importance on text
+    (``calibration``; ``calibration_text`` a file of the user's own, else the built-in text)."""
     started = time.perf_counter()
     if precision is not None and precision not in PRECISIONS:
         raise ExportError(f"--precision {precision!r} is not one of {', '.join(PRECISIONS)}")
@@ -206,7 +213,8 @@ def export_model(
     lm_head_precision = lm_head_precision or (DEFAULT_LM_HEAD[precision] if precision else None)
     if lm_head_precision is not None and lm_head_precision not in PRECISIONS:
         raise ExportError(f"--lm-head-precision {lm_head_precision!r} is not one of {', '.join(PRECISIONS)}")
-    rules = tuple(TensorPrecision.parse(text) for text in tensor_precision)
+    rules = tuple(TensorPrecision.parse(rule) for rule in tensor_precision)
+    text = CalibrationText.read(calibration_text) if calibrate else None  # a bad file fails before any work
     out = Path(out).expanduser().absolute()
     _check_out(out)
     folder, label = resolve_source(src)
@@ -219,7 +227,8 @@ def export_model(
     bars = _Bars(progress)
 
     source = WeightSource(checkpoint)
-    builder = DecoderBuilder(
+    make_builder = partial(
+        DecoderBuilder,
         spec,
         arch,
         source,
@@ -229,18 +238,39 @@ def export_model(
         activation_bits=activation_bits,
         tensor_precision=rules,
     )
+    builder = make_builder()
     model, jobs = builder.build()  # checks every tensor's name and shape before any data moves
     _check_rules_match(rules, builder.stored)
     _warn_requantised(builder.stored)
     with bars.stage("build", 1) as bar:  # shown once done, so a bad checkpoint prints one error line
         bar.set_postfix_str(f"{len(model.graph.node)} nodes, {len(jobs)} weight jobs")
         bar.update()
+    quantises = any(p.kind == "quantize" for p in builder.stored.values())
+    has_text = (folder / "tokenizer.json").is_file()
+    uncalibrated = calibrate and quantises and not has_text  # said in the summary
+    text = text if quantises and has_text else None
+    # only what ortserve quantised itself: a GGUF's own codes are the file's, checked by llama.cpp parity
+    quality_check = quality_check and quantises
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the artifact is an ordinary folder
+    reference = None  # an fp32 export of the same source: the calibration's and the quality check's reference
+    importance = None
     try:
         with bars.stage("load", checkpoint.total_bytes(), "B") as bar:
             fingerprint = checkpoint.fingerprint(bar.update)
+        if text or (quality_check and has_text):
+            reference = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".fp32", dir=out.parent))
+            with bars.stage("fp32 ref", 1) as bar:
+                export_model(src, reference, precision="fp32", max_model_len=max_model_len, progress=False)
+                bar.update()
+        if text and reference:
+            with bars.stage("calibrate", 1) as bar:
+                importance = capture(reference, text)
+                bar.set_postfix_str(f"{importance.tokens:,} tokens of {importance.text}")
+                bar.update()
+            builder = make_builder(importance=importance)
+            model, jobs = builder.build()
         weights = WeightFile(tmp, DATA_FILE)
         try:
             stored = builder.stored.values()
@@ -272,6 +302,7 @@ def export_model(
                 weight_bytes=weights.bytes,
                 source=label,
                 source_fingerprint=fingerprint,
+                calibration=f"{importance.tokens:,} tokens of {importance.text}" if importance else "",
                 eos_token_ids=list(spec.eos_token_ids),
             )
             save_manifest(tmp, manifest)
@@ -288,33 +319,24 @@ def export_model(
             if not report.ok:
                 raise ExportError(f"validation failed: {report.summary()}")
         quality = None
-        # only what ortserve quantised itself: a GGUF's own codes are the file's, checked by llama.cpp parity
-        quality_check = quality_check and any(p.kind == "quantize" for p in builder.stored.values())
         if quality_check:
             with bars.stage("quality", 1) as bar:
-                quality = _quality(src, tmp, max_model_len)
+                quality = check(tmp, reference) if reference else None
                 bar.update()
         _publish(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        if reference:
+            shutil.rmtree(reference, ignore_errors=True)
     if progress:
-        _print_summary(manifest, out, time.perf_counter() - started, export_peak, report, quality, quality_check)
+        _print_summary(
+            manifest, out, time.perf_counter() - started, export_peak, report, quality, quality_check, uncalibrated
+        )
     if quality is not None and quality.warning():
         logger.warning("%s", quality.warning())
     return manifest
-
-
-def _quality(src: str | os.PathLike, artifact: Path, max_model_len: int | None):
-    """The quantised artifact against an fp32 export of the same source (made and deleted here)."""
-    from .quality import check
-
-    reference = artifact / ".fp32-reference"
-    try:
-        export_model(src, reference, precision="fp32", max_model_len=max_model_len, progress=False)
-        return check(artifact, reference)
-    finally:
-        shutil.rmtree(reference, ignore_errors=True)
 
 
 def _reference_checkpoint(folder: Path) -> Path:
@@ -348,7 +370,14 @@ def _warn_requantised(stored: dict[str, Storage]) -> None:
 
 
 def _print_summary(
-    m: ArtifactManifest, out: Path, seconds: float, export_peak: int, report, quality, quality_checked: bool
+    m: ArtifactManifest,
+    out: Path,
+    seconds: float,
+    export_peak: int,
+    report,
+    quality,
+    quality_checked: bool,
+    uncalibrated: bool,
 ) -> None:
     size = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
     lines = [
@@ -358,6 +387,8 @@ def _print_summary(
         f"{m.activation_bits}-bit activations); "
         f"artifact {size / 2**20:,.1f} MiB",
         "  stored as    " + ", ".join(f"{label} x {count}" for label, count in sorted(m.weight_formats.items())),
+        *([f"  calibrated   on {m.calibration} (importance-weighted quantisation)"] if m.calibration else []),
+        *(["  calibrated   no: the source has no tokenizer.json to read the text with"] if uncalibrated else []),
         f"  time         {seconds:.1f} s",
         f"  peak RSS     {export_peak / 2**20:,.0f} MiB"
         + (f" ({peak_rss_bytes() / 2**20:,.0f} MiB with validation)" if report is not None else ""),

@@ -72,8 +72,8 @@ class QualityReport:
             f"the quantised model falls below the quality check (top-1 agreement >= {TOP1_THRESHOLD:.0%}, "
             f"perplexity ratio <= {PPL_RATIO_THRESHOLD:g}): {self.summary()}. Try --precision int8, or keep the "
             "most sensitive linears at 8 bits (--tensor-precision 'v_proj|up_proj|down_proj=int8' for "
-            "llama-style names; benchmarks/int4_sensitivity.py measures which), or check the artifact on your "
-            "own prompts"
+            "llama-style names; benchmarks/int4_sensitivity.py measures which), or calibrate on text like your "
+            "own (--calibration-text FILE), or check the artifact on your own prompts"
         )
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from ortserve.ops.paged_attention_reference import Q_BLOCK, pack_q
 
-from .nbits import SCALE_CANDIDATES, QuantizedWeight
+from .nbits import SCALE_CANDIDATES, WIDE_SCALE_CANDIDATES, QuantizedWeight
 
 _ROWS = 2048  # rows per chunk: bounds the float temporaries of a large embedding
 
@@ -62,11 +62,16 @@ def from_blocks(q: QuantizedWeight, k: int) -> QWeight:
     return QWeight(np.ascontiguousarray(codes[:, :k]), q.scales, np.ascontiguousarray(m, np.float32), q.bits)
 
 
-def quantize_q(weight: np.ndarray, bits: int) -> QWeight:
+def quantize_q(weight: np.ndarray, bits: int, importance: np.ndarray | None = None) -> QWeight:
     """Float [N, K] weights: per block, the best of steps (max - min) / levels shrunk by the candidate
     factors, each with its codes refitted by least squares to (d, m) and rounded to fp16 (llama.cpp's
-    make_qkx2_quants idea); weights already on such a grid (dequantised Q4_1) come back exactly."""
-    parts = [_quantize_rows(weight[r : r + _ROWS], bits) for r in range(0, len(weight), _ROWS)]
+    make_qkx2_quants idea); weights already on such a grid (dequantised Q4_1) come back exactly.
+
+    ``importance`` [K] (``calibration.Importance``: each input column's mean x^2 on text) weights
+    each column's squared error, as llama.cpp's quantisers use an importance matrix, with a floor of
+    1e-3 of its mean so that no column is free; the search then also tries the grid shifted by a
+    quarter step either way and more factors."""
+    parts = [_quantize_rows(weight[r : r + _ROWS], bits, importance) for r in range(0, len(weight), _ROWS)]
     return concat_q(parts)
 
 
@@ -74,37 +79,51 @@ def _half(a: np.ndarray) -> np.ndarray:
     return a.astype(np.float16).astype(np.float32)
 
 
-def _quantize_rows(weight: np.ndarray, bits: int) -> QWeight:
+def _error_weights(importance: np.ndarray | None, k: int) -> tuple[np.ndarray, np.ndarray, tuple[float, ...]]:
+    """(weights [1, blocks, 32], scale factors, grid shifts) of the search."""
+    if importance is None or not importance.mean() > 0:
+        return np.ones((1, -(-k // Q_BLOCK), Q_BLOCK), np.float32), SCALE_CANDIDATES, (0.0,)
+    h = np.pad(importance.astype(np.float32), (0, -k % Q_BLOCK))
+    weights = (h + np.float32(1e-3) * h[:k].mean()).reshape(1, -1, Q_BLOCK)
+    return weights, WIDE_SCALE_CANDIDATES, (0.0, 0.25, -0.25)
+
+
+def _quantize_rows(weight: np.ndarray, bits: int, importance: np.ndarray | None) -> QWeight:
     n, k = weight.shape
     levels = np.float32((1 << bits) - 1)
     padded = np.pad(weight.astype(np.float32), ((0, 0), (0, -k % Q_BLOCK)), mode="edge")
     blocks = padded.reshape(n, -1, Q_BLOCK)
+    weights, factors, shifts = _error_weights(importance, k)
     lo, hi = blocks.min(-1), blocks.max(-1)
     best_error = np.full(lo.shape, np.inf, np.float32)
     best = (np.zeros(blocks.shape, np.float32), np.zeros(lo.shape, np.float32), _half(lo))
-    for factor in SCALE_CANDIDATES:
+    for factor in factors:
         step = (hi - lo) / levels * factor
         safe = np.where(step > 0, step, np.float32(1))
-        codes = np.clip(np.rint((blocks - lo[..., None]) / safe[..., None]), 0, levels)
-        for d, m in (_fit(blocks, codes), (_half(step), _half(lo))):
-            error = ((d[..., None] * codes + m[..., None] - blocks) ** 2).sum(-1)
-            better = error < best_error
-            best_error = np.where(better, error, best_error)
-            best = (
-                np.where(better[..., None], codes, best[0]),
-                np.where(better, d, best[1]),
-                np.where(better, m, best[2]),
-            )
+        for shift in shifts:
+            base = lo + np.float32(shift) * step
+            codes = np.clip(np.rint((blocks - base[..., None]) / safe[..., None]), 0, levels)
+            for d, m in (_fit(blocks, codes, weights), (_half(step), _half(base))):
+                error = (weights * (d[..., None] * codes + m[..., None] - blocks) ** 2).sum(-1)
+                better = error < best_error
+                best_error = np.where(better, error, best_error)
+                best = (
+                    np.where(better[..., None], codes, best[0]),
+                    np.where(better, d, best[1]),
+                    np.where(better, m, best[2]),
+                )
     codes, d, m = best
     codes = codes.reshape(n, -1)[:, :k].astype(np.uint8)
     return QWeight(np.ascontiguousarray(codes), d.astype(np.float32), m.astype(np.float32), bits)
 
 
-def _fit(blocks: np.ndarray, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Least squares (d, m) of w ~ d * q + m per block, rounded to fp16."""
-    q_mean, w_mean = codes.mean(-1), blocks.mean(-1)
+def _fit(blocks: np.ndarray, codes: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Weighted least squares (d, m) of w ~ d * q + m per block, rounded to fp16."""
+    total = weights.sum(-1)
+    q_mean, w_mean = (weights * codes).sum(-1) / total, (weights * blocks).sum(-1) / total
     q_centred = codes - q_mean[..., None]
-    variance = (q_centred * q_centred).sum(-1)
-    d = np.where(variance > 0, (q_centred * blocks).sum(-1) / np.maximum(variance, 1e-30), 0).astype(np.float32)
+    variance = (weights * q_centred * q_centred).sum(-1)
+    covariance = (weights * q_centred * blocks).sum(-1)
+    d = np.where(variance > 0, covariance / np.maximum(variance, 1e-30), 0).astype(np.float32)
     d = _half(d)
     return d, _half(w_mean - d * q_mean)

@@ -148,7 +148,7 @@ def _exporter_hash() -> str:
         if spec is None or not spec.submodule_search_locations:
             raise ModelSourceError(f"{package} is not installed; reinstall ortserve")
         for folder in spec.submodule_search_locations:
-            for path in sorted(Path(folder).glob("*.py")):
+            for path in sorted([*Path(folder).glob("*.py"), *Path(folder).glob("*.txt")]):  # calibration.txt
                 digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 

@@ -182,3 +182,26 @@ def test_int4_export_reports_the_quality_check_against_fp32(tiny_llama_checkpoin
     assert abs(float(top1) - 100 * expected.top1_agreement) <= 0.1 and abs(float(ratio) - expected.ppl_ratio) <= 1e-3
     assert ("below the check" in line) == (not expected.ok)
     assert not (tmp_path / "int4" / ".fp32-reference").exists()
+
+
+def test_a_missing_calibration_text_is_one_line_error_naming_the_flag(tiny_llama_checkpoint, tmp_path):
+    out, missing = tmp_path / "out", tmp_path / "nowhere.txt"
+    result = ortserve_export(str(tiny_llama_checkpoint), "-o", str(out), "--precision", "int4", "--calibration-text")
+    assert result.returncode != 0  # argparse: the flag needs FILE
+    assert_clean_failure(
+        ortserve_export(
+            str(tiny_llama_checkpoint), "-o", str(out), "--precision", "int4", "--calibration-text", str(missing)
+        ),
+        out,
+        f"--calibration-text {missing}: cannot read it as UTF-8 text",
+    )
+
+
+def test_no_calibration_flag_exports_uncalibrated(tiny_llama_checkpoint, tmp_path):
+    out = tmp_path / "out"
+    result = ortserve_export(str(tiny_llama_checkpoint), "-o", str(out), "--precision", "int4", "--no-calibration")
+    assert result.returncode == 0, result.stderr
+    assert load_manifest(out).calibration == "" and "calibrated" not in result.stderr
+    result = ortserve_export(str(tiny_llama_checkpoint), "-o", str(out), "--precision", "int4")
+    assert load_manifest(out).calibration.endswith("tokens of built-in text")
+    assert "calibrated   on " in result.stderr

@@ -1,0 +1,122 @@
+"""Calibration: each linear input column's mean x^2 on text, captured torch-free from the fp32
+export and checked against transformers' own activations; the quantiser weighting its error by
+it; and export's flags. Its effect on a real model's quality is measured in
+benchmarks/tables/quality.md (Gemma-3-270m int4), not here: tiny random models have no text to fit.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from ortserve.export import export_model
+from ortserve.export.calibration import CHUNK_TOKENS, CalibrationText, capture
+from ortserve.export.errors import ExportError
+from ortserve.export.qweight import quantize_q
+
+
+def transformers_importance(checkpoint: Path, sequences: list[list[int]]) -> dict[str, np.ndarray]:
+    """Mean x^2 per input column of each Linear under model.layers, by module name."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    sums: dict[str, torch.Tensor] = {}
+
+    def hook(name):
+        def record(module, inputs, output):
+            x = inputs[0].reshape(-1, inputs[0].shape[-1]).double()
+            sums[name] = sums.get(name, 0) + (x * x).sum(0)
+
+        return record
+
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and ".layers." in name:
+            module.register_forward_hook(hook(name))
+    with torch.inference_mode():
+        for ids in sequences:
+            model(torch.tensor([ids]))
+    tokens = sum(map(len, sequences))
+    return {name: (total / tokens).float().numpy() for name, total in sums.items()}
+
+
+def test_capture_equals_transformers_activations(tiny_llama_checkpoint, tiny_llama_artifact):
+    importance = capture(tiny_llama_artifact, CalibrationText.read(None))
+    sequences = CalibrationText.read(None).sequences(tiny_llama_artifact)
+    assert len(sequences) > 3 and all(len(s) <= CHUNK_TOKENS for s in sequences)
+    assert importance.tokens == sum(map(len, sequences)) and importance.text == "built-in text"
+    reference = transformers_importance(tiny_llama_checkpoint, sequences)
+    ours = {  # q, k and v read one input, as do gate and up: one fused linear each
+        "q_proj": "qkv",
+        "k_proj": "qkv",
+        "v_proj": "qkv",
+        "o_proj": "o",
+        "gate_proj": "gate_up",
+        "up_proj": "gate_up",
+        "down_proj": "down",
+    }
+    for name, expected in reference.items():
+        layer, kind = name.split(".")[2], name.rsplit(".", 1)[1]
+        np.testing.assert_allclose(importance.get(f"layers.{layer}.{ours[kind]}"), expected, rtol=2e-5)
+    assert importance.get("layers.0.qkv.1") is importance.get("layers.0.qkv")  # a part of a split linear
+    assert importance.get("lm_head") is None
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_importance_lowers_the_error_where_it_weighs(bits):
+    """With a few columns of large activations, the weighted search trades error elsewhere for less
+    error there: its output error (the importance-weighted error) is lower than the plain search's."""
+    rng = np.random.default_rng(3)
+    w = rng.standard_t(5, size=(256, 512)).astype(np.float32) * 0.02
+    importance = rng.gamma(0.3, size=512).astype(np.float32)  # heavy-tailed, as real activations
+    weighted = ((quantize_q(w, bits, importance).dequantize() - w) ** 2 * importance).sum()
+    plain = ((quantize_q(w, bits).dequantize() - w) ** 2 * importance).sum()
+    assert weighted < 0.9 * plain
+
+
+def test_uniform_importance_keeps_a_q4_1_grid_exact():
+    rng = np.random.default_rng(0)
+    d = rng.uniform(0.01, 0.02, (8, 2)).astype(np.float16).astype(np.float32)
+    m = rng.uniform(-0.2, -0.1, (8, 2)).astype(np.float16).astype(np.float32)
+    codes = rng.integers(0, 16, (8, 64)).astype(np.float32)
+    codes[:, [0, 32]], codes[:, [1, 33]] = 0, 15
+    grid = codes * np.repeat(d, 32, axis=1) + np.repeat(m, 32, axis=1)
+    assert np.array_equal(quantize_q(grid, 4, np.ones(64, np.float32)).dequantize(), grid)
+
+
+def codes_of(artifact: Path) -> dict[str, np.ndarray]:
+    import onnx
+
+    model = onnx.load(str(artifact / "model.onnx"))
+    return {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer if t.name.endswith(".codes")}
+
+
+def test_export_calibrates_int4_on_the_builtin_text_or_a_given_file(tiny_llama_checkpoint, tmp_path):
+    text = tmp_path / "mine.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 40)
+    export_model(tiny_llama_checkpoint, tmp_path / "builtin", precision="int4", progress=False)
+    export_model(tiny_llama_checkpoint, tmp_path / "file", precision="int4", calibration_text=text, progress=False)
+    export_model(tiny_llama_checkpoint, tmp_path / "plain", precision="int4", calibrate=False, progress=False)
+    manifests = {n: json.loads((tmp_path / n / "ortserve.json").read_text()) for n in ("builtin", "file", "plain")}
+    assert manifests["builtin"]["calibration"].endswith(" tokens of built-in text")
+    assert manifests["file"]["calibration"].endswith(f" tokens of {text}")
+    assert manifests["plain"]["calibration"] == ""
+    builtin, mine, plain = (codes_of(tmp_path / n) for n in ("builtin", "file", "plain"))
+    layer_codes = [name for name in plain if name.startswith("layers.")]
+    assert layer_codes and all(not np.array_equal(builtin[n], plain[n]) for n in layer_codes)
+    assert any(not np.array_equal(builtin[n], mine[n]) for n in layer_codes)
+    assert np.array_equal(builtin["lm_head.codes"], plain["lm_head.codes"])  # the head is not calibrated
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [(b" \n", "the text is empty"), (b"\xff\xfe\xfa bad", "cannot read it as UTF-8 text")],
+)
+def test_a_bad_calibration_text_names_the_flag(content, message, tiny_llama_checkpoint, tmp_path):
+    text = tmp_path / "calibration.txt"
+    text.write_bytes(content)
+    with pytest.raises(ExportError, match=f"--calibration-text {text}: {message}"):
+        export_model(tiny_llama_checkpoint, tmp_path / "out", precision="int4", calibration_text=text, progress=False)
+    assert not (tmp_path / "out").exists()
