@@ -31,7 +31,7 @@ float ScaleValue(const S& s) {
 
 template <int Bits, typename ScaleT>
 struct GatherQ {
-  static constexpr int64_t kBlockBytes = Bits == 4 ? kQ4BlockBytes : kQ8BlockBytes;
+  static constexpr int64_t kBlockBytes = kQBlockBytesOf<Bits>;
 
   GatherQ(const OrtApi* api, const OrtKernelInfo* info)
       : N_(IntAttribute(api, info, "N", 0)), K_(IntAttribute(api, info, "K", 0)) {}
@@ -57,13 +57,14 @@ struct GatherQ {
     for (int64_t t = 0; t < T; ++t) {
       const int64_t g = ids[t] / kQGroup, r = ids[t] % kQGroup;
       for (int64_t b = 0; b < KB; ++b) {
-        const uint8_t* block = c + (g * KB + b) * kBlockBytes + 4 * r;
+        const uint8_t* block = c + (g * KB + b) * kBlockBytes;
         const ScaleT* sb = s + (g * KB + b) * 2 * kQGroup + r;
         const float d = ScaleValue(sb[0]), m = ScaleValue(sb[kQGroup]);
         for (int64_t i = 0; i < kQBlock && b * kQBlock + i < K_; ++i) {
-          const int64_t q = i / 4, j = i % 4;  // column 4q + j
-          const int32_t code = Bits == 8 ? block[64 * q + j]
-                                         : (q < 4 ? block[64 * q + j] & 0x0F : block[64 * (q - 4) + j] >> 4);
+          const int64_t q = i / 4, lane = 4 * r + i % 4;  // column 4q + i % 4: lane 4r + i % 4 of vector q
+          int32_t code = Bits == 8 ? block[64 * q + lane]
+                                   : (q < 4 ? block[64 * q + lane] & 0x0F : block[64 * (q - 4) + lane] >> 4);
+          if (Bits == 5) code |= ((block[kQ4BlockBytes + 8 * q + lane / 8] >> (lane % 8)) & 1) << 4;
           out[t * K_ + b * kQBlock + i] = d * static_cast<float>(code) + m;
         }
       }
@@ -72,7 +73,7 @@ struct GatherQ {
   }
 
   static Ort::Status Error(const std::string& msg) {
-    return Ort::Status(((Bits == 4 ? "GatherQ4: " : "GatherQ8: ") + msg).c_str(), ORT_INVALID_ARGUMENT);
+    return Ort::Status(("GatherQ" + std::to_string(Bits) + ": " + msg).c_str(), ORT_INVALID_ARGUMENT);
   }
 
   int64_t N_, K_;
@@ -87,9 +88,11 @@ std::vector<Ort::Custom::OrtLiteCustomOp*> GatherQOps() {
   using Op = std::unique_ptr<Ort::Custom::OrtLiteCustomOp>;
   static Op q4_f16{CreateLiteCustomOp<GatherQ<4, Ort::Float16_t>>("GatherQ4", "CPUExecutionProvider", 1)};
   static Op q4_f32{CreateLiteCustomOp<GatherQ<4, float>>("GatherQ4", "CPUExecutionProvider", 1)};
+  static Op q5_f16{CreateLiteCustomOp<GatherQ<5, Ort::Float16_t>>("GatherQ5", "CPUExecutionProvider", 1)};
+  static Op q5_f32{CreateLiteCustomOp<GatherQ<5, float>>("GatherQ5", "CPUExecutionProvider", 1)};
   static Op q8_f16{CreateLiteCustomOp<GatherQ<8, Ort::Float16_t>>("GatherQ8", "CPUExecutionProvider", 1)};
   static Op q8_f32{CreateLiteCustomOp<GatherQ<8, float>>("GatherQ8", "CPUExecutionProvider", 1)};
-  return {q4_f16.get(), q4_f32.get(), q8_f16.get(), q8_f32.get()};
+  return {q4_f16.get(), q4_f32.get(), q5_f16.get(), q5_f32.get(), q8_f16.get(), q8_f32.get()};
 }
 
 }  // namespace ortserve

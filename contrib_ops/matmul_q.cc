@@ -85,7 +85,7 @@ void QuantizeTask(void* data, size_t task) {
 template <int Bits, typename ScaleT>
 struct MatMulQ {
   static_assert(std::is_same_v<ScaleT, float> || std::is_same_v<ScaleT, Ort::Float16_t>);
-  static constexpr int64_t kBlockBytes = Bits == 4 ? kQ4BlockBytes : kQ8BlockBytes;
+  static constexpr int64_t kBlockBytes = kQBlockBytesOf<Bits>;
 
   MatMulQ(const OrtApi* api, const OrtKernelInfo* info)
       : N_(IntAttribute(api, info, "N", 0)),
@@ -146,7 +146,7 @@ struct MatMulQ {
   }
 
   static Ort::Status Error(const std::string& msg) {
-    return Ort::Status(((Bits == 4 ? "MatMulQ4: " : "MatMulQ8: ") + msg).c_str(), ORT_INVALID_ARGUMENT);
+    return Ort::Status(("MatMulQ" + std::to_string(Bits) + ": " + msg).c_str(), ORT_INVALID_ARGUMENT);
   }
 
   int64_t N_, K_, activation_bits_;
@@ -162,9 +162,11 @@ std::vector<Ort::Custom::OrtLiteCustomOp*> MatMulQOps() {
   using Op = std::unique_ptr<Ort::Custom::OrtLiteCustomOp>;
   static Op q4_f16{CreateLiteCustomOp<MatMulQ<4, Ort::Float16_t>>("MatMulQ4", "CPUExecutionProvider", 1)};
   static Op q4_f32{CreateLiteCustomOp<MatMulQ<4, float>>("MatMulQ4", "CPUExecutionProvider", 1)};
+  static Op q5_f16{CreateLiteCustomOp<MatMulQ<5, Ort::Float16_t>>("MatMulQ5", "CPUExecutionProvider", 1)};
+  static Op q5_f32{CreateLiteCustomOp<MatMulQ<5, float>>("MatMulQ5", "CPUExecutionProvider", 1)};
   static Op q8_f16{CreateLiteCustomOp<MatMulQ<8, Ort::Float16_t>>("MatMulQ8", "CPUExecutionProvider", 1)};
   static Op q8_f32{CreateLiteCustomOp<MatMulQ<8, float>>("MatMulQ8", "CPUExecutionProvider", 1)};
-  return {q4_f16.get(), q4_f32.get(), q8_f16.get(), q8_f32.get()};
+  return {q4_f16.get(), q4_f32.get(), q5_f16.get(), q5_f32.get(), q8_f16.get(), q8_f32.get()};
 }
 
 }  // namespace ortserve

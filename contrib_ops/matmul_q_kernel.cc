@@ -1,5 +1,5 @@
 // MatMulQ kernels (see matmul_q_kernel.h), compiled once per ISA. Per block of 32 columns and
-// group of 16 weight rows, the integer dot products of the 4- or 8-bit codes with the int8 activations
+// group of 16 weight rows, the integer dot products of the 4-, 5- or 8-bit codes with the int8 activations
 // run with one int32 lane per weight row (AVX-512 VNNI: vpdpbusd; AVX2: vpmaddubsw + vpmaddwd on 4-bit
 // halves, so the int16 sums cannot saturate), then
 //   acc[row] += dot * (d[row] * dx) + m[row] * (dx * sum(xq))     // w = d * q + m, x ~ dx * xq
@@ -31,7 +31,7 @@ namespace {
 
 ALWAYS_INLINE int64_t MinI(int64_t a, int64_t b) { return a < b ? a : b; }
 
-constexpr int64_t BlockBytes(int bits) { return bits == 4 ? kQ4BlockBytes : kQ8BlockBytes; }
+constexpr int64_t BlockBytes(int bits) { return bits == 4 ? kQ4BlockBytes : bits == 5 ? kQ5BlockBytes : kQ8BlockBytes; }
 
 // One block's quantisation: dx and the codes' sum follow from amax (see the header).
 ALWAYS_INLINE void BlockScales(float amax, int32_t sum, float* s) {
@@ -86,11 +86,19 @@ ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t
   for (int64_t b = 0; b < KB; ++b) {
     const uint8_t* c = codes + b * BlockBytes(Bits);
     __m512i w[8];  // w[q]: 16 rows x columns 4q..4q+3 of the block
-    if constexpr (Bits == 4) {
+    if constexpr (Bits == 4 || Bits == 5) {
       for (int j = 0; j < 4; ++j) {
         const __m512i raw = _mm512_loadu_si512(c + 64 * j);
         w[j] = _mm512_and_si512(raw, nibble);
         w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nibble);
+      }
+      if constexpr (Bits == 5) {  // the fifth bits: one 64-bit lane mask per vector
+        const __m512i sixteen = _mm512_set1_epi8(16);
+        for (int q = 0; q < 8; ++q) {
+          uint64_t fifth;
+          __builtin_memcpy(&fifth, c + kQ4BlockBytes + 8 * q, 8);
+          w[q] = _mm512_or_si512(w[q], _mm512_maskz_mov_epi8(fifth, sixteen));
+        }
       }
     } else {
       for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(c + 64 * j);
@@ -159,9 +167,19 @@ ALWAYS_INLINE __m256 Load8(const S* p) {
   else return _mm256_loadu_ps(p);
 }
 
+// Bytes 0 or 1: byte i is bit i of ``bits``.
+ALWAYS_INLINE __m256i BitsToBytes(uint32_t bits) {
+  const __m256i byte_of_bit = _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303);
+  const __m256i bit_of_byte = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201));
+  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int32_t>(bits)), byte_of_bit);
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit_of_byte), bit_of_byte);
+  return _mm256_and_si256(set, _mm256_set1_epi8(1));
+}
+
 // As the AVX-512 build, one half of the group (8 rows) at a time. vpmaddubsw's int16 pair sums stay
 // below 2^15 when the codes are 4-bit: 8 of them add at most 16 * 15 * 127 = 30480. 8-bit codes are
-// taken as two 4-bit halves, hi * 16 + lo, each summed apart.
+// taken as two 4-bit halves, hi * 16 + lo, each summed apart; 5-bit codes as the 4-bit ones and their
+// fifth bits, summed apart.
 template <int Bits, typename S, int MT, bool Pairs>
 ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t* xq, int64_t xq_stride,
                              const float* xs, int64_t xs_stride, const float* bias, float* y, int64_t y_stride,
@@ -174,16 +192,29 @@ ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t
       const uint8_t* c = codes + b * BlockBytes(Bits) + 32 * h;
       __m256i low_pairs[MT], high_pairs[MT];  // 8-bit: the low and the high nibbles' sums
       for (int i = 0; i < MT; ++i) low_pairs[i] = high_pairs[i] = _mm256_setzero_si256();
-      for (int j = 0; j < (Bits == 4 ? 4 : 8); ++j) {
+      constexpr bool kNibbles = Bits != 8;  // 4- and 5-bit: a byte holds columns 4j + i and 16 + 4j + i
+      for (int j = 0; j < (kNibbles ? 4 : 8); ++j) {
         const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * j));
         const __m256i low = _mm256_and_si256(raw, nibble), high = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
+        __m256i fifth_low, fifth_high;  // 5-bit: the fifth bits of the low and the high nibbles' columns
+        if constexpr (Bits == 5) {
+          const uint8_t* fifth = codes + b * BlockBytes(Bits) + kQ4BlockBytes + 4 * h;
+          uint32_t bits_low, bits_high;
+          __builtin_memcpy(&bits_low, fifth + 8 * j, 4);
+          __builtin_memcpy(&bits_high, fifth + 8 * (j + 4), 4);
+          fifth_low = BitsToBytes(bits_low), fifth_high = BitsToBytes(bits_high);
+        }
         for (int i = 0; i < MT; ++i) {
           const int8_t* xb = xq + i * xq_stride + b * kQBlock;
           const __m256i x_low = _mm256_set1_epi32(Load32(xb + 4 * j));
-          const __m256i x_high = Bits == 4 ? _mm256_set1_epi32(Load32(xb + 16 + 4 * j)) : x_low;
+          const __m256i x_high = kNibbles ? _mm256_set1_epi32(Load32(xb + 16 + 4 * j)) : x_low;
           low_pairs[i] = _mm256_add_epi16(low_pairs[i], _mm256_maddubs_epi16(low, x_low));
-          __m256i& high_sum = Bits == 4 ? low_pairs[i] : high_pairs[i];  // 4-bit: one sum holds both
+          __m256i& high_sum = kNibbles ? low_pairs[i] : high_pairs[i];  // 4-bit: one sum holds both
           high_sum = _mm256_add_epi16(high_sum, _mm256_maddubs_epi16(high, x_high));
+          if constexpr (Bits == 5) {  // at most 8 * 2 * 127 per lane
+            high_pairs[i] = _mm256_add_epi16(high_pairs[i], _mm256_maddubs_epi16(fifth_low, x_low));
+            high_pairs[i] = _mm256_add_epi16(high_pairs[i], _mm256_maddubs_epi16(fifth_high, x_high));
+          }
         }
       }
       const S* sb = scales + b * 2 * kQGroup + 8 * h;
@@ -191,7 +222,7 @@ ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t
       for (int i = 0; i < MT; ++i) {
         const float* sc = xs + i * xs_stride + 2 * b;
         __m256i sum = _mm256_madd_epi16(low_pairs[i], ones);
-        if constexpr (Bits == 8) sum = _mm256_add_epi32(sum, _mm256_madd_epi16(high_pairs[i], sixteen));
+        if constexpr (Bits != 4) sum = _mm256_add_epi32(sum, _mm256_madd_epi16(high_pairs[i], sixteen));
         const __m256 dot = _mm256_cvtepi32_ps(sum);
         acc[i] = _mm256_fmadd_ps(dot, _mm256_mul_ps(d, _mm256_set1_ps(sc[0])), acc[i]);
         acc[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(sc[1]), acc[i]);
@@ -228,12 +259,15 @@ ALWAYS_INLINE void QuantizeBlock(const float* in, int8_t* out, float* s) {
   BlockScales(amax, sum, s);
 }
 
-// The code of column 4q + j (of the block at c, for the row c points into).
+// The code of row r and column 4q + j of the block at c.
 template <int Bits>
-ALWAYS_INLINE int32_t Code(const uint8_t* c, int64_t q, int64_t j) {
-  if constexpr (Bits == 8) return c[64 * q + j];
-  const uint8_t byte = c[64 * (q % 4) + j];
-  return q < 4 ? byte & 0x0F : byte >> 4;
+ALWAYS_INLINE int32_t Code(const uint8_t* c, int64_t r, int64_t q, int64_t j) {
+  if constexpr (Bits == 8) return c[64 * q + 4 * r + j];
+  const uint8_t byte = c[64 * (q % 4) + 4 * r + j];
+  const int32_t low = q < 4 ? byte & 0x0F : byte >> 4;
+  if constexpr (Bits == 4) return low;
+  const int64_t lane = 4 * r + j;
+  return low | (((c[kQ4BlockBytes + 8 * q + lane / 8] >> (lane % 8)) & 1) << 4);
 }
 
 template <typename S>
@@ -250,11 +284,11 @@ ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t
     float acc[MT] = {};
     for (int i = 0; i < MT; ++i)
       for (int64_t b = 0; b < KB; ++b) {
-        const uint8_t* c = codes + b * BlockBytes(Bits) + 4 * r;
+        const uint8_t* c = codes + b * BlockBytes(Bits);
         const int8_t* xb = xq + i * xq_stride + b * kQBlock;
         int32_t dot = 0;
         for (int64_t q = 0; q < 8; ++q)
-          for (int64_t j = 0; j < 4; ++j) dot += Code<Bits>(c, q, j) * xb[4 * q + j];
+          for (int64_t j = 0; j < 4; ++j) dot += Code<Bits>(c, r, q, j) * xb[4 * q + j];
         const S* sb = scales + b * 2 * kQGroup + r;
         const float* sc = xs + i * xs_stride + 2 * b;
         acc[i] += static_cast<float>(dot) * (Scale(sb) * sc[0]);
@@ -350,6 +384,8 @@ void QTile(int bits, const uint8_t* codes, const void* scales, bool half, bool p
            int64_t g1) {
   if (bits == 4)
     TileOfBits<4>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
+  else if (bits == 5)
+    TileOfBits<5>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
   else
     TileOfBits<8>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
 }

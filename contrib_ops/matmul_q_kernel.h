@@ -3,11 +3,14 @@
 // shared between builds of different ISAs.
 //
 // The weight layout (the numpy reference pack_q in paged_attention_reference.py is its definition):
-// W [N, K] as w = d * q + m, q in 0..15 (MatMulQ4) or 0..255 (MatMulQ8), one (d, m) per row and block
+// W [N, K] as w = d * q + m, q in 0..15 (MatMulQ4), 0..31 (MatMulQ5) or 0..255 (MatMulQ8), one (d, m) per row and block
 // of 32 columns along K. Rows are taken 16 at a time (a group; N is padded to whole groups with
 // q = d = m = 0), blocks 32 columns at a time (K padded with q = 0):
 //   codes  u8 [G, KB, 256] (4-bit): byte c * 64 + r * 4 + j of block b holds q[16g + r, 32b + 4c + j]
 //          in its low nibble and q[16g + r, 32b + 16 + 4c + j] in its high one (c < 4, r < 16, j < 4);
+//          u8 [G, KB, 320] (5-bit): the 4-bit layout of q & 15, then 64 bytes of the fifth bits: bit
+//          i % 8 of byte 256 + 8c + i / 8 is bit 4 of the code in lane i = r * 4 + j of vector c, the
+//          column 32b + 4c + j (c < 8; vectors c < 4 are the low nibbles, c >= 4 the high ones);
 //          u8 [G, KB, 512] (8-bit): byte c * 64 + r * 4 + j holds q[16g + r, 32b + 4c + j] (c < 8).
 //          Either way a 64-byte load (and a nibble mask) gives 16 rows x 4 columns: an int32 lane a row.
 //   scales f16 or f32 [G, KB, 2, 16]: d then m of the group's 16 rows.
@@ -17,7 +20,10 @@
 
 namespace ortserve {
 
-constexpr int64_t kQBlock = 32, kQGroup = 16, kQ4BlockBytes = 256, kQ8BlockBytes = 512;
+constexpr int64_t kQBlock = 32, kQGroup = 16, kQ4BlockBytes = 256, kQ5BlockBytes = 320, kQ8BlockBytes = 512;
+
+template <int Bits>  // a constant, not a function: nothing here is compiled once per ISA
+constexpr int64_t kQBlockBytesOf = Bits == 4 ? kQ4BlockBytes : Bits == 5 ? kQ5BlockBytes : kQ8BlockBytes;
 
 // QuantizeRows: rows of x [T, K] to int8, per block of 32: xq = rint(x * 127 / amax) (amax = max |x| of
 // the block, 0 -> codes 0), into xq [R, KB * 32] (zero-padded) and xs [R, KB, 2] = {dx, dx * sum(xq)}
@@ -25,7 +31,7 @@ constexpr int64_t kQBlock = 32, kQGroup = 16, kQ4BlockBytes = 256, kQ8BlockBytes
 // way what row 2t misses (x - dx * xq), so dx * xq + dx' * xq' holds x to about 16 bits.
 // QTile: y[t, 16g + r] = sum_b xs[t,b,0] * d * dot(q, xq) + m * xs[t,b,1] (+ bias) for rows
 // [t0, t1) of xq and groups [g0, g1); only columns < N are written. pairs: y[t / 2] gets the sum of
-// rows t and t + 1 (t0, t1 even). bits: 4 or 8; half: scales are fp16 (else f32).
+// rows t and t + 1 (t0, t1 even). bits: 4, 5 or 8; half: scales are fp16 (else f32).
 #define ORTSERVE_Q_KERNELS                                                                              \
   void QuantizeRows(const float* x, int64_t T, int64_t K, bool residual, int8_t* xq, float* xs);        \
   void QTile(int bits, const uint8_t* codes, const void* scales, bool half, bool pairs, const int8_t* xq, \

@@ -1,5 +1,5 @@
 """Numpy references of ortserve's custom ops (domain ``ortserve``): PagedAttention,
-PackedPagedAttention, GatedActivation, MatMulQ4 / MatMulQ8 and GatherQ4 / GatherQ8 (and their weight
+PackedPagedAttention, GatedActivation, MatMulQ4 / Q5 / Q8 and GatherQ4 / Q5 / Q8 (and their weight
 layout), AddBlockOffsets and AppendBlockSums.
 
 This file is the specification: the C++ ops in ``contrib_ops/`` must match it.
@@ -207,23 +207,31 @@ def append_block_sums(x, block_size):
 
 
 Q_BLOCK, Q_GROUP = 32, 16  # MatMulQ4 / MatMulQ8: columns per block (one d, m each), weight rows per group
-Q_BLOCK_BYTES = {4: 256, 8: 512}
+Q_BLOCK_BYTES = {4: 256, 5: 320, 8: 512}
 
 
 def pack_q(codes, d, m, bits=4, scale_dtype=np.float16):
-    """MatMulQ4's (bits 4) or MatMulQ8's (bits 8) weight layout (contrib_ops/matmul_q_kernel.h) of
-    W = d * q + m per row and block of 32 columns: codes uint8 [N, K] (0..15 or 0..255), d and m
-    [N, ceil(K / 32)] -> (packed uint8 [G, KB, 256 or 512], scales [G, KB, 2, 16] of scale_dtype). Rows
-    are padded to whole groups of 16 and columns to whole blocks with q = d = m = 0. Byte c * 64 + r * 4
-    + j of a block holds q[16g + r, 32b + 4c + j] (8 bits; 4 bits: c < 4 in the low nibble, and
-    q[16g + r, 32b + 16 + 4c + j] in the high one)."""
+    """MatMulQ4's, MatMulQ5's or MatMulQ8's weight layout (contrib_ops/matmul_q_kernel.h) of
+    W = d * q + m per row and block of 32 columns: codes uint8 [N, K] (0..2^bits - 1), d and m
+    [N, ceil(K / 32)] -> (packed uint8 [G, KB, 256, 320 or 512], scales [G, KB, 2, 16] of scale_dtype).
+    Rows are padded to whole groups of 16 and columns to whole blocks with q = d = m = 0. Byte c * 64 +
+    r * 4 + j of a block holds q[16g + r, 32b + 4c + j] (8 bits; 4 and 5 bits: c < 4 in the low nibble,
+    and q[16g + r, 32b + 16 + 4c + j] in the high one; 5 bits: then the fifth bits, bit i % 8 of byte
+    256 + 8c + i / 8 for lane i = 4r + j of column group c < 8)."""
     codes = np.asarray(codes, np.uint8)
     n, k = codes.shape
     groups, k_blocks = -(-n // Q_GROUP), -(-k // Q_BLOCK)
     full = np.zeros((groups * Q_GROUP, k_blocks * Q_BLOCK), np.uint8)
     full[:n, :k] = codes
     q = full.reshape(groups, Q_GROUP, k_blocks, 8, 4).transpose(0, 2, 3, 1, 4)  # [G, KB, c, r, j]
-    packed = q if bits == 8 else q[:, :, :4] | (q[:, :, 4:] << 4)
+    if bits == 8:
+        packed = q
+    else:
+        low = q & 0x0F
+        packed = (low[:, :, :4] | (low[:, :, 4:] << 4)).reshape(groups, k_blocks, -1)
+        if bits == 5:
+            fifth = np.packbits((q >> 4).reshape(groups, k_blocks, 8, 64), axis=-1, bitorder="little")
+            packed = np.concatenate([packed, fifth.reshape(groups, k_blocks, 64)], axis=-1)
     scales = np.zeros((groups * Q_GROUP, k_blocks, 2), np.float32)
     scales[:n, :, 0], scales[:n, :, 1] = d, m
     scales = scales.reshape(groups, Q_GROUP, k_blocks, 2).transpose(0, 2, 3, 1)
@@ -234,23 +242,28 @@ def pack_q(codes, d, m, bits=4, scale_dtype=np.float16):
 def unpack_q(packed, scales, n, k):
     """pack_q's inverse: (codes uint8 [N, K], d float32 [N, KB], m float32 [N, KB])."""
     groups, k_blocks, width = packed.shape
-    q = np.asarray(packed, np.uint8).reshape(groups, k_blocks, width // 64, Q_GROUP, 4)  # [G, KB, c, r, j]
-    if width == Q_BLOCK_BYTES[4]:
+    packed = np.asarray(packed, np.uint8)
+    nibbles = width != Q_BLOCK_BYTES[8]
+    q = packed[..., : Q_BLOCK_BYTES[4] if nibbles else width].reshape(groups, k_blocks, -1, Q_GROUP, 4)  # [G, KB, c, r, j]
+    if nibbles:
         q = np.concatenate([q & 0x0F, q >> 4], axis=2)
+    if width == Q_BLOCK_BYTES[5]:
+        fifth = np.unpackbits(packed[..., Q_BLOCK_BYTES[4] :].reshape(groups, k_blocks, 8, 8), axis=-1, bitorder="little")
+        q = q | (fifth.reshape(q.shape) << 4)
     codes = q.transpose(0, 3, 1, 2, 4).reshape(groups * Q_GROUP, k_blocks * Q_BLOCK)
     s = np.asarray(scales, np.float32).transpose(0, 3, 1, 2).reshape(groups * Q_GROUP, k_blocks, 2)
     return np.ascontiguousarray(codes[:n, :k]), np.ascontiguousarray(s[:n, :, 0]), np.ascontiguousarray(s[:n, :, 1])
 
 
 def dequantize_q(packed, scales, n, k):
-    """The float32 weight [N, K] a MatMulQ4 / MatMulQ8 node holds: d * q + m, in float32 and in that order."""
+    """The float32 weight [N, K] a MatMulQ4 / Q5 / Q8 node holds: d * q + m, in float32 and in that order."""
     codes, d, m = unpack_q(packed, scales, n, k)
     blocks = np.repeat(np.arange(d.shape[1]), Q_BLOCK)[:k]
     return (codes.astype(np.float32) * d[:, blocks] + m[:, blocks]).astype(np.float32)
 
 
 def gather_q(packed, scales, indices, n, k):
-    """GatherQ4 / GatherQ8: rows ``indices`` of ``dequantize_q`` -> float32 [T, K]."""
+    """GatherQ4 / Q5 / Q8: rows ``indices`` of ``dequantize_q`` -> float32 [T, K]."""
     return dequantize_q(packed, scales, n, k)[np.asarray(indices, np.int64)]
 
 
@@ -287,7 +300,7 @@ def _quantize_blocks(blocks):
 
 
 def matmul_q(x, packed, scales, n, bias=None, activation_bits=8):
-    """MatMulQ4 / MatMulQ8: y[t, r] = sum_b dx[t,b] * d[r,b] * (q[r, block b] . xq[t, block b]) + m[r,b] * dx[t,b] *
+    """MatMulQ4 / Q5 / Q8: y[t, r] = sum_b dx[t,b] * d[r,b] * (q[r, block b] . xq[t, block b]) + m[r,b] * dx[t,b] *
     sum(xq[t, block b]) (+ bias[r]), with the int8 activations of ``quantize_activations`` (16 bits:
     the sum of that over x's row and its residual's): the integer dot products exactly, the rest
     accumulated in float64. x [T, K] -> y float32 [T, N]."""

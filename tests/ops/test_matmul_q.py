@@ -58,7 +58,7 @@ def random_weight(rng, n, k, dtype=np.float16, bits=4):
     return codes, d, m
 
 
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", [4, 5, 8])
 def test_the_layout_round_trips(bits):
     rng = np.random.default_rng(0)
     codes, d, m = random_weight(rng, 37, 70, bits=bits)
@@ -82,6 +82,18 @@ def test_the_layout_puts_16_rows_by_4_columns_in_64_bytes():
     assert np.count_nonzero(flat) == 2
 
 
+def test_the_5_bit_layout_is_the_4_bit_one_then_a_bit_plane():
+    """The low nibbles as 4-bit codes; bit 4 of q[r, 4c + j] at bit i % 8 of byte 256 + 8c + i / 8, i = 4r + j."""
+    codes = np.zeros((16, 32), np.uint8)
+    codes[5, 9] = 23  # c = 2, j = 1, lane 21: nibble 7, fifth bit at byte 256 + 16 + 2, bit 5
+    codes[3, 30] = 16  # c = 7 (16 + 4 * 3 + 2), lane 14: nibble 0, fifth bit at byte 256 + 56 + 1, bit 6
+    packed, _ = pack_q(codes, np.ones((16, 1)), np.zeros((16, 1)), 5)
+    flat = packed[0, 0]
+    assert flat.shape == (320,) and flat[2 * 64 + 5 * 4 + 1] == 7
+    assert flat[256 + 16 + 2] == 1 << 5 and flat[256 + 56 + 1] == 1 << 6
+    assert np.count_nonzero(flat) == 3
+
+
 def test_the_8_bit_layout_puts_16_rows_by_4_columns_in_64_bytes():
     """Byte c * 64 + r * 4 + j of block 0: q[r, 4c + j], for c < 8."""
     codes = np.zeros((16, 32), np.uint8)
@@ -93,7 +105,7 @@ def test_the_8_bit_layout_puts_16_rows_by_4_columns_in_64_bytes():
     assert np.count_nonzero(flat) == 2
 
 
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", [4, 5, 8])
 @pytest.mark.parametrize("activation_bits", [8, 16])
 @pytest.mark.parametrize("scale_dtype", [np.float16, np.float32])
 @pytest.mark.parametrize("rows", [1, 3, 8, 13, 70])
@@ -110,15 +122,14 @@ def test_matches_the_numpy_reference(rows, k, n, scale_dtype, activation_bits, b
     np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", [4, 5, 8])
 @pytest.mark.parametrize("activation_bits,bound", [(8, 1e-2), (16, 1e-4)])
 def test_is_x_times_the_dequantised_weight_up_to_activation_rounding(activation_bits, bound, bits):
     """An oracle independent of the reference's integer path: the float product with d * q + m. The
     residual pass takes the error from about 0.5 % to about 0.002 %."""
     rng = np.random.default_rng(7)
     codes, d, m = random_weight(rng, 96, 576, bits=bits)
-    if bits == 8:
-        d = d / 16  # the same weight range as 4-bit codes
+    d = d / (1 << (bits - 4))  # the same weight range as 4-bit codes
     packed, scales = pack_q(codes, d, m, bits)
     x = rng.normal(0.0, 1.0, (4, 576)).astype(np.float32)
     s = session(96, activation_bits=activation_bits, bits=bits)
@@ -148,7 +159,7 @@ def test_activations_round_to_nearest_even_with_the_block_maximum_at_127():
 @pytest.mark.parametrize("isa", ["generic", "avx2", "avx512"])
 @pytest.mark.parametrize("rows", [1, 5, 19])
 @pytest.mark.parametrize("activation_bits", [8, 16])
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", [4, 5, 8])
 def test_every_kernel_build_matches_the_reference(isa, rows, activation_bits, bits, monkeypatch):
     monkeypatch.setenv("ORTSERVE_KERNEL_ISA", isa)  # caps the build the op picks
     rng = np.random.default_rng(rows)
@@ -241,7 +252,7 @@ def gather_session(n: int, k: int, bits: int, scale_type: int = TensorProto.FLOA
 
 
 @pytest.mark.parametrize("scale_dtype", [np.float16, np.float32])
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", [4, 5, 8])
 def test_gather_reads_the_dequantised_rows(bits, scale_dtype):
     """A tied embedding's lookup on the LM head's codes: bit for bit d * q + m."""
     rng = np.random.default_rng(bits)
