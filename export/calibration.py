@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from ortserve.artifact import MODEL_FILE
+from ortserve.artifact import MODEL_FILE, load_manifest
 
 from .errors import ExportError
 
@@ -64,14 +64,14 @@ class CalibrationText:
         return cls(text, "built-in text" if path is None else str(path))
 
     def sequences(self, artifact: Path) -> list[list[int]]:
-        """Tokenised with the artifact's tokenizer, in chunks that each start with the tokenizer's own
-        prefix (its BOS)."""
+        """Tokenised with the artifact's tokenizer, in chunks (of at most CHUNK_TOKENS and the model's
+        length) that each start with the tokenizer's own prefix (its BOS)."""
         from tokenizers import Tokenizer
 
         tokenizer = Tokenizer.from_file(str(artifact / "tokenizer.json"))
         prefix = tokenizer.encode("").ids
         ids = tokenizer.encode(self.text, add_special_tokens=False).ids[:MAX_TOKENS]
-        body = CHUNK_TOKENS - len(prefix)
+        body = min(CHUNK_TOKENS, load_manifest(artifact).max_model_len) - len(prefix)
         return [prefix + ids[i : i + body] for i in range(0, len(ids), body) if len(ids) - i > 1]
 
 

@@ -17,9 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--precision",
         choices=PRECISIONS,
         default=None,
-        help="weight precision of the linear layers (int4: MatMulQ4, int8: MatMulQ8; blocks of 32). Default: the "
-        "source's own -- fp32 for a checkpoint; a GGUF file's quantised tensors keep their codes exactly "
-        "(under any precision but fp32)",
+        help="weight precision of the linear layers (int4: MatMulQ4, int5: MatMulQ5, int8: MatMulQ8; blocks of "
+        "32). Default: the source's own -- fp32 for a checkpoint; a GGUF file's quantised tensors keep their codes "
+        "exactly (under any precision but fp32)",
     )
     parser.add_argument(
         "--lm-head-precision",

@@ -1,19 +1,19 @@
-"""GGUF quantised blocks -> the codes and scales of MatMulQ4 / MatMulQ8 (blocks of 32, via
+"""GGUF quantised blocks -> the codes and scales of MatMulQ4 / Q5 / Q8 (blocks of 32, via
 ``qweight.from_blocks``) and MatMulNBits (Q6_K's blocks of 16), with no rounding anywhere.
 
 Every llama.cpp block format below is ``w = s * q + o`` per sub-block: integer codes ``q``, a
 float scale ``s`` and either a constant integer zero point (``o = -s * z``) or a float offset
-``o``. MatMulQ4 / MatMulQ8 hold ``d * q + m``: d = s and m = o (or -s * z):
+``o``. MatMulQ4 / Q5 / Q8 hold ``d * q + m``: d = s and m = o (or -s * z):
 
 | GGUF | stored as                 | s                | o / z              |
 |------|---------------------------|------------------|--------------------|
 | Q4_0 | MatMulQ4                  | d                | z = 8 (m = -8d)    |
 | Q4_1 | MatMulQ4                  | d                | o = m              |
 | Q4_K | MatMulQ4                  | d * scale[j]     | o = -dmin * min[j] |
-| Q5_0 | MatMulQ8                  | d                | z = 16             |
+| Q5_0 | MatMulQ5                  | d                | z = 16             |
 | Q8_0 | MatMulQ8 (codes + 128)    | d                | z = 128            |
-| Q5_1 | MatMulQ8                  | d                | o = m              |
-| Q5_K | MatMulQ8                  | d * scale[j]     | o = -dmin * min[j] |
+| Q5_1 | MatMulQ5                  | d                | o = m              |
+| Q5_K | MatMulQ5                  | d * scale[j]     | o = -dmin * min[j] |
 | Q6_K | MatMulNBits 8 bits, blocks of 16 | d * scale[j] | z = 32          |
 
 ``s`` and ``o`` are computed exactly as gguf's dequantiser computes them (float32 products), so
@@ -38,7 +38,8 @@ _ZERO = np.array([0.0], np.float16).view(np.uint8)
 
 @dataclass(frozen=True)
 class BlockFormat:
-    bits: int  # MatMulNBits bits
+    bits: int  # MatMulNBits bits (the container gguf's codes are unpacked into)
+    code_bits: int  # the codes' own width: a block-32 format is held by MatMulQ{code_bits}
     block_size: int  # MatMulNBits block: llama.cpp's (sub-)block
     zero_point: int  # every block's integer zero point (0 with float offsets)
     offsets: bool  # float block offsets o (Q4_1, Q5_1, Q4_K, Q5_K)
@@ -67,14 +68,14 @@ def _q6_scales(blocks: np.ndarray) -> tuple[np.ndarray, None]:
 
 
 FORMATS: dict[str, BlockFormat] = {
-    "Q4_0": BlockFormat(4, 32, 8, False, (0,)),
-    "Q5_0": BlockFormat(8, 32, 16, False, (0,)),
-    "Q8_0": BlockFormat(8, 32, 128, False, (0,)),
-    "Q6_K": BlockFormat(8, 16, 32, False, (208,), _q6_scales),
-    "Q4_1": BlockFormat(4, 32, 0, True, (0, 2)),
-    "Q5_1": BlockFormat(8, 32, 0, True, (0, 2)),
-    "Q4_K": BlockFormat(4, 32, 0, True, (0, 2), _k_scales),
-    "Q5_K": BlockFormat(8, 32, 0, True, (0, 2), _k_scales),
+    "Q4_0": BlockFormat(4, 4, 32, 8, False, (0,)),
+    "Q5_0": BlockFormat(8, 5, 32, 16, False, (0,)),
+    "Q8_0": BlockFormat(8, 8, 32, 128, False, (0,)),
+    "Q6_K": BlockFormat(8, 6, 16, 32, False, (208,), _q6_scales),
+    "Q4_1": BlockFormat(4, 4, 32, 0, True, (0, 2)),
+    "Q5_1": BlockFormat(8, 5, 32, 0, True, (0, 2)),
+    "Q4_K": BlockFormat(4, 4, 32, 0, True, (0, 2), _k_scales),
+    "Q5_K": BlockFormat(8, 5, 32, 0, True, (0, 2), _k_scales),
 }
 
 

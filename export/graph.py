@@ -210,7 +210,7 @@ class DecoderBuilder:
 
         def part(w: str, plan: storage.Storage) -> QWeight:
             if plan.kind == "exact":
-                return from_blocks(self.src.import_blocks(w), k)
+                return from_blocks(self.src.import_blocks(w), k, plan.bits)
             columns = self.importance.get(label) if self.importance else None
             return quantize_q(self.src.read(w, transpose), bits, columns)
 

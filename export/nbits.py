@@ -15,7 +15,7 @@ import numpy as np
 
 BLOCK_SIZE = 32
 ACCURACY_LEVEL = 4
-BITS = {"int4": 4, "int8": 8}
+BITS = {"int4": 4, "int5": 5, "int8": 8}
 SCALE_CANDIDATES = np.linspace(0.80, 1.04, 13, dtype=np.float32)  # x the min/max step (qweight's search)
 WIDE_SCALE_CANDIDATES = np.linspace(0.70, 1.04, 25, dtype=np.float32)  # the same, with calibration
 

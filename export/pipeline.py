@@ -50,7 +50,7 @@ logger = logging.getLogger(__name__)
 
 # The LM head (often the tied embedding) is the matmul most sensitive to quantisation: at int4 it
 # costs SmolLM2-135M 14 points of top-1 agreement with fp32 that int8 keeps, for 20 MB.
-DEFAULT_LM_HEAD = {"fp32": "fp32", "int8": "int8", "int4": "int8"}
+DEFAULT_LM_HEAD = {"fp32": "fp32", "int8": "int8", "int5": "int8", "int4": "int8"}
 
 
 @dataclass
@@ -121,7 +121,7 @@ def stored_precision(stored: dict[str, Storage], *, head: bool) -> Precision:
     """The manifest's precision of the LM head or of the other linears: the fewest bits any of
     them is stored with."""
     bits = min((p.bits for label, p in stored.items() if label.startswith("lm_head/") == head), default=32)
-    return "int4" if bits <= 4 else "int8" if bits <= 8 else "fp32"
+    return "int4" if bits <= 4 else "int5" if bits <= 5 else "int8" if bits <= 8 else "fp32"
 
 
 def check_supported(spec: ModelSpec) -> None:
@@ -364,7 +364,7 @@ def _warn_requantised(stored: dict[str, Storage]) -> None:
     again = Counter(p.label for p in stored.values() if p.kind == "quantize" and p.source_type not in FLOAT_TYPES)
     if again:
         logger.warning(
-            "GGUF tensors without an exact 4- or 8-bit form were dequantised and quantised again: %s",
+            "GGUF tensors without an exact 4-, 5- or 8-bit form were dequantised and quantised again: %s",
             ", ".join(f"{label} x {count}" for label, count in sorted(again.items())),
         )
 

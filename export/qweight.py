@@ -12,6 +12,7 @@ in ``contrib_ops`` (``pack_q``, ``matmul_q``).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,7 +28,7 @@ class QWeight:
     codes: np.ndarray  # uint8 [N, K], 0..2^bits - 1
     d: np.ndarray  # float32 [N, ceil(K / 32)]
     m: np.ndarray  # float32 [N, ceil(K / 32)]
-    bits: int  # 4 (MatMulQ4) or 8 (MatMulQ8)
+    bits: int  # 4, 5 or 8 (MatMulQ4, MatMulQ5, MatMulQ8)
 
     def packed(self) -> tuple[np.ndarray, np.ndarray]:
         """(codes [G, KB, 256 or 512], scales [G, KB, 2, 16]) as the ops read them."""
@@ -48,9 +49,9 @@ def concat_q(parts: list[QWeight]) -> QWeight:
     return QWeight(*fields, parts[0].bits)
 
 
-def from_blocks(q: QuantizedWeight, k: int) -> QWeight:
-    """A GGUF tensor's codes (``gguf_blocks.import_blocks``, blocks of 32): m = offset - d * z, exactly
-    (z * d is exact, and the difference is the format's own m)."""
+def from_blocks(q: QuantizedWeight, k: int, bits: int) -> QWeight:
+    """A GGUF tensor's codes (``gguf_blocks.import_blocks``, blocks of 32) for MatMulQ{bits}: m = offset -
+    d * z, exactly (z * d is exact, and the difference is the format's own m)."""
     assert q.block_size == Q_BLOCK, q.block_size
     n, k_blocks, _ = q.packed.shape
     if q.bits == 4:
@@ -59,7 +60,8 @@ def from_blocks(q: QuantizedWeight, k: int) -> QWeight:
         codes = q.packed.reshape(n, k_blocks * Q_BLOCK)
     zero = q.unpacked_zero_points().astype(np.float32)
     m = -(q.scales * zero) if q.offsets is None else q.offsets - q.scales * zero
-    return QWeight(np.ascontiguousarray(codes[:, :k]), q.scales, np.ascontiguousarray(m, np.float32), q.bits)
+    assert int(codes.max(initial=0)) < 1 << bits, bits
+    return QWeight(np.ascontiguousarray(codes[:, :k]), q.scales, np.ascontiguousarray(m, np.float32), bits)
 
 
 def quantize_q(weight: np.ndarray, bits: int, importance: np.ndarray | None = None) -> QWeight:
@@ -68,9 +70,9 @@ def quantize_q(weight: np.ndarray, bits: int, importance: np.ndarray | None = No
     make_qkx2_quants idea); weights already on such a grid (dequantised Q4_1) come back exactly.
 
     ``importance`` [K] (``calibration.Importance``: each input column's mean x^2 on text) weights
-    each column's squared error, as llama.cpp's quantisers use an importance matrix, with a floor of
-    1e-3 of its mean so that no column is free; the search then also tries the grid shifted by a
-    quarter step either way and more factors."""
+    each column's squared error, as llama.cpp's quantisers use an importance matrix (with a floor of
+    1e-3 of its mean so that no column is free, and llama.cpp's sqrt(sigma^2 + w^2) per weight); the
+    search then also tries the grid shifted by a quarter step either way and more factors."""
     parts = [_quantize_rows(weight[r : r + _ROWS], bits, importance) for r in range(0, len(weight), _ROWS)]
     return concat_q(parts)
 
@@ -79,42 +81,63 @@ def _half(a: np.ndarray) -> np.ndarray:
     return a.astype(np.float16).astype(np.float32)
 
 
-def _error_weights(importance: np.ndarray | None, k: int) -> tuple[np.ndarray, np.ndarray, tuple[float, ...]]:
-    """(weights [1, blocks, 32], scale factors, grid shifts) of the search."""
+def _error_weights(
+    importance: np.ndarray | None, weight: np.ndarray, blocks: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, tuple[float, ...]]:
+    """(error weights broadcast to ``blocks`` [N, KB, 32], scale factors, grid shifts) of the search. With
+    calibration, llama.cpp's per-weight form: importance[k] * sqrt(sigma^2 + w^2), sigma^2 the row's mean
+    w^2, so large weights of an important column count most."""
     if importance is None or not importance.mean() > 0:
-        return np.ones((1, -(-k // Q_BLOCK), Q_BLOCK), np.float32), SCALE_CANDIDATES, (0.0,)
+        return np.ones((1,) + blocks.shape[1:], np.float32), SCALE_CANDIDATES, (0.0,)
+    k = weight.shape[1]
     h = np.pad(importance.astype(np.float32), (0, -k % Q_BLOCK))
-    weights = (h + np.float32(1e-3) * h[:k].mean()).reshape(1, -1, Q_BLOCK)
-    return weights, WIDE_SCALE_CANDIDATES, (0.0, 0.25, -0.25)
+    h = (h + np.float32(1e-3) * h[:k].mean()).reshape(1, -1, Q_BLOCK)
+    sigma2 = (weight.astype(np.float32) ** 2).mean(-1)[:, None, None]
+    return h * np.sqrt(sigma2 + blocks * blocks), WIDE_SCALE_CANDIDATES, (0.0, 0.25, -0.25)
 
 
 def _quantize_rows(weight: np.ndarray, bits: int, importance: np.ndarray | None) -> QWeight:
     n, k = weight.shape
-    levels = np.float32((1 << bits) - 1)
     padded = np.pad(weight.astype(np.float32), ((0, 0), (0, -k % Q_BLOCK)), mode="edge")
     blocks = padded.reshape(n, -1, Q_BLOCK)
-    weights, factors, shifts = _error_weights(importance, k)
+    weights, factors, shifts = _error_weights(importance, weight, blocks)
+    best_error = np.full(blocks.shape[:2], np.inf, np.float32)
+    best = (np.zeros(blocks.shape, np.float32), np.zeros(blocks.shape[:2], np.float32), _half(blocks.min(-1)))
+    for codes, step, base in _grids(blocks, bits, factors, shifts):
+        for d, m in (_fit(blocks, codes, weights), (step, base)):
+            error = (weights * (d[..., None] * codes + m[..., None] - blocks) ** 2).sum(-1)
+            better = error < best_error
+            best_error = np.where(better, error, best_error)
+            best = (
+                np.where(better[..., None], codes, best[0]),
+                np.where(better, d, best[1]),
+                np.where(better, m, best[2]),
+            )
+    codes, d, m = best
+    codes = codes.reshape(n, -1)[:, :k].astype(np.uint8)
+    return QWeight(np.ascontiguousarray(codes), d.astype(np.float32), m.astype(np.float32), bits)
+
+
+def _grids(
+    blocks: np.ndarray, bits: int, factors: np.ndarray, shifts: tuple[float, ...]
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(codes, d, m) per block to try: from the minimum, steps of (max - min) / levels x each factor
+    (the grid shifted by each shift, in steps); then llama.cpp's symmetric grids, m = -z * d with z =
+    2^(bits - 1) and d = -max / z (Q4_0, Q5_0) or |max| / (z - 1) (Q8_0), max the block's value of the
+    largest magnitude, so weights already on one of those grids come back exactly."""
+    levels = np.float32((1 << bits) - 1)
     lo, hi = blocks.min(-1), blocks.max(-1)
-    best_error = np.full(lo.shape, np.inf, np.float32)
-    best = (np.zeros(blocks.shape, np.float32), np.zeros(lo.shape, np.float32), _half(lo))
     for factor in factors:
         step = (hi - lo) / levels * factor
         safe = np.where(step > 0, step, np.float32(1))
         for shift in shifts:
             base = lo + np.float32(shift) * step
-            codes = np.clip(np.rint((blocks - base[..., None]) / safe[..., None]), 0, levels)
-            for d, m in (_fit(blocks, codes, weights), (_half(step), _half(base))):
-                error = (weights * (d[..., None] * codes + m[..., None] - blocks) ** 2).sum(-1)
-                better = error < best_error
-                best_error = np.where(better, error, best_error)
-                best = (
-                    np.where(better[..., None], codes, best[0]),
-                    np.where(better, d, best[1]),
-                    np.where(better, m, best[2]),
-                )
-    codes, d, m = best
-    codes = codes.reshape(n, -1)[:, :k].astype(np.uint8)
-    return QWeight(np.ascontiguousarray(codes), d.astype(np.float32), m.astype(np.float32), bits)
+            yield np.clip(np.rint((blocks - base[..., None]) / safe[..., None]), 0, levels), _half(step), _half(base)
+    zero = np.float32(1 << (bits - 1))
+    extreme = np.take_along_axis(blocks, np.abs(blocks).argmax(-1)[..., None], -1)[..., 0]
+    for d in (_half(extreme / -zero), _half(np.abs(extreme) / (zero - 1))):
+        safe = np.where(d != 0, d, np.float32(1))
+        yield np.clip(np.rint(blocks / safe[..., None]) + zero, 0, levels), d, _half(-zero * d)
 
 
 def _fit(blocks: np.ndarray, codes: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -32,7 +32,7 @@ from .weights import WeightSource
 class Storage:
     kind: Literal["fp32", "exact", "quantize"]
     bits: int = 32
-    block_size: int = BLOCK_SIZE  # 32: MatMulQ4 / MatMulQ8; 16 (Q6_K): MatMulNBits
+    block_size: int = BLOCK_SIZE  # 32: MatMulQ4 / Q5 / Q8; 16 (Q6_K): MatMulNBits
     source_type: str = "F32"  # the GGUF type of the source tensor (F32 for safetensors)
 
     @property
@@ -89,7 +89,8 @@ def plan(source: WeightSource, name: str, precision: str | None, rules: Sequence
         return Storage("fp32", source_type=source_type)
     fmt = FORMATS.get(source_type)
     if fmt is not None:
-        return Storage("exact", fmt.bits, fmt.block_size, source_type)
+        bits = fmt.code_bits if fmt.block_size == BLOCK_SIZE else fmt.bits  # MatMulQ4 / Q5 / Q8, or MatMulNBits
+        return Storage("exact", bits, fmt.block_size, source_type)
     if source_type in FLOAT_TYPES and precision is None:
         return Storage("fp32", source_type=source_type)
     return Storage("quantize", BITS[precision or "int4"], BLOCK_SIZE, source_type)

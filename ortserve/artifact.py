@@ -38,7 +38,7 @@ TOKENIZER_FILES = (
     "generation_config.json",
 )
 
-Precision = Literal["fp32", "int8", "int4"]
+Precision = Literal["fp32", "int8", "int5", "int4"]
 ActivationBits = Literal[8, 16]
 # Activations of the quantised linears: 16 (int8 codes plus an int8 residual: about 16 bits, answers as
 # with float activations; vLLM's w4a16 default) or 8 (int8 blocks, as llama.cpp's Q8_1: faster prefill).

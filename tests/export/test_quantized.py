@@ -57,7 +57,7 @@ def fake_quantized_checkpoint(source, folder, precision, conv1d):
 
 
 @pytest.mark.parametrize("activation_bits, bound", [(8, 0.03), (16, 1e-3)])
-@pytest.mark.parametrize("precision", ["int8", "int4"])
+@pytest.mark.parametrize("precision", ["int8", "int5", "int4"])
 @pytest.mark.parametrize("case", ["llama2", "gpt2_conv1d", "qwen2_qkv_bias_tied"])
 def test_quantized_linears_compute_with_the_dequantized_weights(
     case, precision, activation_bits, bound, tiny_checkpoint, tmp_path
@@ -144,7 +144,7 @@ def test_tensor_precision_keeps_the_matching_linears_at_8_bits(tiny_checkpoint, 
     "rule, message",
     [
         ("v_proj", "is not PATTERN=PRECISION"),
-        ("v_proj=int3", "PRECISION one of fp32, int8, int4"),
+        ("v_proj=int3", "PRECISION one of fp32, int8, int5, int4"),
         ("v_proj([=int8", "is not a regular expression"),
         ("attn_v=int8", "matches no linear weight of this model; its names look like 'model.layers.0."),
     ],
@@ -181,6 +181,19 @@ def test_the_scale_search_beats_round_to_nearest_on_natural_weights(bits):
     ours = float(((quantize_q(w, bits).dequantize() - w) ** 2).mean())
     reference = float(((ort_round_to_nearest(w, bits) - w) ** 2).mean())
     assert ours < 0.95 * reference, (ours, reference)
+
+
+@pytest.mark.parametrize("qtype, bits", [("Q4_0", 4), ("Q5_0", 5), ("Q8_0", 8), ("Q4_1", 4), ("Q5_1", 5)])
+def test_weights_dequantised_from_llama_cpps_formats_come_back_exactly(qtype, bits):
+    """A checkpoint converted from a GGUF file (symmetric Q4_0 / Q5_0 / Q8_0 or Q4_1 / Q5_1), quantised
+    again at the format's width, loses nothing: gguf's own quantiser and dequantiser are the reference."""
+    import gguf
+
+    rng = np.random.default_rng(5)
+    w = (rng.standard_t(5, size=(64, 256)) * 0.02).astype(np.float32)
+    kind = gguf.GGMLQuantizationType[qtype]
+    grid = gguf.quants.dequantize(gguf.quants.quantize(w, kind), kind).astype(np.float32)
+    assert np.array_equal(quantize_q(grid, bits).dequantize(), grid)
 
 
 def test_int4_recovers_weights_on_a_q4_1_grid_exactly():

@@ -1,4 +1,4 @@
-"""A GGUF's quantised tensors are imported exactly: every linear's MatMulQ4 / MatMulQ8 (blocks of 32)
+"""A GGUF's quantised tensors are imported exactly: every linear's MatMulQ4 / Q5 / Q8 (blocks of 32)
 or MatMulNBits (Q6_K) initialisers dequantise, bit for bit, to what gguf's own ``dequantize()`` gives
 for the same tensor, and the graph computes with those weights."""
 
@@ -52,10 +52,11 @@ def gguf_weights(path: Path) -> dict[str, np.ndarray]:
 
 
 def imported(artifact: Path, label: str) -> np.ndarray:
-    """The [N, K] weight of the MatMulQ4 or MatMulNBits node ``label``, dequantised from its initialisers."""
+    """The [N, K] weight of the MatMulQ4 / Q5 / Q8 or MatMulNBits node ``label``, dequantised from its
+    initialisers."""
     model = onnx.load(artifact / "model.onnx", load_external_data=False)
     onnx.external_data_helper.load_external_data_for_model(model, str(artifact))
-    ops = ("MatMulQ4", "MatMulQ8", "MatMulNBits")
+    ops = ("MatMulQ4", "MatMulQ5", "MatMulQ8", "MatMulNBits")
     node = next(n for n in model.graph.node if n.op_type in ops and n.name.startswith(label))
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     init = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer if t.name.startswith(label)}
@@ -80,6 +81,9 @@ def test_imported_weights_dequantise_bit_exactly_to_ggufs_own(qtype, tiny_gguf):
     path, artifact = tiny_gguf(qtype)
     w = gguf_weights(path)
     rows_q = CONFIG["heads"] * CONFIG["head_dim"]
+    model = onnx.load(artifact / "model.onnx", load_external_data=False)
+    op = {"Q4": "MatMulQ4", "Q5": "MatMulQ5", "Q8": "MatMulQ8", "Q6": "MatMulNBits"}[qtype[:2]]
+    assert next(n.op_type for n in model.graph.node if n.name.startswith("layers.0.qkv")) == op  # codes at their width
     qkv = imported(artifact, "layers.0.qkv")
     # our rows are Hugging Face's order; llama.cpp's converter permutes Q and K rows
     expected = {

@@ -117,7 +117,7 @@ def test_folder_that_is_not_an_artifact_is_rejected(tmp_path: Path):
 
 
 def test_unknown_precision_is_rejected():
-    with pytest.raises(ModelSourceError, match="fp32, int8, int4"):
+    with pytest.raises(ModelSourceError, match="fp32, int8, int5, int4"):
         resolve_model(None, precision="fp16")
 
 
