@@ -244,11 +244,14 @@ def unpack_q(packed, scales, n, k):
     groups, k_blocks, width = packed.shape
     packed = np.asarray(packed, np.uint8)
     nibbles = width != Q_BLOCK_BYTES[8]
-    q = packed[..., : Q_BLOCK_BYTES[4] if nibbles else width].reshape(groups, k_blocks, -1, Q_GROUP, 4)  # [G, KB, c, r, j]
+    low = packed[..., : Q_BLOCK_BYTES[4] if nibbles else width]
+    q = low.reshape(groups, k_blocks, -1, Q_GROUP, 4)  # [G, KB, c, r, j]
     if nibbles:
         q = np.concatenate([q & 0x0F, q >> 4], axis=2)
     if width == Q_BLOCK_BYTES[5]:
-        fifth = np.unpackbits(packed[..., Q_BLOCK_BYTES[4] :].reshape(groups, k_blocks, 8, 8), axis=-1, bitorder="little")
+        fifth = np.unpackbits(
+            packed[..., Q_BLOCK_BYTES[4] :].reshape(groups, k_blocks, 8, 8), axis=-1, bitorder="little"
+        )
         q = q | (fifth.reshape(q.shape) << 4)
     codes = q.transpose(0, 3, 1, 2, 4).reshape(groups * Q_GROUP, k_blocks * Q_BLOCK)
     s = np.asarray(scales, np.float32).transpose(0, 3, 1, 2).reshape(groups * Q_GROUP, k_blocks, 2)
