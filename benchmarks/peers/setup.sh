@@ -69,6 +69,11 @@ if ! stamp llama.cpp; then
   nice -n 10 "$VENV/bin/cmake" --build "$BUILD" -j 2 --target llama llama-server llama-quantize llama-bench llama-batched-bench
   mark llama.cpp
 fi
+# llama-imatrix (benchmarks/quality.py's calibrated llama.cpp rows), on the same build.
+if ! stamp llama-imatrix; then
+  nice -n 10 "$VENV/bin/cmake" --build "$BUILD" -j 2 --target llama-imatrix
+  mark llama-imatrix
+fi
 
 # The Python bindings of the same sdist, on that build's libllama (no second compile).
 if ! stamp llama-cpp-python; then
