@@ -2,7 +2,8 @@
 int4 (``--precision int8 --tensor-precision KIND=int4``), then int4 with the sensitive kinds kept at
 8 bits (``--precision int4 --tensor-precision 'A|B=int8'``), measured as benchmarks/quality.py
 measures: top-1 agreement with the fp32 export and the perplexity ratio on export/quality.py's
-built-in texts. llama.cpp's own 4-bit formats on the same weights (Q4_0, Q4_1) and its Q4_K_M
+built-in texts. The exports are uncalibrated (``--no-calibration``): this measures the grids
+themselves, as llama.cpp's rows (no imatrix) do; tables/quality.md has the calibrated ones. llama.cpp's own 4-bit formats on the same weights (Q4_0, Q4_1) and its Q4_K_M
 (on Gemma-3-270m a 5- to 8-bit mix, see tables/quality.md) are the rows to read them against.
 
     python benchmarks/int4_sensitivity.py     # Gemma-3-270m; writes benchmarks/tables/int4_sensitivity.md
@@ -45,7 +46,7 @@ def export(source: Path, label: str, precision: str, rules: list[str]) -> Path:
 
     out = WORK / "sensitivity" / label.replace(", ", "-").replace(" ", "_")
     if not (out / "ortserve.json").is_file():
-        export_model(source, out, precision=precision, tensor_precision=rules, progress=False)
+        export_model(source, out, precision=precision, tensor_precision=rules, calibrate=False, progress=False)
     return out
 
 
@@ -75,7 +76,8 @@ def main() -> int:
     lines = [
         "## Which linears need 8 bits: int4 sensitivity of Gemma-3-270m",
         "",
-        f"`python benchmarks/int4_sensitivity.py` on {kernel_isa()}: the Gemma-3-270m Q4_K_M file dequantised "
+        f"`python benchmarks/int4_sensitivity.py` on {kernel_isa()}, uncalibrated exports (`--no-calibration`: the "
+        "grids themselves; tables/quality.md has calibrated int4 and int5): the Gemma-3-270m Q4_K_M file dequantised "
         "(the fp32 weights every row quantises), top-1 agreement with each system's own fp32 run and the "
         f"perplexity ratio over the {rows[0][3].positions} positions of `export/quality.py`'s texts. Every "
         "ortserve row keeps the LM head (tied to the embedding) at int8. The 'int8, X int4' rows put one kind of "
