@@ -4,9 +4,8 @@ text (llama.cpp's importance matrix, ``llama-imatrix``), without torch.
 The fp32 export of the same source runs the calibration text with one extra output per linear:
 ReduceSumSquare of the linear's input over the tokens. Each column's mean x^2 is the weight of
 that column's error in ``qweight.quantize_q``: an error in a column that carries large activations
-moves the output more. On Gemma-3-270m this takes int4's top-1 agreement with fp32 from 84.5 % to
-87.5 % on the quality check's text, and from 75.8 % to 84.3 % on 3,060 positions of other text
-(benchmarks/tables/quality.md, docs/design.md).
+moves the output more. On Gemma-3-270m this takes int4's top-1 agreement with fp32 from 84.8 % to
+87.5 % on the quality check's text (benchmarks/tables/quality.md).
 
 The built-in text (``calibration.txt``: docstrings of Python's standard library, a mix of prose,
 lists and code) is not the quality check's text, so the check stays an independent measurement.

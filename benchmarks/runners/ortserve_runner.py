@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import sys
 
-from ortserve.artifact import PRECISIONS as PRECISIONS  # the runner protocol names what it measures
 from runners.common import RESULTS, WORKLOADS, Model, Server, bench_serve, free_port, record, run_logged, serve_metrics
 
 SYSTEM = "ortserve"
+PRECISIONS = ("fp32", "int8", "int4")  # the runner protocol names what it measures: the peers' precisions
 WORKLOADS_SUPPORTED = tuple(WORKLOADS)
 
 
