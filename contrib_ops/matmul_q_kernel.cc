@@ -167,19 +167,19 @@ ALWAYS_INLINE __m256 Load8(const S* p) {
   else return _mm256_loadu_ps(p);
 }
 
-// Bytes 0 or 1: byte i is bit i of ``bits``.
-ALWAYS_INLINE __m256i BitsToBytes(uint32_t bits) {
+// Bytes 0 or 16: byte i is bit i of ``bits``, as bit 4 (a 5-bit code's fifth bit).
+ALWAYS_INLINE __m256i FifthBits(uint32_t bits) {
   const __m256i byte_of_bit = _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303);
   const __m256i bit_of_byte = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201));
   const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int32_t>(bits)), byte_of_bit);
   const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit_of_byte), bit_of_byte);
-  return _mm256_and_si256(set, _mm256_set1_epi8(1));
+  return _mm256_and_si256(set, _mm256_set1_epi8(16));
 }
 
 // As the AVX-512 build, one half of the group (8 rows) at a time. vpmaddubsw's int16 pair sums stay
 // below 2^15 when the codes are 4-bit: 8 of them add at most 16 * 15 * 127 = 30480. 8-bit codes are
-// taken as two 4-bit halves, hi * 16 + lo, each summed apart; 5-bit codes as the 4-bit ones and their
-// fifth bits, summed apart.
+// taken as two 4-bit halves, hi * 16 + lo, each summed apart; 5-bit codes (the nibbles with their
+// fifth bits OR-ed in) in two sums of 4 pairs each, at most 8 * 31 * 127 = 31496.
 template <int Bits, typename S, int MT, bool Pairs>
 ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t* xq, int64_t xq_stride,
                              const float* xs, int64_t xs_stride, const float* bias, float* y, int64_t y_stride,
@@ -190,31 +190,28 @@ ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t
     for (int i = 0; i < MT; ++i) acc[i] = _mm256_setzero_ps();
     for (int64_t b = 0; b < KB; ++b) {
       const uint8_t* c = codes + b * BlockBytes(Bits) + 32 * h;
-      __m256i low_pairs[MT], high_pairs[MT];  // 8-bit: the low and the high nibbles' sums
+      __m256i low_pairs[MT], high_pairs[MT];  // 8-bit: the low and the high nibbles' sums; 5-bit: j < 2 and j >= 2
       for (int i = 0; i < MT; ++i) low_pairs[i] = high_pairs[i] = _mm256_setzero_si256();
       constexpr bool kNibbles = Bits != 8;  // 4- and 5-bit: a byte holds columns 4j + i and 16 + 4j + i
       for (int j = 0; j < (kNibbles ? 4 : 8); ++j) {
         const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * j));
-        const __m256i low = _mm256_and_si256(raw, nibble), high = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
-        __m256i fifth_low, fifth_high;  // 5-bit: the fifth bits of the low and the high nibbles' columns
+        __m256i low = _mm256_and_si256(raw, nibble), high = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
         if constexpr (Bits == 5) {
           const uint8_t* fifth = codes + b * BlockBytes(Bits) + kQ4BlockBytes + 4 * h;
           uint32_t bits_low, bits_high;
           __builtin_memcpy(&bits_low, fifth + 8 * j, 4);
           __builtin_memcpy(&bits_high, fifth + 8 * (j + 4), 4);
-          fifth_low = BitsToBytes(bits_low), fifth_high = BitsToBytes(bits_high);
+          low = _mm256_or_si256(low, FifthBits(bits_low));
+          high = _mm256_or_si256(high, FifthBits(bits_high));
         }
         for (int i = 0; i < MT; ++i) {
           const int8_t* xb = xq + i * xq_stride + b * kQBlock;
           const __m256i x_low = _mm256_set1_epi32(Load32(xb + 4 * j));
           const __m256i x_high = kNibbles ? _mm256_set1_epi32(Load32(xb + 16 + 4 * j)) : x_low;
-          low_pairs[i] = _mm256_add_epi16(low_pairs[i], _mm256_maddubs_epi16(low, x_low));
-          __m256i& high_sum = kNibbles ? low_pairs[i] : high_pairs[i];  // 4-bit: one sum holds both
+          __m256i& low_sum = Bits == 5 && j >= 2 ? high_pairs[i] : low_pairs[i];
+          low_sum = _mm256_add_epi16(low_sum, _mm256_maddubs_epi16(low, x_low));
+          __m256i& high_sum = kNibbles ? low_sum : high_pairs[i];  // 4-bit: one sum holds both
           high_sum = _mm256_add_epi16(high_sum, _mm256_maddubs_epi16(high, x_high));
-          if constexpr (Bits == 5) {  // at most 8 * 2 * 127 per lane
-            high_pairs[i] = _mm256_add_epi16(high_pairs[i], _mm256_maddubs_epi16(fifth_low, x_low));
-            high_pairs[i] = _mm256_add_epi16(high_pairs[i], _mm256_maddubs_epi16(fifth_high, x_high));
-          }
         }
       }
       const S* sb = scales + b * 2 * kQGroup + 8 * h;
@@ -222,7 +219,10 @@ ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t
       for (int i = 0; i < MT; ++i) {
         const float* sc = xs + i * xs_stride + 2 * b;
         __m256i sum = _mm256_madd_epi16(low_pairs[i], ones);
-        if constexpr (Bits != 4) sum = _mm256_add_epi32(sum, _mm256_madd_epi16(high_pairs[i], sixteen));
+        if constexpr (Bits != 4) {
+          const __m256i weight = Bits == 8 ? sixteen : ones;  // 8-bit: the high nibbles
+          sum = _mm256_add_epi32(sum, _mm256_madd_epi16(high_pairs[i], weight));
+        }
         const __m256 dot = _mm256_cvtepi32_ps(sum);
         acc[i] = _mm256_fmadd_ps(dot, _mm256_mul_ps(d, _mm256_set1_ps(sc[0])), acc[i]);
         acc[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(sc[1]), acc[i]);

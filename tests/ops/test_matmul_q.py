@@ -157,6 +157,22 @@ def test_activations_round_to_nearest_even_with_the_block_maximum_at_127():
 
 
 @pytest.mark.parametrize("isa", ["generic", "avx2", "avx512"])
+@pytest.mark.parametrize("bits", [4, 5, 8])
+@pytest.mark.parametrize("sign", [1, -1])
+def test_the_largest_codes_and_activations_do_not_saturate(isa, bits, sign, monkeypatch):
+    """Every code at its maximum against activations all +-127: the int16 pair sums of the AVX2 kernels
+    are closest to their limit here."""
+    monkeypatch.setenv("ORTSERVE_KERNEL_ISA", isa)
+    codes = np.full((16, 64), (1 << bits) - 1, np.uint8)
+    d, m = np.full((16, 2), 1 / 64, np.float32), np.zeros((16, 2), np.float32)  # exact in fp16
+    packed, scales = pack_q(codes, d, m, bits)
+    x = np.full((3, 64), sign * 2.0, np.float32)
+    got = session(16, bits=bits).run(None, {"x": x, "codes": packed, "scales": scales})[0]
+    np.testing.assert_allclose(got, matmul_q(x, packed, scales, 16), rtol=1e-6)
+    np.testing.assert_allclose(got, sign * 2.0 * ((1 << bits) - 1), rtol=1e-6)  # 64 columns x 1/64
+
+
+@pytest.mark.parametrize("isa", ["generic", "avx2", "avx512"])
 @pytest.mark.parametrize("rows", [1, 5, 19])
 @pytest.mark.parametrize("activation_bits", [8, 16])
 @pytest.mark.parametrize("bits", [4, 5, 8])
