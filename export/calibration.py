@@ -77,11 +77,16 @@ class CalibrationText:
 
 def capture(fp32_artifact: Path, text: CalibrationText) -> Importance:
     """Run ``text`` through ``fp32_artifact`` and return each layer linear's importance."""
+    return capture_ids(fp32_artifact, text.sequences(fp32_artifact), text.description)
+
+
+def capture_ids(fp32_artifact: Path, sequences: list[list[int]], description: str) -> Importance:
+    """The same for token ids, each sequence prefilled in one step."""
     from .validate import PagedRunner
 
-    sequences = text.sequences(fp32_artifact)
     with _instrumented(fp32_artifact) as (folder, outputs):
-        runner = PagedRunner(folder, block_size=16, num_blocks=-(-CHUNK_TOKENS // 16) + 1)
+        longest = max(len(s) for s in sequences)
+        runner = PagedRunner(folder, block_size=16, num_blocks=-(-longest // 16) + 1)
         binding = runner.runner.binding
         for name in outputs.values():
             binding.bind_output(name, "cpu")
@@ -94,7 +99,7 @@ def capture(fp32_artifact: Path, text: CalibrationText) -> Importance:
                 sums[label] += value.numpy().astype(np.float64)
     tokens = sum(len(s) for s in sequences)
     columns = {label: np.asarray(total / tokens, np.float32) for label, total in sums.items()}
-    return Importance(columns, tokens, text.description)
+    return Importance(columns, tokens, description)
 
 
 class _instrumented:

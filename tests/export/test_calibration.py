@@ -12,15 +12,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 from ortserve.export import export_model
-from ortserve.export.calibration import CHUNK_TOKENS, CalibrationText, capture
+from ortserve.export.calibration import CHUNK_TOKENS, CalibrationText, capture, capture_ids
 from ortserve.export.errors import ExportError
 from ortserve.export.qweight import quantize_q
+from ortserve.export.validate import random_sequences
 
 
 def transformers_importance(checkpoint: Path, sequences: list[list[int]]) -> dict[str, np.ndarray]:
-    """Mean x^2 per input column of each Linear under model.layers, by module name."""
+    """Mean x^2 per input column of each linear of the decoder layers (Linear, GPT-2's Conv1D), by module name."""
     import torch
     from transformers import AutoModelForCausalLM
+    from transformers.pytorch_utils import Conv1D
 
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
     sums: dict[str, torch.Tensor] = {}
@@ -33,7 +35,7 @@ def transformers_importance(checkpoint: Path, sequences: list[list[int]]) -> dic
         return record
 
     for name, module in model.named_modules():
-        if isinstance(module, torch.nn.Linear) and ".layers." in name:
+        if isinstance(module, (torch.nn.Linear, Conv1D)) and "lm_head" not in name:
             module.register_forward_hook(hook(name))
     with torch.inference_mode():
         for ids in sequences:
@@ -62,6 +64,22 @@ def test_capture_equals_transformers_activations(tiny_llama_checkpoint, tiny_lla
         np.testing.assert_allclose(importance.get(f"layers.{layer}.{ours[kind]}"), expected, rtol=2e-5)
     assert importance.get("layers.0.qkv.1") is importance.get("layers.0.qkv")  # a part of a split linear
     assert importance.get("lm_head") is None
+
+
+@pytest.mark.parametrize("case", ["gpt2_conv1d", "phi3_fused_partial_rotary", "gemma3_local_global"])
+def test_capture_finds_every_linear_of_fused_and_conv1d_families(case, tiny_checkpoint, tiny_artifact):
+    """Fused q/k/v and gate/up, GPT-2's Conv1D, Gemma's norms around each block: every linear input
+    transformers sees is one of ours, and each of ours is one of transformers'."""
+    sequences = random_sequences(320, [40, 23], seed=4)
+    ours = capture_ids(tiny_artifact(case), sequences, "random ids")
+    reference = list(transformers_importance(tiny_checkpoint(case), sequences).values())
+    assert ours.tokens == 63 and len(ours.columns) == 4 * 2  # qkv, o, gate_up (or up), down x 2 layers
+
+    def matches(a, b):
+        return a.shape == b.shape and np.allclose(a, b, rtol=2e-5, atol=1e-7)
+
+    assert all(any(matches(mine, theirs) for theirs in reference) for mine in ours.columns.values())
+    assert all(any(matches(mine, theirs) for mine in ours.columns.values()) for theirs in reference)
 
 
 @pytest.mark.parametrize("bits", [4, 8])
