@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,17 +104,15 @@ def capture_ids(fp32_artifact: Path, sequences: list[list[int]], description: st
     return Importance(columns, tokens, description)
 
 
-class _instrumented:
+@contextmanager
+def _instrumented(artifact: Path) -> Iterator[tuple[Path, dict[str, str]]]:
     """A folder beside ``artifact`` holding its graph with a ReduceSumSquare output on the input of
     each layer MatMul, and hard links to its other files (onnxruntime reads external weights only
-    from real files in the model's folder); yields (folder, {linear label: output name})."""
-
-    def __init__(self, artifact: Path):
-        self.artifact = artifact
-        self.folder = Path(tempfile.mkdtemp(prefix=".calibration.", dir=artifact.parent))
-
-    def __enter__(self) -> tuple[Path, dict[str, str]]:
-        model = onnx.load(str(self.artifact / MODEL_FILE), load_external_data=False)
+    from real files in the model's folder); yields (folder, {linear label: output name}), and
+    removes the folder after."""
+    folder = Path(tempfile.mkdtemp(prefix=".calibration.", dir=artifact.parent))
+    try:
+        model = onnx.load(str(artifact / MODEL_FILE), load_external_data=False)
         axes = "calibration.axes"
         model.graph.initializer.append(onnx.numpy_helper.from_array(np.array([0], np.int64), axes))
         outputs: dict[str, str] = {}
@@ -124,14 +124,13 @@ class _instrumented:
                     helper.make_node("ReduceSumSquare", [node.input[0], axes], [outputs[label]], keepdims=0)
                 )
                 model.graph.output.append(helper.make_tensor_value_info(outputs[label], TensorProto.FLOAT, None))
-        for file in self.artifact.iterdir():
+        for file in artifact.iterdir():
             if file.is_file() and file.name != MODEL_FILE:
                 try:
-                    os.link(file, self.folder / file.name)
+                    os.link(file, folder / file.name)
                 except OSError:
-                    shutil.copy2(file, self.folder / file.name)
-        onnx.save_model(model, str(self.folder / MODEL_FILE))
-        return self.folder, outputs
-
-    def __exit__(self, *exc) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
+                    shutil.copy2(file, folder / file.name)
+        onnx.save_model(model, str(folder / MODEL_FILE))
+        yield folder, outputs
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
