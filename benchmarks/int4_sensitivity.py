@@ -81,8 +81,7 @@ def main() -> int:
         "(the fp32 weights every row quantises), top-1 agreement with each system's own fp32 run and the "
         f"perplexity ratio over the {rows[0][3].positions} positions of `export/quality.py`'s texts. Every "
         "ortserve row keeps the LM head (tied to the embedding) at int8. The 'int8, X int4' rows put one kind of "
-        f"linear on the 4-bit grid: what it costs alone ({costs(rows)}). ortserve's weights include 64 MiB of "
-        "rotary tables (Gemma's 32,768 positions, local and global).",
+        f"linear on the 4-bit grid: what it costs alone ({costs(rows)}).",
         "",
         "| system | export flags beyond --precision | weights MiB | top-1 agreement | perplexity ratio |",
         "|---|---|---|---|---|",

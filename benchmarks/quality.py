@@ -188,7 +188,7 @@ def main() -> int:
         "ortserve's built-in calibration text, `export/calibration.txt`, in chunks of 384 tokens); ortserve "
         "calibrates on that text (not these texts) unless the row says `--no-calibration`. The last row per model is the GGUF file's own codes, as "
         "`ortserve serve FILE.gguf` serves them. Weights: `model.onnx.data` or the GGUF file, including the "
-        "embedding (and for ortserve the fp32 rotary tables: 64 MiB of Gemma's, for 32k positions). The numbers are deterministic on one machine, but the int8-activation kernels differ by ISA "
+        "embedding. The numbers are deterministic on one machine, but the int8-activation kernels differ by ISA "
         "(VNNI or AVX2), so each ISA has its rows; a run replaces only its own ISA's. 'AVX2 kernels on ...' rows "
         "run ortserve's AVX2 kernels (`ORTSERVE_KERNEL_ISA=avx2`) on a wider CPU, where onnxruntime's own "
         "kernels (the fp32 reference's MatMul, MatMulNBits for Q6_K) still use its full width.",

@@ -254,8 +254,9 @@ def _portable(command: str) -> str:
     return re.sub(r"(127\.0\.0\.1:|--port )\d+", r"\1$PORT", command)
 
 
-def coverage(records: list[dict]) -> str:
-    """How much of the full comparison the records cover, and what is missing."""
+def coverage(records: list[dict], runs: list[dict]) -> str:
+    """How much of the full comparison the records cover, whether one run measured them all, and
+    what is missing."""
     from runners import RUNNERS
 
     have = {(r["model"], r["system"], r["precision"], r["workload"]) for r in records}
@@ -271,7 +272,13 @@ def coverage(records: list[dict]) -> str:
     for m, name, q, w in missing:
         by_part.setdefault((m, name, q), []).append(w)
     text = f"Coverage: {len(want & have)} of {len(want)} parts measured."
-    if missing:
+    run = one_run(records, runs)
+    if missing and run:
+        text = (
+            f"**One run, part of the comparison.** Every row below is from `{run['command']}` "
+            f"({run['started']} to {run['finished']}): its ratios compare like with like. " + text
+        )
+    elif missing:
         text = (
             "**Partial run.** Rows below were measured at different times under different neighbour load, so the"
             " ratios are indicative only; `python benchmarks/compare.py --repeat 3` on a quiet machine gives the"
@@ -283,6 +290,21 @@ def coverage(records: list[dict]) -> str:
             + "."
         )
     return text
+
+
+def one_run(records: list[dict], runs: list[dict]) -> dict | None:
+    """The run that measured every record, if one did (records carry their time, runs their span)."""
+    from datetime import datetime
+
+    times = [datetime.fromisoformat(r["when"]) for r in records if r.get("when")]
+    for run in runs:
+        try:
+            start, end = datetime.fromisoformat(run["started"]), datetime.fromisoformat(run["finished"])
+        except ValueError:
+            continue
+        if times and all(start <= t <= end for t in times):
+            return run
+    return None
 
 
 @dataclass(frozen=True)
@@ -376,7 +398,7 @@ def write(path: Path, parts: list[IsaRun]) -> None:
 
 
 def isa_part(part: IsaRun) -> list[str]:
-    lines = [f"## On {part.isa}", "", coverage(part.records), ""]
+    lines = [f"## On {part.isa}", "", coverage(part.records, part.runs), ""]
     lines += machine_section(part.machine)
     for model in MODELS:
         recs = [r for r in part.records if r["model"] == model]

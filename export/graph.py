@@ -3,7 +3,7 @@
 Everything is 2-D over the flattened batch [T, ·]: no padding, no batch axis. Per layer:
 
     x, h = SkipNorm(delta, h)                  # residual add fused with the next norm
-    a = Linear_o(PackedPagedAttention(Linear_qkv(x), caches, slots, tables, ..., positions, cos, sin
+    a = Linear_o(PackedPagedAttention(Linear_qkv(x), caches, slots, tables, ..., rows, cos, sin
                                       [, q_norm, k_norm]))   # split, q/k norm, rotary, cache, attention
     x, h = SkipNorm(PostNorm(a), h)            # PostNorm: Gemma 2/3 only
     delta = PostNorm(Linear_down(GatedActivation(Linear_gate_up(x))))   # act(gate) * up, one node
@@ -39,7 +39,7 @@ from .errors import ExportError
 from .graph_io import MS, OURS, make_model
 from .nbits import ACCURACY_LEVEL, concat_rows
 from .qweight import QWeight, concat_q, from_blocks, quantize_q
-from .rope import rope_table
+from .rope import RopeTable, rope_frequencies, rope_step_nodes
 from .weights import WeightJob, WeightSource
 
 GATED_ACTIVATIONS = ("silu", "gelu_tanh")  # what ortserve.GatedActivation computes
@@ -279,28 +279,25 @@ class DecoderBuilder:
             )
         return out[0], out[3]
 
-    def rope_inputs(self, layer: int, positions: dict[str, str]) -> list[str]:
-        """[positions, cos_cache, sin_cache] of this layer's rope (tables shared by every layer with
-        the same rope; Gemma's local and global layers differ)."""
+    def rope_inputs(self, layer: int, ropes: dict[str, list[str]]) -> list[str]:
+        """[row of each token, cos, sin] of this layer's rope, made once per step for every layer
+        with the same rope (Gemma's local and global layers differ): this step's rows, or for
+        ``dynamic`` a table of every position."""
         key = self.spec.rope_key(layer)
-        cos, sin = f"rope.{key}.cos", f"rope.{key}.sin"
-        if key not in positions:
-            table = rope_table(self.spec.ropes[key], self.max_model_len)
-            self.plan(f"rope.{key}", lambda t=table: {cos: t.cos, sin: t.sin})
-            positions[key] = self.rope_positions(table.long_offset)
-        return [positions[key], cos, sin]
+        if key not in ropes:
+            freqs = rope_frequencies(self.spec.ropes[key], self.max_model_len)
+            if isinstance(freqs, RopeTable):
+                cos, sin = f"rope.{key}.cos", f"rope.{key}.sin"
+                self.plan(f"rope.{key}", lambda t=freqs: {cos: t.cos, sin: t.sin})
+                ropes[key] = ["positions", cos, sin]
+            else:
+                nodes, consts, inputs = rope_step_nodes(freqs, f"rope.{key}")
+                self.nodes += nodes
+                self.constants.update({c.name: c for c in consts})
+                ropes[key] = list(inputs)
+        return ropes[key]
 
-    def rope_positions(self, long_offset: int) -> str:
-        if not long_offset:
-            return "positions"
-        # longrope: every row reads the long half once any position reaches the original length
-        longest = self.op("ReduceMax", ["positions"], keepdims=1, name="max_pos")[0]
-        switch = self.op(
-            "Cast", [self.op("GreaterOrEqual", [longest, self.ints(long_offset)])[0]], to=TensorProto.INT64
-        )[0]
-        return self.op("Add", ["positions", self.op("Mul", [switch, self.ints(long_offset)])[0]], name="pos_long")[0]
-
-    def attention(self, x: str, layer: int, positions: dict[str, str]) -> str:
+    def attention(self, x: str, layer: int, ropes: dict[str, list[str]]) -> str:
         """One PackedPagedAttention node on the fused qkv projection: it splits q/k/v, applies the
         q/k norms (Qwen3, Gemma 3) and rotary, writes the cache and attends."""
         s, n, i = self.spec, self.arch.names, layer
@@ -311,7 +308,7 @@ class DecoderBuilder:
             else [(n.q.format(i=i), q_size), (n.k.format(i=i), kv_size), (n.v.format(i=i), kv_size)]
         )
         qkv = self.linear(x, f"layers.{i}.qkv", parts, s.hidden_size, self.precision)
-        optional = self.rope_inputs(i, positions) if s.ropes else []
+        optional = self.rope_inputs(i, ropes) if s.ropes else []
         if n.q_norm or n.k_norm:  # positional optional inputs: the norms come after the rope tables
             if not (s.ropes and n.q_norm and n.k_norm):
                 raise ExportError(f"{s.model_type}: q/k norms need rotary and both of q_norm, k_norm")
@@ -413,14 +410,14 @@ class DecoderBuilder:
             self.plan(wpe, lambda: {wpe: self.src.read(wpe)})
             h = self.op("Add", [h, self.op("Gather", [wpe, "positions"], axis=0, name="pos_embed")[0]])[0]
 
-        positions: dict[str, str] = {}
+        ropes: dict[str, list[str]] = {}
         delta = None
         for i in range(s.num_layers):
             if delta is None:
                 x = self.norm(h, n.attn_norm.format(i=i))
             else:
                 x, h = self.skip_norm(delta, h, n.attn_norm.format(i=i))
-            a = self.attention(x, i, positions)
+            a = self.attention(x, i, ropes)
             if n.attn_post_norm:
                 a = self.norm(a, n.attn_post_norm.format(i=i))
             x, h = self.skip_norm(a, h, n.mlp_norm.format(i=i))

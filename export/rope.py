@@ -1,15 +1,18 @@
-"""Rotary tables in numpy: the cos/sin rows ``RotaryEmbedding`` gathers by position.
+"""Rotary embeddings: each rope_type's frequencies in numpy, and the few graph nodes that turn a
+step's positions into its cos/sin rows.
 
-Each rope_type follows transformers' ``modeling_rope_utils`` (float32 like it, so tables agree to
-an ulp). A row per absolute position makes the flattened batch trivial: token t of any sequence
-uses row ``positions[t]``. Two position-dependent types are tabulated per row:
-- ``dynamic`` (NTK): row p uses the base transformers computes once a sequence reaches p + 1
-  tokens, which is what it uses for a token decoded at p. A long prompt prefilled in one
-  transformers call uses the base of its full length for every token instead; we cannot, since
-  the keys of a paged cache are rotated once.
+Each rope_type follows transformers' ``modeling_rope_utils`` (float32 like it, so the rows agree to
+an ulp). Most types rotate position p by p * inv[i] for a fixed vector ``inv``: the graph computes
+that step's rows, cos(p * inv) and sin(p * inv) for the T positions of the flattened batch
+(``rope_step_nodes``), so an artifact stores 64 floats, not a table of every position up to the
+context length (64 MiB for Gemma 3's two ropes at 32k positions). Two types are special:
 - ``longrope`` (Phi-3): short factors while the batch's largest position is below the original
-  context, long factors otherwise (vLLM's rule). The table is [short rows; long rows] and the graph
-  adds ``long_offset`` to the positions when switching.
+  context, long factors otherwise (vLLM's rule): the graph picks one of two vectors per step.
+- ``dynamic`` (NTK): position p past the trained length uses the base transformers computes once a
+  sequence reaches p + 1 tokens, which is what it uses for a token decoded at p. Its frequencies
+  depend on the position, so it keeps a table (``rope_table``) that the op reads by position. A
+  long prompt prefilled in one transformers call uses the base of its full length for every token
+  instead; we cannot, since the keys of a paged cache are rotated once.
 """
 
 from __future__ import annotations
@@ -18,15 +21,30 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper
 
 from .config import RopeSpec
 
 
 @dataclass(frozen=True)
+class RopeFrequencies:
+    """Position p turns by p * inv[i]; cos and sin are scaled by ``scale`` (yarn's, longrope's
+    attention factor). longrope: ``long_inv`` once any position of the step reaches ``switch``."""
+
+    inv: np.ndarray  # float32 [rotary_dim / 2]
+    scale: float = 1.0
+    long_inv: np.ndarray | None = None
+    switch: int = 0
+
+
+
+@dataclass(frozen=True)
 class RopeTable:
+    """``dynamic`` only: a row per position, read by the op at ``positions[t]``."""
+
     cos: np.ndarray  # float32 [rows, rotary_dim / 2]
     sin: np.ndarray
-    long_offset: int = 0  # longrope only: row of position 0 in the long half (0 = no switch)
 
 
 def _exponents(dim: int) -> np.ndarray:
@@ -87,33 +105,36 @@ def _angles(positions: np.ndarray, inv: np.ndarray) -> np.ndarray:
     return np.outer(positions.astype(np.float32), inv).astype(np.float32)
 
 
-def rope_table(spec: RopeSpec, num_positions: int) -> RopeTable:
-    """cos/sin for positions 0 .. num_positions-1 (scaled by the rope type's attention factor)."""
-    dim, positions = spec.rotary_dim, np.arange(num_positions)
-    scale = 1.0
+def rope_frequencies(spec: RopeSpec, max_model_len: int) -> RopeFrequencies | RopeTable:
+    """The frequencies of every type but ``dynamic``, whose rows are tabulated up to ``max_model_len``."""
+    dim = spec.rotary_dim
     if spec.kind == "default":
-        angles = _angles(positions, _default(spec.theta, dim))
-    elif spec.kind == "linear":
-        angles = _angles(positions, (_default(spec.theta, dim) / np.float32(spec.get("factor"))).astype(np.float32))
-    elif spec.kind == "llama3":
-        angles = _angles(positions, _llama3(spec, dim))
-    elif spec.kind == "yarn":
+        return RopeFrequencies(_default(spec.theta, dim))
+    if spec.kind == "linear":
+        return RopeFrequencies((_default(spec.theta, dim) / np.float32(spec.get("factor"))).astype(np.float32))
+    if spec.kind == "llama3":
+        return RopeFrequencies(_llama3(spec, dim))
+    if spec.kind == "yarn":
         inv, scale = _yarn(spec, dim)
-        angles = _angles(positions, inv)
-    elif spec.kind == "dynamic":
-        angles = _angles(positions, _default(spec.theta, dim))
-        limit, factor = spec.max_position_embeddings, spec.get("factor")
-        for p in range(limit, num_positions):  # only rows past the trained length change
-            base = spec.theta * ((factor * (p + 1) / limit) - (factor - 1)) ** (dim / (dim - 2))
-            angles[p] = _angles(np.array([p]), _default(base, dim))[0]
-    elif spec.kind == "longrope":
-        return _longrope(spec, num_positions)
-    else:
-        raise ValueError(f"unknown rope type {spec.kind}")
-    return RopeTable(np.cos(angles) * np.float32(scale), np.sin(angles) * np.float32(scale))
+        return RopeFrequencies(inv, scale)
+    if spec.kind == "longrope":
+        return _longrope(spec, max_model_len)
+    if spec.kind == "dynamic":
+        return _dynamic_table(spec, max_model_len)
+    raise ValueError(f"unknown rope type {spec.kind}")
 
 
-def _longrope(spec: RopeSpec, num_positions: int) -> RopeTable:
+def _dynamic_table(spec: RopeSpec, num_positions: int) -> RopeTable:
+    dim, positions = spec.rotary_dim, np.arange(num_positions)
+    angles = _angles(positions, _default(spec.theta, dim))
+    limit, factor = spec.max_position_embeddings, spec.get("factor")
+    for p in range(limit, num_positions):  # only rows past the trained length change
+        base = spec.theta * ((factor * (p + 1) / limit) - (factor - 1)) ** (dim / (dim - 2))
+        angles[p] = _angles(np.array([p]), _default(base, dim))[0]
+    return RopeTable(np.cos(angles), np.sin(angles))
+
+
+def _longrope(spec: RopeSpec, max_model_len: int) -> RopeFrequencies:
     dim, original = spec.rotary_dim, spec.original_max_position_embeddings
     factor = spec.get("factor") or spec.max_position_embeddings / original
     attention = spec.get("attention_factor")
@@ -121,13 +142,44 @@ def _longrope(spec: RopeSpec, num_positions: int) -> RopeTable:
         attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
     base = _powers(spec.theta, dim)
 
-    def table(ext: tuple[float, ...], rows: int) -> np.ndarray:
-        return _angles(np.arange(rows), (1.0 / (np.asarray(ext, np.float32) * base)).astype(np.float32))
+    def inv(ext: tuple[float, ...]) -> np.ndarray:
+        return (1.0 / (np.asarray(ext, np.float32) * base)).astype(np.float32)
 
-    short = table(spec.get("short_factor"), min(num_positions, original))
-    if num_positions <= original:
-        angles, offset = short, 0
-    else:
-        angles, offset = np.concatenate([short, table(spec.get("long_factor"), num_positions)]), original
-    scale = np.float32(attention)
-    return RopeTable(np.cos(angles) * scale, np.sin(angles) * scale, offset)
+    if max_model_len <= original:  # no position ever reaches the long factors
+        return RopeFrequencies(inv(spec.get("short_factor")), float(attention))
+    return RopeFrequencies(inv(spec.get("short_factor")), float(attention), inv(spec.get("long_factor")), original)
+
+
+def rope_step_nodes(
+    freqs: RopeFrequencies, prefix: str, positions: str = "positions"
+) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto], tuple[str, str, str]]:
+    """Nodes computing one step's rows [T, rotary_dim / 2] from ``positions`` [T] (int64): the
+    float32 product p * inv (as numpy's and transformers' outer products round it), then Cos and
+    Sin (onnxruntime's are within 2 ulp up to 128k positions), times the scale. Returns (nodes,
+    constants, (rows, cos, sin)), rows = 0 .. T-1: the op reads row t for token t."""
+    nodes: list[onnx.NodeProto] = []
+    consts = [onnx.numpy_helper.from_array(freqs.inv, f"{prefix}.inv")]
+
+    def node(op_type: str, inputs: list[str], **attrs) -> str:
+        out = f"{prefix}.{op_type.lower()}{len(nodes)}"
+        nodes.append(helper.make_node(op_type, inputs, [out], name=out, **attrs))
+        return out
+
+    def const(name: str, value: np.ndarray) -> str:
+        consts.append(onnx.numpy_helper.from_array(value, f"{prefix}.{name}"))
+        return consts[-1].name
+
+    inv = consts[0].name
+    if freqs.long_inv is not None:  # longrope: every row turns by the long factors once one position reaches them
+        longest = node("ReduceMax", [positions], keepdims=0)
+        use_long = node("GreaterOrEqual", [longest, const("switch", np.array(freqs.switch, np.int64))])
+        inv = node("Where", [use_long, const("long_inv", freqs.long_inv), inv])
+    column = node("Unsqueeze", [node("Cast", [positions], to=TensorProto.FLOAT), const("axis", np.array([1]))])
+    angles = node("Mul", [column, inv])
+    cos, sin = node("Cos", [angles]), node("Sin", [angles])
+    if freqs.scale != 1.0:
+        scale = const("scale", np.array(freqs.scale, np.float32))
+        cos, sin = node("Mul", [cos, scale]), node("Mul", [sin, scale])
+    zero, one = const("zero", np.array(0, np.int64)), const("one", np.array(1, np.int64))
+    rows = node("Range", [zero, node("Gather", [node("Shape", [positions]), zero], axis=0), one])
+    return nodes, consts, (rows, cos, sin)
