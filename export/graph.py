@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import helper
 from ortserve.ops.paged_attention_reference import Q_BLOCK as QBLOCK
 
 from ortserve.artifact import LOGITS_OUTPUT
@@ -295,7 +295,7 @@ class DecoderBuilder:
                 self.nodes += nodes
                 self.constants.update({c.name: c for c in consts})
                 ropes[key] = list(inputs)
-        return ropes[key]
+        return list(ropes[key])  # the caller appends its layer's q/k norms
 
     def attention(self, x: str, layer: int, ropes: dict[str, list[str]]) -> str:
         """One PackedPagedAttention node on the fused qkv projection: it splits q/k/v, applies the

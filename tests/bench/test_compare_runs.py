@@ -39,15 +39,28 @@ def test_runs_are_listed_in_order_and_a_full_forced_run_starts_afresh(tmp_path, 
 
 def test_coverage_says_when_one_run_measured_every_row():
     runs = [
-        {"command": "python benchmarks/compare.py --repeat 3", "started": "2026-11-26T10:00:00+0000",
-         "finished": "2026-11-26T11:00:00+0000", "failures": []},
-        {"command": "python benchmarks/compare.py --force --models smollm2-135m",
-         "started": "2026-11-26T12:00:00+0000", "finished": "2026-11-26T13:00:00+0000", "failures": []},
+        {
+            "command": "python benchmarks/compare.py --repeat 3",
+            "started": "2026-11-26T10:00:00+0000",
+            "finished": "2026-11-26T11:00:00+0000",
+            "failures": [],
+        },
+        {
+            "command": "python benchmarks/compare.py --force --models smollm2-135m",
+            "started": "2026-11-26T12:00:00+0000",
+            "finished": "2026-11-26T13:00:00+0000",
+            "failures": [],
+        },
     ]
     row = {"model": "smollm2-135m", "system": "ortserve", "precision": "int4", "workload": "decode"}
-    later = [{**row, "when": "2026-11-26T12:30:00+00:00"}, {**row, "workload": "prefill", "when": "2026-11-26T12:40:00+00:00"}]
+    later = [
+        {**row, "when": "2026-11-26T12:30:00+00:00"},
+        {**row, "workload": "prefill", "when": "2026-11-26T12:40:00+00:00"},
+    ]
     text = report.coverage(later, runs)
-    assert text.startswith("**One run, part of the comparison.** Every row below is from "
-                           "`python benchmarks/compare.py --force --models smollm2-135m`")
+    assert text.startswith(
+        "**One run, part of the comparison.** Every row below is from "
+        "`python benchmarks/compare.py --force --models smollm2-135m`"
+    )
     mixed = [later[0], {**later[1], "when": "2026-11-26T10:30:00+00:00"}]
     assert report.coverage(mixed, runs).startswith("**Partial run.** Rows below were measured at different times")

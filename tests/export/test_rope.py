@@ -77,7 +77,10 @@ def graph_rows(freqs: RopeFrequencies, positions) -> tuple[np.ndarray, np.ndarra
         nodes,
         "rope",
         [helper.make_tensor_value_info("positions", TensorProto.INT64, [None])],
-        [helper.make_tensor_value_info(name, TensorProto.UNDEFINED, None) for name in outputs],
+        [
+            helper.make_tensor_value_info(name, kind, None)
+            for name, kind in zip(outputs, (TensorProto.INT64, TensorProto.FLOAT, TensorProto.FLOAT))
+        ],
         initializer=consts,
     )
     model = helper.make_model(graph, opset_imports=OPSETS[:1], ir_version=IR_VERSION)
