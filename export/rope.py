@@ -38,7 +38,6 @@ class RopeFrequencies:
     switch: int = 0
 
 
-
 @dataclass(frozen=True)
 class RopeTable:
     """``dynamic`` only: a row per position, read by the op at ``positions[t]``."""
