@@ -4,13 +4,13 @@ step's positions into its cos/sin rows.
 Each rope_type follows transformers' ``modeling_rope_utils`` (float32 like it, so the rows agree to
 an ulp). Most types rotate position p by p * inv[i] for a fixed vector ``inv``: the graph computes
 that step's rows, cos(p * inv) and sin(p * inv) for the T positions of the flattened batch
-(``rope_step_nodes``), so an artifact stores 64 floats, not a table of every position up to the
-context length (64 MiB for Gemma 3's two ropes at 32k positions). Two types are special:
+(``rope_step_nodes``), so an artifact stores rotary_dim / 2 floats, not a table of every position
+up to the context length (64 MiB for Gemma 3's two ropes at 32k positions). Two types are special:
 - ``longrope`` (Phi-3): short factors while the batch's largest position is below the original
   context, long factors otherwise (vLLM's rule): the graph picks one of two vectors per step.
 - ``dynamic`` (NTK): position p past the trained length uses the base transformers computes once a
   sequence reaches p + 1 tokens, which is what it uses for a token decoded at p. Its frequencies
-  depend on the position, so it keeps a table (``rope_table``) that the op reads by position. A
+  depend on the position, so it keeps a table (``RopeTable``) that the op reads by position. A
   long prompt prefilled in one transformers call uses the base of its full length for every token
   instead; we cannot, since the keys of a paged cache are rotated once.
 """
