@@ -1,11 +1,16 @@
-"""Calibration for the quantiser: how much each input column of each linear matters, measured on
-text (llama.cpp's importance matrix, ``llama-imatrix``), without torch.
+"""Calibration for the quantiser: how the inputs of each linear behave on text, without torch.
 
-The fp32 export of the same source runs the calibration text with one extra output per linear:
-ReduceSumSquare of the linear's input over the tokens. Each column's mean x^2 is the weight of
-that column's error in ``qweight.quantize_q``: an error in a column that carries large activations
-moves the output more. On Gemma-3-270m this takes int4's top-1 agreement with fp32 from 84.8 % to
-87.5 % on the quality check's text (benchmarks/tables/quality.md).
+The fp32 export of the same source runs the calibration text with one extra output per linear: the
+Gram matrix of the linear's input over the tokens, X^T X. Divided by the tokens it is
+
+- ``Importance.gram``: the Hessian of the layer's output error, for ``gptq.quantize_gptq``, which
+  spreads each rounding error over the columns still to be rounded;
+- its diagonal, ``Importance.get``: each column's mean x^2 (llama.cpp's importance matrix,
+  ``llama-imatrix``), the weight of that column's error in ``qweight.quantize_q``'s search.
+
+On Gemma-3-270m, int4's top-1 agreement with fp32 on the quality check's text goes from 84.8 %
+uncalibrated to 87.5 % with the diagonal alone (benchmarks/tables/quality.md has the current rows).
+A linear of K inputs holds K^2 floats while the export runs (Gemma-3-270m: 436 MB in all).
 
 The built-in text (``calibration.txt``: docstrings of Python's standard library, a mix of prose,
 lists and code) is not the quality check's text, so the check stays an independent measurement.
@@ -37,15 +42,21 @@ MAX_TOKENS = 16384  # a longer text is cut here: statistics settle long before
 
 @dataclass(frozen=True)
 class Importance:
-    """Mean x^2 per input column of each layer linear, by the linear's label ('layers.3.qkv')."""
+    """Mean x x^T of the input of each layer linear [K, K], and its diagonal (mean x^2 per column), by
+    the linear's label ('layers.3.qkv')."""
 
+    grams: dict[str, np.ndarray]
     columns: dict[str, np.ndarray]
     tokens: int
     text: str  # where the text came from, for the export report
 
     def get(self, label: str) -> np.ndarray | None:
-        """The importance of a linear, or of the fused linear it is a part of ('layers.3.qkv.0')."""
+        """The column importance of a linear, or of the fused linear it is a part of ('layers.3.qkv.0')."""
         return self.columns.get(label, self.columns.get(label.rsplit(".", 1)[0]))
+
+    def gram(self, label: str) -> np.ndarray | None:
+        """The Gram matrix of a linear's input, or of the fused linear it is a part of."""
+        return self.grams.get(label, self.grams.get(label.rsplit(".", 1)[0]))
 
 
 @dataclass(frozen=True)
@@ -93,36 +104,37 @@ def capture_ids(fp32_artifact: Path, sequences: list[list[int]], description: st
         for name in outputs.values():
             binding.bind_output(name, "cpu")
         first = 2 * runner.manifest.num_layers  # get_outputs(): the caches, then ours in bind order
-        sums: dict[str, np.ndarray | float] = dict.fromkeys(outputs, 0.0)
+        sums: dict[str, np.ndarray] = {}
         for i, tokens in enumerate(sequences):
             runner.step([(i, tokens)])
             runner.release(i)
             for label, value in zip(outputs, binding.get_outputs()[first : first + len(outputs)]):
-                sums[label] += value.numpy().astype(np.float64)
+                if label in sums:
+                    sums[label] += value.numpy()
+                else:
+                    sums[label] = value.numpy().copy()
     tokens = sum(len(s) for s in sequences)
-    columns = {label: np.asarray(total / tokens, np.float32) for label, total in sums.items()}
-    return Importance(columns, tokens, description)
+    grams = {label: total / np.float32(tokens) for label, total in sums.items()}
+    return Importance(grams, {label: np.diag(g).copy() for label, g in grams.items()}, tokens, description)
 
 
 @contextmanager
 def _instrumented(artifact: Path) -> Iterator[tuple[Path, dict[str, str]]]:
-    """A folder beside ``artifact`` holding its graph with a ReduceSumSquare output on the input of
+    """A folder beside ``artifact`` holding its graph with an output x^T x on the input x [T, K] of
     each layer MatMul, and hard links to its other files (onnxruntime reads external weights only
     from real files in the model's folder); yields (folder, {linear label: output name}), and
     removes the folder after."""
     folder = Path(tempfile.mkdtemp(prefix=".calibration.", dir=artifact.parent))
     try:
         model = onnx.load(str(artifact / MODEL_FILE), load_external_data=False)
-        axes = "calibration.axes"
-        model.graph.initializer.append(onnx.numpy_helper.from_array(np.array([0], np.int64), axes))
         outputs: dict[str, str] = {}
         for node in list(model.graph.node):
             if node.op_type == "MatMul" and node.name.startswith("layers."):
                 label = node.name.rsplit(".", 1)[0]
                 outputs[label] = f"calibration.{label}"
-                model.graph.node.append(
-                    helper.make_node("ReduceSumSquare", [node.input[0], axes], [outputs[label]], keepdims=0)
-                )
+                transposed = f"calibration.{label}.xT"
+                model.graph.node.append(helper.make_node("Transpose", [node.input[0]], [transposed]))
+                model.graph.node.append(helper.make_node("MatMul", [transposed, node.input[0]], [outputs[label]]))
                 model.graph.output.append(helper.make_tensor_value_info(outputs[label], TensorProto.FLOAT, None))
         for file in artifact.iterdir():
             if file.is_file() and file.name != MODEL_FILE:

@@ -387,7 +387,7 @@ def _print_summary(
         f"{m.activation_bits}-bit activations); "
         f"artifact {size / 2**20:,.1f} MiB",
         "  stored as    " + ", ".join(f"{label} x {count}" for label, count in sorted(m.weight_formats.items())),
-        *([f"  calibrated   on {m.calibration} (importance-weighted quantisation)"] if m.calibration else []),
+        *([f"  calibrated   on {m.calibration} (GPTQ, error compensated on its inputs)"] if m.calibration else []),
         *(["  calibrated   no: the source has no tokenizer.json to read the text with"] if uncalibrated else []),
         f"  time         {seconds:.1f} s",
         f"  peak RSS     {export_peak / 2**20:,.0f} MiB"

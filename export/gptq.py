@@ -1,0 +1,89 @@
+"""Error-compensating quantisation of a linear (GPTQ, Frantar et al. 2022), on ``qweight``'s grid of
+``w = d * q + m`` per row and block of 32 columns, without torch.
+
+The quantity kept small is the error of the layer's output on calibration text, ||(W - Q) X||^2, whose
+Hessian in W is the inputs' Gram matrix H = X X^T (``calibration.Importance.gram``). Columns are
+rounded one at a time, left to right; each rounding error is spread over the columns not yet rounded
+by the inverse Hessian's Cholesky factor, so correlated inputs absorb it. Each block's d and m are
+chosen when the block starts, by ``qweight.quantize_q``'s importance-weighted search on the block's
+weights as updated so far (llama.cpp's make_qkx2 search with diag(H) as the importance).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from ortserve.ops.paged_attention_reference import Q_BLOCK
+
+from .qweight import QWeight, concat_q, quantize_q
+
+DAMPING = 0.1  # x mean(diag H), added to the diagonal: the least held-out error on a split of the built-in text
+_ROWS = 2048  # rows per pass: bounds the temporaries of a wide linear
+
+
+def quantize_gptq(weight: np.ndarray, bits: int, gram: np.ndarray) -> QWeight:
+    """Float [N, K] weights and their input's Gram matrix [K, K] (mean x x^T on text) -> codes and
+    block scales, rounded in order of decreasing input energy (GPTQ's act-order: the columns that
+    matter most are rounded first, while the most columns are left to absorb their error)."""
+    k = weight.shape[1]
+    assert gram.shape == (k, k), (gram.shape, k)
+    importance = np.diag(gram).astype(np.float32)
+    order = np.argsort(-importance, kind="stable")
+    factor, dead = _inverse_cholesky(gram[np.ix_(order, order)])
+    parts = [
+        _quantize_rows(weight[r : r + _ROWS], bits, importance, order, factor, dead[np.argsort(order)])
+        for r in range(0, len(weight), _ROWS)
+    ]
+    return concat_q(parts)
+
+
+def _inverse_cholesky(gram: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(upper U with U^T U = (H + damping)^-1, float32; the columns whose input is always zero)."""
+    h = gram.astype(np.float64)
+    dead = np.diag(h) <= 0
+    h[dead, dead] = 1.0
+    damping = DAMPING * float(np.diag(h).mean())
+    for _ in range(8):
+        try:
+            inverse = np.linalg.inv(h + damping * np.eye(len(h)))
+            return np.linalg.cholesky(inverse).T.astype(np.float32), dead
+        except np.linalg.LinAlgError:
+            damping *= 10
+    raise np.linalg.LinAlgError("the calibration Gram matrix stays singular after damping")
+
+
+def _quantize_rows(
+    weight: np.ndarray, bits: int, importance: np.ndarray, order: np.ndarray, factor: np.ndarray, dead: np.ndarray
+) -> QWeight:
+    """Columns in ``order`` (``factor`` is in that order); updates to later columns are applied a batch
+    of 32 at a time, and a block's d and m are chosen when its first column comes up, from its
+    weights with the pending updates applied."""
+    w = weight.astype(np.float32, copy=True)
+    w[:, dead] = 0.0
+    w = w[:, order]
+    n, k = w.shape
+    position = np.argsort(order)  # original column -> its place in ``order``
+    levels = np.float32((1 << bits) - 1)
+    blocks = -(-k // Q_BLOCK)
+    d, m = np.zeros((n, blocks), np.float32), np.zeros((n, blocks), np.float32)
+    chosen = np.zeros(blocks, bool)
+    codes = np.zeros((n, k), np.uint8)
+    for b0 in range(0, k, Q_BLOCK):
+        b1 = min(b0 + Q_BLOCK, k)
+        errors = np.zeros((n, b1 - b0), np.float32)
+        for j in range(b0, b1):
+            block = order[j] // Q_BLOCK
+            if not chosen[block]:
+                places = position[block * Q_BLOCK : (block + 1) * Q_BLOCK]
+                later = places[places >= b1]  # not yet updated by this batch's errors
+                current = w[:, places].copy()
+                current[:, places >= b1] -= errors[:, : j - b0] @ factor[b0:j][:, later]
+                grid = quantize_q(current, bits, importance[block * Q_BLOCK : (block + 1) * Q_BLOCK])
+                d[:, block], m[:, block], chosen[block] = grid.d[:, 0], grid.m[:, 0], True
+            db, mb = d[:, block], m[:, block]
+            q = np.where(db != 0, np.clip(np.rint((w[:, j] - mb) / np.where(db != 0, db, 1)), 0, levels), 0)
+            codes[:, j] = q
+            error = (w[:, j] - (db * q + mb)) / factor[j, j]
+            w[:, j + 1 : b1] -= np.outer(error, factor[j, j + 1 : b1])
+            errors[:, j - b0] = error
+        w[:, b1:] -= errors @ factor[b0:b1, b1:]
+    return QWeight(np.ascontiguousarray(codes[:, position]), d, m, bits)
