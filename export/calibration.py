@@ -4,12 +4,12 @@ The fp32 export of the same source runs the calibration text with one extra outp
 Gram matrix of the linear's input over the tokens, X^T X. Divided by the tokens it is
 
 - ``Importance.gram``: the Hessian of the layer's output error, for ``gptq.quantize_gptq``, which
-  spreads each rounding error over the columns still to be rounded;
-- its diagonal, ``Importance.get``: each column's mean x^2 (llama.cpp's importance matrix,
-  ``llama-imatrix``), the weight of that column's error in ``qweight.quantize_q``'s search.
+  spreads each rounding error over the columns still to be rounded; its diagonal (each column's mean
+  x^2, llama.cpp's importance matrix, ``llama-imatrix``) weights each column's error in the search
+  for each block's scales (``qweight.quantize_q``).
 
 On Gemma-3-270m, int4's top-1 agreement with fp32 on the quality check's text goes from 84.8 %
-uncalibrated to 87.5 % with the diagonal alone (benchmarks/tables/quality.md has the current rows).
+uncalibrated to 87.3 % with the diagonal alone and 88.9 % with GPTQ (benchmarks/tables/gptq.md).
 A linear of K inputs holds K^2 floats while the export runs (Gemma-3-270m: 436 MB in all).
 
 The built-in text (``calibration.txt``: docstrings of Python's standard library, a mix of prose,
@@ -42,20 +42,14 @@ MAX_TOKENS = 16384  # a longer text is cut here: statistics settle long before
 
 @dataclass(frozen=True)
 class Importance:
-    """Mean x x^T of the input of each layer linear [K, K], and its diagonal (mean x^2 per column), by
-    the linear's label ('layers.3.qkv')."""
+    """Mean x x^T of the input of each layer linear [K, K], by the linear's label ('layers.3.qkv')."""
 
     grams: dict[str, np.ndarray]
-    columns: dict[str, np.ndarray]
     tokens: int
     text: str  # where the text came from, for the export report
 
-    def get(self, label: str) -> np.ndarray | None:
-        """The column importance of a linear, or of the fused linear it is a part of ('layers.3.qkv.0')."""
-        return self.columns.get(label, self.columns.get(label.rsplit(".", 1)[0]))
-
     def gram(self, label: str) -> np.ndarray | None:
-        """The Gram matrix of a linear's input, or of the fused linear it is a part of."""
+        """The Gram matrix of a linear's input, or of the fused linear it is a part of ('layers.3.qkv.0')."""
         return self.grams.get(label, self.grams.get(label.rsplit(".", 1)[0]))
 
 
@@ -115,7 +109,7 @@ def capture_ids(fp32_artifact: Path, sequences: list[list[int]], description: st
                     sums[label] = value.numpy().copy()
     tokens = sum(len(s) for s in sequences)
     grams = {label: total / np.float32(tokens) for label, total in sums.items()}
-    return Importance(grams, {label: np.diag(g).copy() for label, g in grams.items()}, tokens, description)
+    return Importance(grams, tokens, description)
 
 
 @contextmanager
