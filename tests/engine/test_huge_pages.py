@@ -1,0 +1,72 @@
+"""The weights' huge pages: which mappings are found, and that the kernel really backs them.
+
+What the kernel does depends on its THP mode and version, so the test states the behaviour
+expected for the machine it runs on (read from /sys and uname), rather than skipping.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from ortserve.engine import huge_pages
+from ortserve.engine.huge_pages import HUGE_PAGE, Mapping
+
+THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def collapse_expected() -> bool:
+    """MADV_COLLAPSE exists from Linux 6.1 and works unless THP is switched off."""
+    if not THP_MODE.exists():
+        return False
+    mode = re.search(r"\[(\w+)\]", THP_MODE.read_text())
+    major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+    return mode is not None and mode.group(1) != "never" and (major, minor) >= (6, 1)
+
+
+def anon_huge_bytes() -> int:
+    """This process's AnonHugePages, as the kernel reports it."""
+    for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
+        if line.startswith("AnonHugePages:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("smaps_rollup has no AnonHugePages")
+
+
+def test_aligned_keeps_only_whole_huge_pages():
+    assert Mapping(HUGE_PAGE + 1, 4 * HUGE_PAGE - 1).aligned == (2 * HUGE_PAGE, HUGE_PAGE)
+    assert Mapping(HUGE_PAGE, 3 * HUGE_PAGE).aligned == (HUGE_PAGE, 2 * HUGE_PAGE)
+    assert Mapping(HUGE_PAGE + 1, 2 * HUGE_PAGE + 5).aligned[1] == 0
+
+
+def test_a_sessions_prepacked_weights_are_collapsed_into_huge_pages(tmp_path):
+    """onnxruntime copies a MatMul's weight into its own packed buffer while the session is
+    built; that buffer is what decode streams, and what the runner collapses."""
+    weight = np.random.default_rng(0).standard_normal((1024, 8192), np.float32)  # 32 MiB
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "matmul",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1024])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8192])],
+        [numpy_helper.from_array(weight, "w")],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    before = huge_pages.anonymous_mappings()
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    new = huge_pages.anonymous_mappings() - before
+    whole_pages = weight.nbytes - 2 * HUGE_PAGE  # its unaligned ends may not fill a huge page
+    assert sum(m.aligned[1] for m in new) >= whole_pages
+    huge_before = anon_huge_bytes()
+    collapsed = huge_pages.collapse(new)
+    if collapse_expected():
+        assert collapsed >= whole_pages
+        assert anon_huge_bytes() - huge_before >= whole_pages
+    else:
+        assert collapsed == 0
+    x = np.random.default_rng(1).standard_normal((1, 1024), np.float32)
+    np.testing.assert_allclose(session.run(None, {"x": x})[0], x @ weight, rtol=1e-4, atol=1e-3)
