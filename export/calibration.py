@@ -42,7 +42,8 @@ MAX_TOKENS = 16384  # a longer text is cut here: statistics settle long before
 
 @dataclass(frozen=True)
 class Importance:
-    """Mean x x^T of the input of each layer linear [K, K], by the linear's label ('layers.3.qkv')."""
+    """Mean x x^T of the input of each layer linear and of the LM head [K, K], by the linear's label
+    ('layers.3.qkv', 'lm_head')."""
 
     grams: dict[str, np.ndarray]
     tokens: int
@@ -100,7 +101,7 @@ def capture_ids(fp32_artifact: Path, sequences: list[list[int]], description: st
         first = 2 * runner.manifest.num_layers  # get_outputs(): the caches, then ours in bind order
         sums: dict[str, np.ndarray] = {}
         for i, tokens in enumerate(sequences):
-            runner.step([(i, tokens)])
+            runner.step([(i, tokens)], all_logits=True)  # every row through the LM head, for its Gram
             runner.release(i)
             for label, value in zip(outputs, binding.get_outputs()[first : first + len(outputs)]):
                 if label in sums:
@@ -123,7 +124,7 @@ def _instrumented(artifact: Path) -> Iterator[tuple[Path, dict[str, str]]]:
         model = onnx.load(str(artifact / MODEL_FILE), load_external_data=False)
         outputs: dict[str, str] = {}
         for node in list(model.graph.node):
-            if node.op_type == "MatMul" and node.name.startswith("layers."):
+            if node.op_type == "MatMul" and node.name.startswith(("layers.", "lm_head.")):
                 label = node.name.rsplit(".", 1)[0]
                 outputs[label] = f"calibration.{label}"
                 transposed = f"calibration.{label}.xT"

@@ -20,7 +20,7 @@ from ortserve.export.validate import random_sequences
 
 
 def transformers_importance(checkpoint: Path, sequences: list[list[int]]) -> dict[str, np.ndarray]:
-    """Mean x x^T of the input of each linear of the decoder layers (Linear, GPT-2's Conv1D), by module name."""
+    """Mean x x^T of the input of each linear (Linear, GPT-2's Conv1D) and of the LM head, by module name."""
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.pytorch_utils import Conv1D
@@ -36,7 +36,7 @@ def transformers_importance(checkpoint: Path, sequences: list[list[int]]) -> dic
         return record
 
     for name, module in model.named_modules():
-        if isinstance(module, (torch.nn.Linear, Conv1D)) and "lm_head" not in name:
+        if isinstance(module, (torch.nn.Linear, Conv1D)):
             module.register_forward_hook(hook(name))
     with torch.inference_mode():
         for ids in sequences:
@@ -60,13 +60,13 @@ def test_capture_equals_transformers_activations(tiny_llama_checkpoint, tiny_lla
         "up_proj": "gate_up",
         "down_proj": "down",
     }
+    assert "lm_head" in reference
     for name, expected in reference.items():
-        layer, kind = name.split(".")[2], name.rsplit(".", 1)[1]
-        gram = importance.gram(f"layers.{layer}.{ours[kind]}")
+        layer, kind = name.split(".")[2] if "." in name else "", name.rsplit(".", 1)[-1]
+        gram = importance.gram(f"layers.{layer}.{ours[kind]}" if layer else "lm_head")
         np.testing.assert_allclose(gram, expected, rtol=1e-4, atol=1e-4 * float(np.abs(expected).max()))
         np.testing.assert_allclose(np.diag(gram), np.diag(expected), rtol=2e-5)
     assert importance.gram("layers.0.qkv.1") is importance.gram("layers.0.qkv")  # a part of a split linear
-    assert importance.gram("lm_head") is None
 
 
 @pytest.mark.parametrize("case", ["gpt2_conv1d", "phi3_fused_partial_rotary", "gemma3_local_global"])
@@ -76,7 +76,7 @@ def test_capture_finds_every_linear_of_fused_and_conv1d_families(case, tiny_chec
     sequences = random_sequences(320, [40, 23], seed=4)
     ours = capture_ids(tiny_artifact(case), sequences, "random ids")
     reference = list(transformers_importance(tiny_checkpoint(case), sequences).values())
-    assert ours.tokens == 63 and len(ours.grams) == 4 * 2  # qkv, o, gate_up (or up), down x 2 layers
+    assert ours.tokens == 63 and len(ours.grams) == 4 * 2 + 1  # qkv, o, gate_up (or up), down x 2 layers; head
 
     def matches(a, b):
         return a.shape == b.shape and np.allclose(a, b, rtol=1e-4, atol=1e-4 * float(np.abs(b).max()))
@@ -125,10 +125,9 @@ def test_export_calibrates_int4_on_the_builtin_text_or_a_given_file(tiny_llama_c
     assert manifests["file"]["calibration"].endswith(f" tokens of {text}")
     assert manifests["plain"]["calibration"] == ""
     builtin, mine, plain = (codes_of(tmp_path / n) for n in ("builtin", "file", "plain"))
-    layer_codes = [name for name in plain if name.startswith("layers.")]
-    assert layer_codes and all(not np.array_equal(builtin[n], plain[n]) for n in layer_codes)
-    assert any(not np.array_equal(builtin[n], mine[n]) for n in layer_codes)
-    assert np.array_equal(builtin["lm_head.codes"], plain["lm_head.codes"])  # the head is not calibrated
+    calibrated = [name for name in plain if name.startswith(("layers.", "lm_head.")) and name.endswith(".codes")]
+    assert "lm_head.codes" in calibrated and all(not np.array_equal(builtin[n], plain[n]) for n in calibrated)
+    assert any(not np.array_equal(builtin[n], mine[n]) for n in calibrated)
 
 
 @pytest.mark.parametrize(
