@@ -20,8 +20,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from quality import WORK, gemma_file, ortserve_artifact, weight_mib
 from runners.common import BENCH_DIR, kernel_isa
@@ -33,22 +31,20 @@ DAMPINGS = (0.01, 0.1, 1.0, 3.0)
 
 def export(checkpoint: Path, label: str, damping: float | None) -> Path:
     """Calibrated int4 with GPTQ at ``damping``, or the diagonal-weighted search for None."""
-    import ortserve.export.graph as graph
     from ortserve.export import export_model, gptq
-    from ortserve.export.qweight import quantize_q
 
     out = WORK / "gptq" / label
     if (out / "ortserve.json").is_file():
         return out
-    saved = graph.quantize_gptq, gptq.DAMPING
+    saved = gptq.GPTQ_BELOW_BITS, gptq.DAMPING
     try:
         if damping is None:
-            graph.quantize_gptq = lambda w, bits, gram: quantize_q(w, bits, np.diag(gram).copy())
+            gptq.GPTQ_BELOW_BITS = 0  # every precision by the diagonal-weighted search
         else:
             gptq.DAMPING = damping
         export_model(checkpoint, out, precision="int4", progress=False)
     finally:
-        graph.quantize_gptq, gptq.DAMPING = saved
+        gptq.GPTQ_BELOW_BITS, gptq.DAMPING = saved
     return out
 
 

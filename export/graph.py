@@ -36,7 +36,7 @@ from .architectures import Architecture
 from .calibration import Importance
 from .config import ModelSpec
 from .errors import ExportError
-from .gptq import quantize_gptq
+from .gptq import quantize_calibrated
 from .graph_io import MS, OURS, make_model
 from .nbits import ACCURACY_LEVEL, concat_rows
 from .qweight import QWeight, concat_q, from_blocks, quantize_q
@@ -214,7 +214,7 @@ class DecoderBuilder:
                 return from_blocks(self.src.import_blocks(w), k, plan.bits)
             gram = self.importance.gram(label) if self.importance else None
             weight = self.src.read(w, transpose)
-            return quantize_q(weight, bits) if gram is None else quantize_gptq(weight, bits, gram)
+            return quantize_q(weight, bits) if gram is None else quantize_calibrated(weight, bits, gram)
 
         def make() -> dict[str, np.ndarray]:
             codes, scales = concat_q([part(w, p) for w, p in zip(weights, plans)]).packed()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from ortserve.export.gptq import quantize_gptq
+from ortserve.export.gptq import GPTQ_BELOW_BITS, quantize_calibrated, quantize_gptq
 from ortserve.export.qweight import quantize_q
 
 
@@ -34,6 +34,21 @@ def test_gptq_lowers_the_output_error_on_unseen_inputs(bits):
     searched = quantize_q(weight, bits, np.diag(gram).copy())
     assert gptq.codes.max() < 1 << bits and gptq.d.shape == searched.d.shape
     assert output_error(weight, gptq.dequantize(), unseen) < 0.7 * output_error(weight, searched.dequantize(), unseen)
+
+
+def test_calibrated_rounding_is_gptq_below_8_bits_and_the_weighted_search_at_8():
+    """At 8 bits the grid is fine enough that GPTQ changes no measured answer (tables/quality.md),
+    and on a 262k-row LM head it costs minutes; the export rounds 8-bit linears by the search."""
+    rng = np.random.default_rng(2)
+    weight = rng.standard_normal((64, 128)).astype(np.float32)
+    x = rng.standard_normal((512, 128)).astype(np.float32)
+    gram = x.T @ x / len(x)
+    assert GPTQ_BELOW_BITS == 8
+    for bits in (4, 5):
+        assert np.array_equal(quantize_calibrated(weight, bits, gram).codes, quantize_gptq(weight, bits, gram).codes)
+    searched = quantize_q(weight, 8, np.diag(gram).copy())
+    assert np.array_equal(quantize_calibrated(weight, 8, gram).codes, searched.codes)
+    assert not np.array_equal(quantize_gptq(weight, 8, gram).codes, searched.codes)
 
 
 def test_weights_on_the_grid_come_back_exactly():
