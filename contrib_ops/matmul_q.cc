@@ -90,7 +90,9 @@ struct MatMulQ {
   MatMulQ(const OrtApi* api, const OrtKernelInfo* info)
       : N_(IntAttribute(api, info, "N", 0)),
         K_(IntAttribute(api, info, "K", 0)),  // optional: checks x
-        activation_bits_(IntAttribute(api, info, "activation_bits", 8)) {}
+        activation_bits_(IntAttribute(api, info, "activation_bits", 8)),
+        codes_copy_(CopyOfConstantInput(info, 1)),
+        scales_copy_(CopyOfConstantInput(info, 2)) {}
 
   Ort::Status Compute(OrtKernelContext* context, const Tensor<float>& x, const Tensor<uint8_t>& codes,
                       const Tensor<ScaleT>& scales, std::optional<const Tensor<float>*> bias, Tensor<float>& y) {
@@ -126,7 +128,9 @@ struct MatMulQ {
     xscales.resize(static_cast<size_t>(rows * KB * 2));
     const bool decode = rows <= kWholeRows;
     const int64_t groups_per_task = decode ? std::max<int64_t>(1, G / (4 * CpuCount())) : kGroupsPerTask;
-    Job job{Bits, codes.Data(), scales.Data(), std::is_same_v<ScaleT, Ort::Float16_t>, residual, xq.data(), xscales.data(),
+    const uint8_t* codes_data = codes_copy_ ? codes_copy_.get() : codes.Data();
+    const void* scales_data = scales_copy_ ? static_cast<const void*>(scales_copy_.get()) : scales.Data();
+    Job job{Bits, codes_data, scales_data, std::is_same_v<ScaleT, Ort::Float16_t>, residual, xq.data(), xscales.data(),
             x.Data(), bias_data, out, T, K, KB, N_, G, decode ? rows : kRowsPerTask, groups_per_task, &kernels_};
     Ort::KernelContext ctx(context);
     const bool serial = rows * G * KB * kBlockBytes < kSerialWork;
@@ -150,6 +154,8 @@ struct MatMulQ {
   }
 
   int64_t N_, K_, activation_bits_;
+  // the weights in our own memory when they are initializers (CopyOfConstantInput), else read per call
+  std::shared_ptr<const uint8_t> codes_copy_, scales_copy_;
   Kernels kernels_ = PickKernels();
 };
 

@@ -1,18 +1,20 @@
-"""Back the weights and the KV cache with 2 MiB transparent huge pages (Linux).
+"""Back the weights with 2 MiB transparent huge pages (Linux).
 
 Decode reads every weight once per token, so its speed is the speed of one long streaming read.
 With 4 KiB pages that read is slower than the memory allows: the hardware prefetchers stop at
 every 4 KiB page boundary and each page costs a TLB walk. On a Sapphire Rapids Xeon,
 ``benchmarks/membw.py``'s read kernel reaches 30 GB/s on 2 threads with huge pages and 22-23 GB/s
-without; fp32 decode of SmolLM2 went from 40 to 44 tok/s (``benchmarks/tables/fp32_roofline.md``).
+without (``benchmarks/tables/fp32_roofline.md`` has what it does to decode).
 
 Most distributions ship transparent huge pages in ``madvise`` mode, so nothing gets them unless it
-asks. ONNX Runtime allocates the weights (prepacked or copied out of the data file) while the
-session is built, so the runner notes the anonymous mappings before, and afterwards asks the kernel
-to collapse the new ones into huge pages at once (``MADV_COLLAPSE``, Linux 6.1+), or, on older
-kernels, marks them for the background collapser (``MADV_HUGEPAGE``). The KV cache needs nothing: numpy
-already asks for huge pages for its own arrays of 4 MiB or more. Every call is advice: where the
-kernel refuses (THP ``never``, another OS), nothing changes but the speed.
+asks. The weights that decode reads are allocated while the session is built: onnxruntime's
+prepacked fp32 MatMul weights, and ``MatMulQ``'s copy of its codes and scales (onnxruntime itself
+hands them over as views of the data file's mapping, whose page-cache pages stay at 4 KiB). So the
+runner notes the anonymous mappings before, and afterwards asks the kernel to collapse the new ones
+into huge pages at once (``MADV_COLLAPSE``, Linux 6.1+), or, on older kernels, marks them for the
+background collapser (``MADV_HUGEPAGE``). The KV cache needs nothing: numpy already asks for huge
+pages for its own arrays of 4 MiB or more. Every call is advice: where the kernel refuses (THP
+``never``, another OS), nothing changes but the speed.
 """
 
 from __future__ import annotations

@@ -122,6 +122,39 @@ def test_matches_the_numpy_reference(rows, k, n, scale_dtype, activation_bits, b
     np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+def test_initializer_weights_are_the_ops_own_copy(bits, tmp_path):
+    """Weights stored as initializers in a data file, as in an artifact: onnxruntime maps the file
+    (4 KiB pages), and the op copies them once at load into memory the engine puts on huge pages. So
+    the answer matches the reference, and stays the same when the file changes under the session."""
+    import onnx
+
+    rng = np.random.default_rng(bits)
+    n, k = 48, 96
+    codes, d, m = random_weight(rng, n, k, np.float16, bits)
+    packed, scales = pack_q(codes, d, m, bits, np.float16)
+    node = helper.make_node(f"MatMulQ{bits}", ["x", "codes", "scales"], ["y"], domain=ortserve.ops.DOMAIN, N=n)
+    graph = helper.make_graph(
+        [node],
+        "initializers",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["T", n])],
+        [onnx.numpy_helper.from_array(packed, "codes"), onnx.numpy_helper.from_array(scales, "scales")],
+    )
+    path = tmp_path / "model.onnx"
+    onnx.save_model(op_model(graph), path, save_as_external_data=True, location="model.onnx.data", size_threshold=0)
+    options = ort.SessionOptions()
+    ortserve.ops.register(options)
+    s = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    x = rng.normal(0.0, 1.0, (3, k)).astype(np.float32)
+    want = matmul_q(x, packed, scales, n, activation_bits=8)
+    np.testing.assert_allclose(s.run(None, {"x": x})[0], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    data = tmp_path / "model.onnx.data"
+    with data.open("r+b") as f:  # in place: a private mapping of the file sees these bytes
+        f.write(bytes(data.stat().st_size))
+    np.testing.assert_allclose(s.run(None, {"x": x})[0], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
 @pytest.mark.parametrize("bits", [4, 5, 8])
 @pytest.mark.parametrize("activation_bits,bound", [(8, 1e-2), (16, 1e-4)])
 def test_is_x_times_the_dequantised_weight_up_to_activation_rounding(activation_bits, bound, bits):
