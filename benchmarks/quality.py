@@ -62,14 +62,29 @@ def models() -> dict[str, Path]:
 
 
 def ortserve_artifact(
-    source: Path | str, name: str, precision: str | None, calibrate: bool = True, rules: tuple[str, ...] = ()
+    source: Path | str,
+    name: str,
+    precision: str | None,
+    calibrate: bool = True,
+    rules: tuple[str, ...] = (),
+    lm_head: str | None = None,
 ) -> Path:
+    """``lm_head``: --lm-head-precision (None: export's default for ``precision``)."""
     from ortserve.export import export_model
 
     tag = ("" if calibrate else "-uncalibrated") + "".join("-" + re.sub(r"\W+", "_", rule) for rule in rules)
+    tag += f"-head_{lm_head}" if lm_head else ""
     out = WORK / "artifacts" / f"{name}-{precision or 'native'}{tag}"
     if not (out / "ortserve.json").is_file():
-        export_model(source, out, precision=precision, calibrate=calibrate, tensor_precision=rules, progress=False)
+        export_model(
+            source,
+            out,
+            precision=precision,
+            lm_head_precision=lm_head,
+            calibrate=calibrate,
+            tensor_precision=rules,
+            progress=False,
+        )
     return out
 
 
@@ -146,15 +161,16 @@ def main() -> int:
         sequences = text_ids(fp32)
         reference = all_logits(fp32, sequences)
         mix = ("v_proj|down_proj=int8",)  # the linears llama.cpp's Q4_K_M gives more bits (Q8_0, Q6_K)
-        for label, precision, source, calibrate, rules in (
-            ("ortserve int4", "int4", checkpoint, True, ()),
-            ("ortserve int4 --no-calibration", "int4", checkpoint, False, ()),
-            ("ortserve int5", "int5", checkpoint, True, ()),
-            (f"ortserve int5 --tensor-precision '{mix[0]}'", "int5", checkpoint, True, mix),
-            ("ortserve int8", "int8", checkpoint, True, ()),
-            ("ortserve, the file's own codes", None, gguf, True, ()),
+        for label, precision, source, calibrate, rules, lm_head in (
+            ("ortserve int4", "int4", checkpoint, True, (), None),
+            ("ortserve int4 --no-calibration", "int4", checkpoint, False, (), None),
+            ("ortserve int5", "int5", checkpoint, True, (), None),
+            ("ortserve int5 --lm-head-precision int5", "int5", checkpoint, True, (), "int5"),
+            (f"ortserve int5 --tensor-precision '{mix[0]}'", "int5", checkpoint, True, mix, None),
+            ("ortserve int8", "int8", checkpoint, True, (), None),
+            ("ortserve, the file's own codes", None, gguf, True, (), None),
         ):
-            artifact = ortserve_artifact(source, name, precision, calibrate, rules)
+            artifact = ortserve_artifact(source, name, precision, calibrate, rules, lm_head)
             report = compare(all_logits(artifact, sequences), reference, sequences)
             rows.append((model, label, weight_mib(artifact), report))
         if "ORTSERVE_KERNEL_ISA" in os.environ:
