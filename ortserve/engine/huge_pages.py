@@ -12,7 +12,9 @@ prepacked fp32 MatMul weights, and ``MatMulQ``'s copy of its codes and scales (o
 hands them over as views of the data file's mapping, whose page-cache pages stay at 4 KiB). So the
 runner notes the anonymous mappings before, and afterwards asks the kernel to collapse the new ones
 into huge pages at once (``MADV_COLLAPSE``, Linux 6.1+), or, on older kernels, marks them for the
-background collapser (``MADV_HUGEPAGE``). The KV cache needs nothing: numpy already asks for huge
+background collapser (``MADV_HUGEPAGE``). Memory that malloc hands out again from what the process
+already held shows as no new mapping and is missed; the engine process builds its session first
+thing, so there the weights are new mappings. The KV cache needs nothing: numpy already asks for huge
 pages for its own arrays of 4 MiB or more. Every call is advice: where the kernel refuses (THP
 ``never``, another OS), nothing changes but the speed.
 """

@@ -6,16 +6,17 @@ expected for the machine it runs on (read from /sys and uname), rather than skip
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from ortserve.engine import huge_pages
 from ortserve.engine.huge_pages import HUGE_PAGE, Mapping
 
 THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
@@ -30,18 +31,37 @@ def collapse_expected() -> bool:
     return mode is not None and mode.group(1) != "never" and (major, minor) >= (6, 1)
 
 
-def anon_huge_bytes() -> int:
-    """This process's AnonHugePages, as the kernel reports it."""
-    for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
-        if line.startswith("AnonHugePages:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("smaps_rollup has no AnonHugePages")
-
-
 def test_aligned_keeps_only_whole_huge_pages():
     assert Mapping(HUGE_PAGE + 1, 4 * HUGE_PAGE - 1).aligned == (2 * HUGE_PAGE, HUGE_PAGE)
     assert Mapping(HUGE_PAGE, 3 * HUGE_PAGE).aligned == (HUGE_PAGE, 2 * HUGE_PAGE)
     assert Mapping(HUGE_PAGE + 1, 2 * HUGE_PAGE + 5).aligned[1] == 0
+
+
+# Run in a fresh process, as the engine process builds its session: in a long-lived one (this test
+# run) malloc may place the weights in memory it already holds, where no new mapping shows them.
+SESSION_IN_A_FRESH_PROCESS = """
+import json, sys
+import numpy as np
+import onnxruntime as ort
+from ortserve.engine import huge_pages
+
+def anon_huge_bytes():
+    rollup = open("/proc/self/smaps_rollup").read().splitlines()
+    return next(int(line.split()[1]) * 1024 for line in rollup if line.startswith("AnonHugePages:"))
+
+before = huge_pages.anonymous_mappings()
+session = ort.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])
+new = huge_pages.anonymous_mappings() - before
+huge_before = anon_huge_bytes()
+collapsed = huge_pages.collapse(new)
+x = np.load(sys.argv[2])
+print(json.dumps({
+    "new": sum(m.aligned[1] for m in new),
+    "collapsed": collapsed,
+    "huge_gained": anon_huge_bytes() - huge_before,
+    "y": session.run(None, {"x": x})[0].tolist(),
+}))
+"""
 
 
 def test_a_sessions_prepacked_weights_are_collapsed_into_huge_pages(tmp_path):
@@ -56,17 +76,20 @@ def test_a_sessions_prepacked_weights_are_collapsed_into_huge_pages(tmp_path):
         [numpy_helper.from_array(weight, "w")],
     )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
-    before = huge_pages.anonymous_mappings()
-    session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
-    new = huge_pages.anonymous_mappings() - before
-    whole_pages = weight.nbytes - 2 * HUGE_PAGE  # its unaligned ends may not fill a huge page
-    assert sum(m.aligned[1] for m in new) >= whole_pages
-    huge_before = anon_huge_bytes()
-    collapsed = huge_pages.collapse(new)
-    if collapse_expected():
-        assert collapsed >= whole_pages
-        assert anon_huge_bytes() - huge_before >= whole_pages
-    else:
-        assert collapsed == 0
     x = np.random.default_rng(1).standard_normal((1, 1024), np.float32)
-    np.testing.assert_allclose(session.run(None, {"x": x})[0], x @ weight, rtol=1e-4, atol=1e-3)
+    np.save(tmp_path / "x.npy", x)
+    run = subprocess.run(
+        [sys.executable, "-c", SESSION_IN_A_FRESH_PROCESS, str(tmp_path / "m.onnx"), str(tmp_path / "x.npy")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    result = json.loads(run.stdout.splitlines()[-1])
+    whole_pages = weight.nbytes - 2 * HUGE_PAGE  # its unaligned ends may not fill a huge page
+    assert result["new"] >= whole_pages
+    if collapse_expected():
+        assert result["collapsed"] >= whole_pages
+        assert result["huge_gained"] >= whole_pages
+    else:
+        assert result["collapsed"] == 0
+    np.testing.assert_allclose(np.array(result["y"], np.float32), x @ weight, rtol=1e-4, atol=1e-3)
