@@ -43,9 +43,13 @@ inline std::shared_ptr<const uint8_t> CopyOfConstantInput(const OrtKernelInfo* i
     Ort::ConstValue value = Ort::ConstKernelInfo(info).GetTensorConstantInput(index, &is_constant);
     if (!is_constant || value == nullptr) return nullptr;
     const auto shape = value.GetTensorTypeAndShapeInfo();
-    const size_t bytes = shape.GetElementCount() * (shape.GetElementType() == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 ? 2
-                                                    : shape.GetElementType() == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT ? 4
-                                                                                                                    : 1);
+    const ONNXTensorElementDataType type = shape.GetElementType();
+    const size_t element = type == ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8     ? 1
+                           : type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 ? 2
+                           : type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT   ? 4
+                                                                           : 0;
+    if (element == 0) return nullptr;  // only the types the ops' weights come in
+    const size_t bytes = shape.GetElementCount() * element;
     void* copy = bytes ? std::aligned_alloc(64, (bytes + 63) / 64 * 64) : nullptr;
     if (copy == nullptr) return nullptr;
     std::memcpy(copy, value.GetTensorRawData(), bytes);
