@@ -10,13 +10,20 @@ Most distributions ship transparent huge pages in ``madvise`` mode, so nothing g
 asks. The weights that decode reads are allocated while the session is built: onnxruntime's
 prepacked fp32 MatMul weights, and ``MatMulQ``'s copy of its codes and scales (onnxruntime itself
 hands them over as views of the data file's mapping, whose page-cache pages stay at 4 KiB). So the
-runner notes the anonymous mappings before, and afterwards asks the kernel to collapse the new ones
-into huge pages at once (``MADV_COLLAPSE``, Linux 6.1+), or, on older kernels, marks them for the
-background collapser (``MADV_HUGEPAGE``). Memory that malloc hands out again from what the process
-already held shows as no new mapping and is missed; the engine process builds its session first
-thing, so there the weights are new mappings. The KV cache needs nothing: numpy already asks for huge
-pages for its own arrays of 4 MiB or more. Every call is advice: where the kernel refuses (THP
-``never``, another OS), nothing changes but the speed.
+runner builds the session inside ``weights_on_huge_pages``, which afterwards asks the kernel to
+collapse them into huge pages at once (``MADV_COLLAPSE``, Linux 6.1+), or, on older kernels, marks
+them for the background collapser (``MADV_HUGEPAGE``).
+
+Where the weights land is malloc's choice: in new mappings in a fresh process, but after a large
+block is freed (an export on first use, say) glibc serves blocks of up to 32 MiB from the free heap
+it holds. So the candidates are the anonymous mappings that are new or grew while the session was
+built, and in them only the huge pages whose every 4 KiB page is in use (``mincore``): collapsing
+freed holes would fill them with memory. Free heap pages are returned first (``malloc_trim``), so
+that what is resident is what is in use.
+
+The KV cache needs nothing: numpy already asks for huge pages for its own arrays of 4 MiB or more.
+Every call is advice: where the kernel refuses (THP ``never``, another OS or C library), nothing
+changes but the speed.
 """
 
 from __future__ import annotations
@@ -25,16 +32,20 @@ import ctypes
 import ctypes.util
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 log = logging.getLogger(__name__)
 
 HUGE_PAGE = 2 << 20
+PAGE = 4096
 MADV_HUGEPAGE = 14
 MADV_COLLAPSE = 25
-MAPS = Path("/proc/self/maps")
+SMAPS = Path("/proc/self/smaps")
 
 
 @dataclass(frozen=True)
@@ -49,50 +60,82 @@ class Mapping:
         return start, max(0, (self.end // HUGE_PAGE) * HUGE_PAGE - start)
 
 
-def anonymous_mappings() -> frozenset[Mapping]:
-    """This process's private, writable, anonymous mappings (and the heap) of at least one huge page."""
-    if not MAPS.exists():
-        return frozenset()
-    found = set()
-    for line in MAPS.read_text().splitlines():
+def anonymous_mappings() -> dict[Mapping, int]:
+    """This process's private, writable, anonymous mappings (and the heap) of at least one huge
+    page, with their resident bytes."""
+    if not SMAPS.exists():
+        return {}
+    found: dict[Mapping, int] = {}
+    current: Mapping | None = None
+    for line in SMAPS.read_text().splitlines():
         fields = line.split()
-        start, end = (int(x, 16) for x in fields[0].split("-"))
-        path = fields[5] if len(fields) > 5 else ""
-        if fields[1].startswith("rw") and path in ("", "[heap]") and end - start >= HUGE_PAGE:
-            found.add(Mapping(start, end))
-    return frozenset(found)
+        if "-" in fields[0] and not fields[0].endswith(":"):  # a mapping's header line
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            path = fields[5] if len(fields) > 5 else ""
+            anonymous = fields[1].startswith("rw") and path in ("", "[heap]") and end - start >= HUGE_PAGE
+            current = Mapping(start, end) if anonymous else None
+        elif current is not None and fields[0] == "Rss:":
+            found[current] = int(fields[1]) * 1024
+    return found
 
 
-def _madvise() -> Callable[[int, int, int], int] | None:
-    """libc's madvise(addr, length, advice), or None off Linux."""
-    if not sys.platform.startswith("linux"):
-        return None
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    libc.madvise.restype = ctypes.c_int
-    madvise: Callable[[int, int, int], int] = libc.madvise
-    return madvise
+class _Libc:
+    """The few libc calls this needs, or None for each one that is missing (another OS or C library)."""
+
+    def __init__(self) -> None:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True) if sys.platform.startswith("linux") else None
+        self.madvise = getattr(libc, "madvise", None)
+        self.mincore = getattr(libc, "mincore", None)
+        self.malloc_trim = getattr(libc, "malloc_trim", None)
+        for call, argtypes in ((self.madvise, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]),
+                               (self.mincore, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]),
+                               (self.malloc_trim, [ctypes.c_size_t])):  # fmt: skip
+            if call is not None:
+                call.argtypes, call.restype = argtypes, ctypes.c_int
 
 
-def collapse(mappings: frozenset[Mapping]) -> int:
-    """Ask for huge pages under ``mappings`` now; returns the bytes the kernel collapsed."""
-    madvise = _madvise()
-    if madvise is None:
+def in_use_huge_pages(mapping: Mapping, libc: _Libc) -> list[int]:
+    """The starts of the aligned huge pages in ``mapping`` whose every 4 KiB page is resident."""
+    start, length = mapping.aligned
+    if length == 0 or libc.mincore is None:
+        return []
+    resident = np.zeros(length // PAGE, np.uint8)
+    if libc.mincore(start, length, resident.ctypes.data) != 0:
+        return []
+    full = (resident.reshape(-1, HUGE_PAGE // PAGE) & 1).all(axis=1)
+    return [start + int(i) * HUGE_PAGE for i in np.flatnonzero(full)]
+
+
+def collapse(pages: list[int], libc: _Libc) -> int:
+    """Ask for huge pages at ``pages`` (aligned starts) now; returns the bytes the kernel collapsed."""
+    if libc.madvise is None:
         return 0
     collapsed = 0
-    for mapping in sorted(mappings, key=lambda m: m.start):
-        start, length = mapping.aligned
-        if length == 0:
-            continue
-        madvise(start, length, MADV_HUGEPAGE)  # also lets khugepaged do it later where collapse fails
-        if madvise(start, length, MADV_COLLAPSE) == 0:
-            collapsed += length
+    for start in pages:
+        libc.madvise(start, HUGE_PAGE, MADV_HUGEPAGE)  # also lets khugepaged do it later where collapse fails
+        if libc.madvise(start, HUGE_PAGE, MADV_COLLAPSE) == 0:
+            collapsed += HUGE_PAGE
     return collapsed
 
 
-def back_session_with_huge_pages(before: frozenset[Mapping]) -> None:
-    """Collapse the mappings that appeared since ``before`` (the session's weights), and log it."""
-    new = anonymous_mappings() - before
-    total = sum(m.aligned[1] for m in new)
-    collapsed = collapse(new)
-    log.info("weights on huge pages: %d of %d MiB", collapsed >> 20, total >> 20)
+@dataclass
+class HugePageReport:
+    in_use_bytes: int = 0  # the whole, resident huge pages of the mappings that appeared or grew
+    collapsed_bytes: int = 0
+
+
+@contextmanager
+def weights_on_huge_pages() -> Iterator[HugePageReport]:
+    """Build the session inside: on exit the memory it filled is collapsed and logged, and the
+    report is filled in."""
+    libc = _Libc()
+    if libc.malloc_trim is not None:
+        libc.malloc_trim(0)
+    before = anonymous_mappings()
+    report = HugePageReport()
+    yield report
+    grown = [m for m, rss in anonymous_mappings().items() if rss >= before.get(m, 0) + HUGE_PAGE]
+    pages = [page for mapping in sorted(grown, key=lambda m: m.start) for page in in_use_huge_pages(mapping, libc)]
+    report.in_use_bytes = len(pages) * HUGE_PAGE
+    report.collapsed_bytes = collapse(pages, libc)
+    log.info("weights on huge pages: %d of %d MiB", report.collapsed_bytes >> 20, report.in_use_bytes >> 20)

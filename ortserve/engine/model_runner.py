@@ -61,13 +61,12 @@ class ModelRunner:
         if options is not None:
             ops.register(options)
         options = options or session_options(threads)
-        mappings_before = huge_pages.anonymous_mappings()
-        self.session = ort.InferenceSession(
-            graph_for_kv_dtype(Path(artifact_dir), manifest, kv_plan.dtype, options),
-            options,
-            providers=["CPUExecutionProvider"],
-        )
-        huge_pages.back_session_with_huge_pages(mappings_before)
+        with huge_pages.weights_on_huge_pages():
+            self.session = ort.InferenceSession(
+                graph_for_kv_dtype(Path(artifact_dir), manifest, kv_plan.dtype, options),
+                options,
+                providers=["CPUExecutionProvider"],
+            )
         width = manifest.kv_row_width(kv_plan.dtype)
         shape = (kv_plan.num_blocks, manifest.num_kv_heads, kv_plan.block_size, width)
         # np.zeros maps pages lazily: memory is committed as blocks are first written.

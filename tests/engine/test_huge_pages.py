@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from ortserve.engine.huge_pages import HUGE_PAGE, Mapping
@@ -37,56 +38,73 @@ def test_aligned_keeps_only_whole_huge_pages():
     assert Mapping(HUGE_PAGE + 1, 2 * HUGE_PAGE + 5).aligned[1] == 0
 
 
-# Run in a fresh process, as the engine process builds its session: in a long-lived one (this test
-# run) malloc may place the weights in memory it already holds, where no new mapping shows them.
+# Run in a fresh process, as the engine process builds its session, so that the memory it held
+# before is known. With "after_a_large_free", glibc has first raised its mmap threshold (a freed
+# 31 MiB block) and holds 128 MiB of free heap, as after an export on first use: there the weights
+# come from the heap, in no new mapping (found only since the heap's in-use pages are collapsed).
+# Below them 64 MiB of freed holes alternate with 64 MiB in use, which must stay holes (the
+# process's Rss must not grow by them).
 SESSION_IN_A_FRESH_PROCESS = """
-import json, sys
+import ctypes, json, sys
 import numpy as np
 import onnxruntime as ort
 from ortserve.engine import huge_pages
 
-def anon_huge_bytes():
-    rollup = open("/proc/self/smaps_rollup").read().splitlines()
-    return next(int(line.split()[1]) * 1024 for line in rollup if line.startswith("AnonHugePages:"))
+def rollup(field):
+    lines = open("/proc/self/smaps_rollup").read().splitlines()
+    return next(int(line.split()[1]) * 1024 for line in lines if line.startswith(field + ":"))
 
-before = huge_pages.anonymous_mappings()
-session = ort.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])
-new = huge_pages.anonymous_mappings() - before
-huge_before = anon_huge_bytes()
-collapsed = huge_pages.collapse(new)
+def anon_huge_bytes():
+    return rollup("AnonHugePages")
+
+def rss_bytes():
+    return rollup("Rss")
+
+if sys.argv[3] == "after_a_large_free":
+    big = np.ones(31 << 20, np.uint8)
+    del big
+    pairs = [(np.ones(1 << 20, np.uint8), np.ones(1 << 20, np.uint8)) for _ in range(64)]
+    kept = [b for a, b in pairs]  # every other MiB stays in use: huge pages half free
+    del pairs
+    blocks = [np.ones(16 << 20, np.uint8) for _ in range(8)]
+    pin = np.ones(1 << 20, np.uint8)  # above them, so the freed heap is not trimmed
+    del blocks
+    ctypes.CDLL(None).malloc_trim(0)  # as the runner does first: freed huge pages leave the count here
+huge_before, rss_before = anon_huge_bytes(), rss_bytes()
+with huge_pages.weights_on_huge_pages() as report:
+    session = ort.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])
 x = np.load(sys.argv[2])
 print(json.dumps({
-    "new": sum(m.aligned[1] for m in new),
-    "collapsed": collapsed,
+    "in_use": report.in_use_bytes,
+    "collapsed": report.collapsed_bytes,
     "huge_gained": anon_huge_bytes() - huge_before,
+    "rss_gained": rss_bytes() - rss_before,
     "y": session.run(None, {"x": x})[0].tolist(),
 }))
 """
 
 
-def test_a_sessions_prepacked_weights_are_collapsed_into_huge_pages(tmp_path):
+@pytest.mark.parametrize("before", ["fresh", "after_a_large_free"])
+def test_a_sessions_prepacked_weights_are_collapsed_into_huge_pages(tmp_path, before):
     """onnxruntime copies a MatMul's weight into its own packed buffer while the session is
     built; that buffer is what decode streams, and what the runner collapses."""
-    weight = np.random.default_rng(0).standard_normal((1024, 8192), np.float32)  # 32 MiB
+    weight = np.random.default_rng(0).standard_normal((1024, 4096), np.float32)  # 16 MiB
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w"], ["y"])],
         "matmul",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1024])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8192])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4096])],
         [numpy_helper.from_array(weight, "w")],
     )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
     x = np.random.default_rng(1).standard_normal((1, 1024), np.float32)
     np.save(tmp_path / "x.npy", x)
-    run = subprocess.run(
-        [sys.executable, "-c", SESSION_IN_A_FRESH_PROCESS, str(tmp_path / "m.onnx"), str(tmp_path / "x.npy")],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    script = [SESSION_IN_A_FRESH_PROCESS, str(tmp_path / "m.onnx"), str(tmp_path / "x.npy"), before]
+    run = subprocess.run([sys.executable, "-c", *script], capture_output=True, text=True, check=True)
     result = json.loads(run.stdout.splitlines()[-1])
     whole_pages = weight.nbytes - 2 * HUGE_PAGE  # its unaligned ends may not fill a huge page
-    assert result["new"] >= whole_pages
+    assert result["in_use"] >= whole_pages
+    assert result["rss_gained"] < 64 << 20  # the weight, its packed copy, and no freed heap filled
     if collapse_expected():
         assert result["collapsed"] >= whole_pages
         assert result["huge_gained"] >= whole_pages
