@@ -55,6 +55,23 @@ ALWAYS_INLINE int32_t Load32(const int8_t* p) {
   return v;
 }
 
+#if defined(__AVX2__)
+// Decode reads every weight once per call, group after group, and the hardware prefetchers alone
+// keep too few lines in flight for one core's stream (SmolLM2-135M int4 decode read its weights at
+// about 13 GB/s of the 28-30 GB/s two cores can). So the tile loops ask for the codes and scales
+// kPrefetchBytes of codes ahead: past the group's end that is the next group's, which follows it.
+// (1, 2, 4 and 8 KiB ahead: 4 KiB was best, benchmarks/tables/matmul_prefetch.md.)
+constexpr int64_t kPrefetchBytes = 4096;
+
+template <int Bits, typename S>
+ALWAYS_INLINE void PrefetchAhead(const uint8_t* block_codes, const S* block_scales) {
+  const char* codes = reinterpret_cast<const char*>(block_codes + kPrefetchBytes);
+  for (int64_t line = 0; line < BlockBytes(Bits); line += 64) _mm_prefetch(codes + line, _MM_HINT_T0);
+  const char* scales = reinterpret_cast<const char*>(block_scales + kPrefetchBytes / BlockBytes(Bits) * 2 * kQGroup);
+  for (int64_t line = 0; line < static_cast<int64_t>(2 * kQGroup * sizeof(S)); line += 64) _mm_prefetch(scales + line, _MM_HINT_T0);
+}
+#endif
+
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
 constexpr int kTileRows = 8;
 
@@ -85,6 +102,7 @@ ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t
   const __m512i nibble = _mm512_set1_epi8(0x0F);
   for (int64_t b = 0; b < KB; ++b) {
     const uint8_t* c = codes + b * BlockBytes(Bits);
+    PrefetchAhead<Bits>(c, scales + b * 2 * kQGroup);
     __m512i w[8];  // w[q]: 16 rows x columns 4q..4q+3 of the block
     if constexpr (Bits == 4 || Bits == 5) {
       for (int j = 0; j < 4; ++j) {
@@ -190,6 +208,7 @@ ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t
     for (int i = 0; i < MT; ++i) acc[i] = _mm256_setzero_ps();
     for (int64_t b = 0; b < KB; ++b) {
       const uint8_t* c = codes + b * BlockBytes(Bits) + 32 * h;
+      if (h == 0) PrefetchAhead<Bits>(c, scales + b * 2 * kQGroup);  // the second half finds them in cache
       __m256i low_pairs[MT], high_pairs[MT];  // 8-bit: the low and the high nibbles' sums; 5-bit: j < 2 and j >= 2
       for (int i = 0; i < MT; ++i) low_pairs[i] = high_pairs[i] = _mm256_setzero_si256();
       constexpr bool kNibbles = Bits != 8;  // 4- and 5-bit: a byte holds columns 4j + i and 16 + 4j + i
