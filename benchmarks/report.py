@@ -278,6 +278,12 @@ def coverage(records: list[dict], runs: list[dict]) -> str:
             f"**One run, part of the comparison.** Every row below is from `{run['command']}` "
             f"({run['started']} to {run['finished']}): its ratios compare like with like. " + text
         )
+    elif missing and (parts := runs_behind(records, runs)):
+        listed = "; ".join(f"`{r['command']}` ({r['started']} to {r['finished']}): {n} rows" for r, n in parts)
+        text = (
+            f"**{len(parts)} runs, part of the comparison.** A later run replaced the rows it re-measured: {listed}. "
+            "A target whose two systems come from different runs says so. " + text
+        )
     elif missing:
         text = (
             "**Partial run.** Rows below were measured at different times under different neighbour load, so the"
@@ -305,6 +311,31 @@ def one_run(records: list[dict], runs: list[dict]) -> dict | None:
         if times and all(start <= t <= end for t in times):
             return run
     return None
+
+
+def run_of(record: dict, runs: list[dict]) -> int | None:
+    """The index in ``runs`` of the latest run whose span holds the record's time."""
+    from datetime import datetime
+
+    if not record.get("when"):
+        return None
+    t = datetime.fromisoformat(record["when"])
+    found = None
+    for i, run in enumerate(runs):
+        try:
+            if datetime.fromisoformat(run["started"]) <= t <= datetime.fromisoformat(run["finished"]):
+                found = i
+        except ValueError:
+            continue
+    return found
+
+
+def runs_behind(records: list[dict], runs: list[dict]) -> list[tuple[dict, int]]:
+    """(run, rows) for the runs that measured the records, oldest first; empty if a record has none."""
+    indices = [run_of(r, runs) for r in records]
+    if not indices or None in indices:
+        return []
+    return [(runs[i], indices.count(i)) for i in sorted(set(indices))]  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -405,7 +436,11 @@ def isa_part(part: IsaRun) -> list[str]:
         if not recs:
             continue
         bw, name = part.bandwidth, f"{model}, {part.isa}"
-        lines += [f"### {name}", "", "#### Targets (issue 14)", ""] + targets(recs, bw, weights_of(recs)) + [""]
+        lines += (
+            [f"### {name}", "", "#### Targets (issue 14)", ""]
+            + targets(recs, bw, weights_of(recs), lambda r: run_of(r, part.runs))
+            + [""]
+        )
         lines += ["#### Single-stream decode (128 in, 128 out)", ""] + decode_table(recs, bw) + [""]
         lines += ["#### Prompt processing (one 512-token prompt)", ""] + prefill_table(recs) + [""]
         lines += ["#### Serving (128 in, 128 out, random)", ""] + serving_table(recs) + [""]

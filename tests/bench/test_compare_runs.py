@@ -63,4 +63,39 @@ def test_coverage_says_when_one_run_measured_every_row():
         "`python benchmarks/compare.py --force --models smollm2-135m`"
     )
     mixed = [later[0], {**later[1], "when": "2026-11-26T10:30:00+00:00"}]
-    assert report.coverage(mixed, runs).startswith("**Partial run.** Rows below were measured at different times")
+    assert report.coverage(mixed, runs).startswith(
+        "**2 runs, part of the comparison.** A later run replaced the rows it re-measured: "
+        "`python benchmarks/compare.py --repeat 3` (2026-11-26T10:00:00+0000 to 2026-11-26T11:00:00+0000): 1 rows; "
+        "`python benchmarks/compare.py --force --models smollm2-135m` (2026-11-26T12:00:00+0000 to "
+        "2026-11-26T13:00:00+0000): 1 rows."
+    )
+    outside = [later[0], {**later[1], "when": "2026-11-26T11:30:00+00:00"}]  # between the runs
+    assert report.coverage(outside, runs).startswith("**Partial run.** Rows below were measured at different times")
+
+
+def test_a_target_whose_systems_come_from_two_runs_says_so():
+    import targets
+
+    def rec(system: str, tok_s: float, when: str) -> dict:
+        metrics = {"decode_tok_s": tok_s}
+        return {
+            "model": "m",
+            "system": system,
+            "precision": "int4",
+            "workload": "decode",
+            "metrics": metrics,
+            "when": when,
+        }
+
+    runs = [
+        {"command": "a", "started": f"2026-11-26T{h}:00:00+00:00", "finished": f"2026-11-26T{h + 1}:00:00+00:00"}
+        for h in (10, 12)
+    ]
+    records = [
+        rec("ortserve", 150.0, "2026-11-26T12:10:00+00:00"),
+        rec("llama.cpp", 75.0, "2026-11-26T12:20:00+00:00"),
+        rec("ortserve-a8", 160.0, "2026-11-26T10:30:00+00:00"),
+    ]
+    table = targets.targets(records, None, lambda *a: None, lambda r: report.run_of(r, runs))
+    assert "| decode vs llama.cpp, int4 | 2.00 | ≥ 1.1 | yes |" in table
+    assert "| decode vs llama.cpp, int4 (ortserve-a8: int8 activations) (two runs) | 2.13 | ≥ 1.1 | yes |" in table
