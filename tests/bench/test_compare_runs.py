@@ -10,6 +10,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import compare
 import report
+import run_coverage
 
 
 def test_runs_are_listed_in_order_and_a_full_forced_run_starts_afresh(tmp_path, monkeypatch):
@@ -57,20 +58,21 @@ def test_coverage_says_when_one_run_measured_every_row():
         {**row, "when": "2026-11-26T12:30:00+00:00"},
         {**row, "workload": "prefill", "when": "2026-11-26T12:40:00+00:00"},
     ]
-    text = report.coverage(later, runs)
+    text = run_coverage.coverage(later, runs)
     assert text.startswith(
         "**One run, part of the comparison.** Every row below is from "
         "`python benchmarks/compare.py --force --models smollm2-135m`"
     )
     mixed = [later[0], {**later[1], "when": "2026-11-26T10:30:00+00:00"}]
-    assert report.coverage(mixed, runs).startswith(
+    assert run_coverage.coverage(mixed, runs).startswith(
         "**2 runs, part of the comparison.** A later run replaced the rows it re-measured: "
         "`python benchmarks/compare.py --repeat 3` (2026-11-26T10:00:00+0000 to 2026-11-26T11:00:00+0000): 1 rows; "
         "`python benchmarks/compare.py --force --models smollm2-135m` (2026-11-26T12:00:00+0000 to "
         "2026-11-26T13:00:00+0000): 1 rows."
     )
     outside = [later[0], {**later[1], "when": "2026-11-26T11:30:00+00:00"}]  # between the runs
-    assert report.coverage(outside, runs).startswith("**Partial run.** Rows below were measured at different times")
+    partial = "**Partial run.** Rows below were measured at different times"
+    assert run_coverage.coverage(outside, runs).startswith(partial)
 
 
 def test_a_target_whose_systems_come_from_two_runs_says_so():
@@ -96,6 +98,6 @@ def test_a_target_whose_systems_come_from_two_runs_says_so():
         rec("llama.cpp", 75.0, "2026-11-26T12:20:00+00:00"),
         rec("ortserve-a8", 160.0, "2026-11-26T10:30:00+00:00"),
     ]
-    table = targets.targets(records, None, lambda *a: None, lambda r: report.run_of(r, runs))
+    table = targets.targets(records, None, lambda *a: None, lambda r: run_coverage.run_of(r, runs))
     assert "| decode vs llama.cpp, int4 | 2.00 | ≥ 1.1 | yes |" in table
     assert "| decode vs llama.cpp, int4 (ortserve-a8: int8 activations) (two runs) | 2.13 | ≥ 1.1 | yes |" in table
