@@ -23,18 +23,18 @@ def targets(
 ) -> list[str]:
     """The targets table; ``run_of`` gives a record's run, so that a ratio across two runs is marked."""
 
-    def ratio(name: str, a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, float | None]:
-        """``name`` and record a's metric / record b's: (system, precision, workload, metric) each."""
-        ra, rb = _get(records, *a[:3]), _get(records, *b[:3])
-        va = ra["metrics"].get(a[3]) if ra else None
-        vb = rb["metrics"].get(b[3]) if rb else None
-        if ra and rb and run_of(ra) != run_of(rb):
-            name += " (two runs)"
-        return name, (va / vb if va and vb else None)
-
     def g(*a: str) -> float | None:
+        """The metric a[3] of the record (system, precision, workload) = a[:3]."""
         r = _get(records, *a[:3])
         return r["metrics"].get(a[3]) if r else None
+
+    def ratio(name: str, a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, float | None]:
+        """``name`` and g(*a) / g(*b), the name marked when the two records come from different runs."""
+        ra, rb = _get(records, *a[:3]), _get(records, *b[:3])
+        if ra and rb and run_of(ra) != run_of(rb):
+            name += " (two runs)"
+        va, vb = g(*a), g(*b)
+        return name, (va / vb if va and vb else None)
 
     wb = weight_bytes("ortserve", "fp32", records[0]["model"]) if records else None
     bw = g("ortserve", "fp32", "decode", "bandwidth_GBps") or bandwidth
