@@ -1,6 +1,7 @@
 // GatedActivation kernel (see gated_activation.h), compiled once per ISA like the attention kernel
-// (CMakeLists.txt): 16 floats at a time with GCC vector extensions; a row's tail goes through the
-// same vector code on a padded copy, so every element sees the same arithmetic.
+// (CMakeLists.txt): one register of floats at a time (kRegisterLanes) with GCC vector extensions;
+// a row's tail goes through the same vector code on a padded copy, so every element sees the same
+// arithmetic.
 #include "gated_activation_kernel.h"
 
 #ifndef ORTSERVE_ISA
@@ -13,9 +14,9 @@ namespace ortserve {
 namespace ORTSERVE_ISA {
 namespace {
 
-#include "simd_math.h"  // V<W>, Splat, Max, Min, Exp: in this ISA's namespace
+#include "simd_math.h"  // V<W>, kRegisterLanes, Splat, Max, Min, Exp: in this ISA's namespace
 
-constexpr int W = 16;
+constexpr int W = kRegisterLanes;
 typedef V<W>::F F;
 typedef V<W>::I I;
 

@@ -11,7 +11,7 @@ Isa KernelIsa() {
   return Isa::kGeneric;
 #else
   const char* cap = std::getenv("ORTSERVE_KERNEL_ISA");
-  const std::string want = cap ? cap : "avx512";
+  const std::string want = cap && *cap ? cap : "avx512";  // set but empty: no cap, as unset
   if (want == "avx512" && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vnni"))

@@ -16,12 +16,21 @@ namespace ortserve {
 namespace {
 
 using RunFn = void (*)(const Problem&, const WorkItem&);
+using LanesFn = int (*)();
 
 RunFn PickKernel() {
 #ifdef ORTSERVE_GENERIC_KERNEL_ONLY
   return generic::RunWorkItem;
 #else
   return PickBuild<RunFn>(avx512::RunWorkItem, avx2::RunWorkItem, generic::RunWorkItem);
+#endif
+}
+
+int64_t PickTileLanes() {
+#ifdef ORTSERVE_GENERIC_KERNEL_ONLY
+  return generic::TileLanes();
+#else
+  return PickBuild<LanesFn>(avx512::TileLanes, avx2::TileLanes, generic::TileLanes)();
 #endif
 }
 
@@ -46,11 +55,12 @@ struct Plan {
 };
 
 // Work items over (sequence, kv head, query tile): a tile packs whole query rows times the
-// kv head's query heads into <= 16 lanes, so each cached K/V row is read once per tile.
+// kv head's query heads into <= `lanes` lanes (the kernel build's TileLanes()), so each cached K/V
+// row is read once per tile.
 // With fewer tiles than 4x the CPUs, long key ranges are split into >= 256-position pieces.
-void PlanWork(const Problem& P, Plan& plan) {
-  const int64_t heads = std::min<int64_t>(P.group, kMaxLanes);
-  const int64_t rows_per_tile = std::max<int64_t>(1, kMaxLanes / heads);
+void PlanWork(const Problem& P, int64_t lanes, Plan& plan) {
+  const int64_t heads = std::min<int64_t>(P.group, lanes);
+  const int64_t rows_per_tile = std::max<int64_t>(1, lanes / heads);
   std::vector<WorkItem> tiles;
   for (int32_t b = 0; b < P.B; ++b) {
     const int64_t q_begin = P.qsl[b], q_end = P.qsl[b + 1], ctx = P.context_lens[b];
@@ -288,7 +298,7 @@ void WriteRow(const Problem& P, unsigned char* dst, const float* src) {
 void Attend(OrtKernelContext* context, const Problem& P) {
   Plan plan;
   plan.problem = &P, plan.run = PickKernel();
-  PlanWork(P, plan);
+  PlanWork(P, PickTileLanes(), plan);
   if (!plan.items.empty()) Ort::KernelContext(context).ParallelFor(RunTask, plan.items.size(), 0, &plan);
   MergeSplits(P, plan);
 }

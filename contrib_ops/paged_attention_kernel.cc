@@ -226,6 +226,8 @@ void RunTileOf(const Problem& p, const WorkItem& w) {
 
 }  // namespace
 
+int TileLanes() { return kRegisterLanes >= 16 ? 16 : 8; }
+
 void RunWorkItem(const Problem& p, const WorkItem& w) {
   const int64_t lanes = (w.row_end - w.row_begin) * (w.head_end - w.head_begin);
   if (lanes <= 8) {

@@ -34,7 +34,7 @@ struct Problem {
 };
 
 constexpr int kMinHeadSize = 32, kMaxHeadSize = 256;  // validated by the op
-constexpr int kMaxLanes = 16;  // query vectors per work item = SIMD lanes of the kernel
+constexpr int kMaxLanes = 16;  // query vectors per work item at most = SIMD lanes of the kernel
 
 // Query heads [head_begin, head_end) of one kv head, for query rows [row_begin, row_end) of one
 // sequence, over cached positions [key_begin, key_end). Lanes are (row, head) pairs, row-major.
@@ -48,10 +48,12 @@ struct WorkItem {
 inline int64_t PartialFloats(int64_t head_size) { return 2 * kMaxLanes + head_size * kMaxLanes; }
 
 // The kernel, one build per instruction set; paged_attention.cc picks one at run time.
+// TileLanes(): the most lanes a work item should have for that build (16 with AVX-512, 8 with
+// 256-bit or narrower registers, where 16-lane tiles spill).
 #ifndef ORTSERVE_GENERIC_KERNEL_ONLY
-namespace avx512 { void RunWorkItem(const Problem& p, const WorkItem& w); }
-namespace avx2 { void RunWorkItem(const Problem& p, const WorkItem& w); }
+namespace avx512 { void RunWorkItem(const Problem& p, const WorkItem& w); int TileLanes(); }
+namespace avx2 { void RunWorkItem(const Problem& p, const WorkItem& w); int TileLanes(); }
 #endif
-namespace generic { void RunWorkItem(const Problem& p, const WorkItem& w); }
+namespace generic { void RunWorkItem(const Problem& p, const WorkItem& w); int TileLanes(); }
 
 }  // namespace ortserve
