@@ -195,9 +195,24 @@ ALWAYS_INLINE __m256i FifthBits(uint32_t bits) {
 }
 
 // As the AVX-512 build, one half of the group (8 rows) at a time. vpmaddubsw's int16 pair sums stay
-// below 2^15 when the codes are 4-bit: 8 of them add at most 16 * 15 * 127 = 30480. 8-bit codes are
-// taken as two 4-bit halves, hi * 16 + lo, each summed apart; 5-bit codes (the nibbles with their
-// fifth bits OR-ed in) in two sums of 4 pairs each, at most 8 * 31 * 127 = 31496.
+// below 2^15 when the codes are 4-bit: 8 of them add at most 16 * 15 * 127 = 30480; 5-bit codes (the
+// nibbles with their fifth bits OR-ed in) go in two sums of 4 each, at most 8 * 31 * 127 = 31496.
+// 8-bit codes are taken as two 4-bit halves, hi * 16 + lo, each summed apart.
+// With 4- and 5-bit codes a block's 8 vectors of codes are unpacked into registers once, then each
+// row of x streams past them in two short chains of int16 sums (the 8-bit path's 16 nibble vectors
+// do not fit in 16 registers, so it walks the codes once per row's pair of vectors instead).
+template <int Bits>
+ALWAYS_INLINE __m256i BlockDot(const __m256i* w, const int8_t* xb, __m256i ones) {
+  __m256i s0 = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(Load32(xb)));
+  __m256i s1 = _mm256_maddubs_epi16(w[4], _mm256_set1_epi32(Load32(xb + 16)));
+  for (int q = 1; q < 4; ++q) {
+    s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(w[q], _mm256_set1_epi32(Load32(xb + 4 * q))));
+    s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(w[q + 4], _mm256_set1_epi32(Load32(xb + 16 + 4 * q))));
+  }
+  if constexpr (Bits == 4) return _mm256_madd_epi16(_mm256_add_epi16(s0, s1), ones);
+  return _mm256_add_epi32(_mm256_madd_epi16(s0, ones), _mm256_madd_epi16(s1, ones));
+}
+
 template <int Bits, typename S, int MT, bool Pairs>
 ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t* xq, int64_t xq_stride,
                              const float* xs, int64_t xs_stride, const float* bias, float* y, int64_t y_stride,
@@ -209,41 +224,42 @@ ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t
     for (int64_t b = 0; b < KB; ++b) {
       const uint8_t* c = codes + b * BlockBytes(Bits) + 32 * h;
       if (h == 0) PrefetchAhead<Bits>(c, scales + b * 2 * kQGroup);  // the second half finds them in cache
-      __m256i low_pairs[MT], high_pairs[MT];  // 8-bit: the low and the high nibbles' sums; 5-bit: j < 2 and j >= 2
-      for (int i = 0; i < MT; ++i) low_pairs[i] = high_pairs[i] = _mm256_setzero_si256();
-      constexpr bool kNibbles = Bits != 8;  // 4- and 5-bit: a byte holds columns 4j + i and 16 + 4j + i
-      for (int j = 0; j < (kNibbles ? 4 : 8); ++j) {
-        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * j));
-        __m256i low = _mm256_and_si256(raw, nibble), high = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
+      __m256i sums[MT];
+      if constexpr (Bits != 8) {
+        __m256i w[8];  // w[q]: 8 rows x columns 4q..4q+3 of the block
+        for (int j = 0; j < 4; ++j) {
+          const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * j));
+          w[j] = _mm256_and_si256(raw, nibble), w[j + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
+        }
         if constexpr (Bits == 5) {
           const uint8_t* fifth = codes + b * BlockBytes(Bits) + kQ4BlockBytes + 4 * h;
-          uint32_t bits_low, bits_high;
-          __builtin_memcpy(&bits_low, fifth + 8 * j, 4);
-          __builtin_memcpy(&bits_high, fifth + 8 * (j + 4), 4);
-          low = _mm256_or_si256(low, FifthBits(bits_low));
-          high = _mm256_or_si256(high, FifthBits(bits_high));
+          for (int q = 0; q < 8; ++q) {
+            uint32_t bits;
+            __builtin_memcpy(&bits, fifth + 8 * q, 4);
+            w[q] = _mm256_or_si256(w[q], FifthBits(bits));
+          }
         }
-        for (int i = 0; i < MT; ++i) {
-          const int8_t* xb = xq + i * xq_stride + b * kQBlock;
-          const __m256i x_low = _mm256_set1_epi32(Load32(xb + 4 * j));
-          const __m256i x_high = kNibbles ? _mm256_set1_epi32(Load32(xb + 16 + 4 * j)) : x_low;
-          __m256i& low_sum = Bits == 5 && j >= 2 ? high_pairs[i] : low_pairs[i];
-          low_sum = _mm256_add_epi16(low_sum, _mm256_maddubs_epi16(low, x_low));
-          __m256i& high_sum = kNibbles ? low_sum : high_pairs[i];  // 4-bit: one sum holds both
-          high_sum = _mm256_add_epi16(high_sum, _mm256_maddubs_epi16(high, x_high));
+        for (int i = 0; i < MT; ++i) sums[i] = BlockDot<Bits>(w, xq + i * xq_stride + b * kQBlock, ones);
+      } else {
+        __m256i low_pairs[MT], high_pairs[MT];  // the low and the high nibbles' sums
+        for (int i = 0; i < MT; ++i) low_pairs[i] = high_pairs[i] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; ++j) {
+          const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * j));
+          const __m256i low = _mm256_and_si256(raw, nibble), high = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
+          for (int i = 0; i < MT; ++i) {
+            const __m256i x = _mm256_set1_epi32(Load32(xq + i * xq_stride + b * kQBlock + 4 * j));
+            low_pairs[i] = _mm256_add_epi16(low_pairs[i], _mm256_maddubs_epi16(low, x));
+            high_pairs[i] = _mm256_add_epi16(high_pairs[i], _mm256_maddubs_epi16(high, x));
+          }
         }
+        for (int i = 0; i < MT; ++i)
+          sums[i] = _mm256_add_epi32(_mm256_madd_epi16(low_pairs[i], ones), _mm256_madd_epi16(high_pairs[i], sixteen));
       }
       const S* sb = scales + b * 2 * kQGroup + 8 * h;
       const __m256 d = Load8(sb), m = Load8(sb + kQGroup);
       for (int i = 0; i < MT; ++i) {
         const float* sc = xs + i * xs_stride + 2 * b;
-        __m256i sum = _mm256_madd_epi16(low_pairs[i], ones);
-        if constexpr (Bits != 4) {
-          const __m256i weight = Bits == 8 ? sixteen : ones;  // 8-bit: the high nibbles
-          sum = _mm256_add_epi32(sum, _mm256_madd_epi16(high_pairs[i], weight));
-        }
-        const __m256 dot = _mm256_cvtepi32_ps(sum);
-        acc[i] = _mm256_fmadd_ps(dot, _mm256_mul_ps(d, _mm256_set1_ps(sc[0])), acc[i]);
+        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[i]), _mm256_mul_ps(d, _mm256_set1_ps(sc[0])), acc[i]);
         acc[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(sc[1]), acc[i]);
       }
     }
