@@ -146,7 +146,7 @@ ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t
 }
 
 #elif defined(__AVX2__)
-constexpr int kTileRows = 4;
+constexpr int kTileRows = 8;
 
 ALWAYS_INLINE float HorizontalMax(__m256 v) {
   __m128 r = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
