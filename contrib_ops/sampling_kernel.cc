@@ -1,6 +1,6 @@
 // The sampler's exp and chunk sums (see sampling_kernel.h), compiled once per ISA like the other
-// kernels (CMakeLists.txt): 16 floats at a time with GCC vector extensions; a chunk's tail goes
-// through the same vector code on a padded copy.
+// kernels (CMakeLists.txt): one register of floats at a time (kRegisterLanes) with GCC vector
+// extensions; a chunk's tail goes through the same vector code on a padded copy.
 //
 // e^x as numpy gives it where the sampler can tell: exactly 0 below -87 (-inf included: a masked
 // token is never drawn), +inf above 88 (the sampler then redoes the row with its max subtracted),
@@ -17,9 +17,9 @@ namespace ortserve {
 namespace ORTSERVE_ISA {
 namespace {
 
-#include "simd_math.h"  // V<W>, Splat, Max, Min, Exp: in this ISA's namespace
+#include "simd_math.h"  // V<W>, kRegisterLanes, Splat, Max, Min, Exp: in this ISA's namespace
 
-constexpr int W = 16;
+constexpr int W = kRegisterLanes;
 typedef V<W>::F F;
 typedef V<W>::I I;
 
