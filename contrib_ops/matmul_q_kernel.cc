@@ -198,9 +198,10 @@ ALWAYS_INLINE __m256i FifthBits(uint32_t bits) {
 // below 2^15 when the codes are 4-bit: 8 of them add at most 16 * 15 * 127 = 30480; 5-bit codes (the
 // nibbles with their fifth bits OR-ed in) go in two sums of 4 each, at most 8 * 31 * 127 = 31496.
 // 8-bit codes are taken as two 4-bit halves, hi * 16 + lo, each summed apart.
-// With 4- and 5-bit codes a block's 8 vectors of codes are unpacked into registers once, then each
-// row of x streams past them in two short chains of int16 sums (the 8-bit path's 16 nibble vectors
-// do not fit in 16 registers, so it walks the codes once per row's pair of vectors instead).
+// A block's codes are unpacked once, then each row of x streams past them in two short chains of
+// int16 sums: 4- and 5-bit codes as 8 vectors that stay in registers, 8-bit codes as 16 vectors of
+// nibbles that do not fit and are read back from L1 (GCC had scheduled the older loops, which kept
+// a pair of sums per row instead, into hundreds of stack spills).
 template <int Bits>
 ALWAYS_INLINE __m256i BlockDot(const __m256i* w, const int8_t* xb, __m256i ones) {
   __m256i s0 = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(Load32(xb)));
@@ -241,19 +242,22 @@ ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t
         }
         for (int i = 0; i < MT; ++i) sums[i] = BlockDot<Bits>(w, xq + i * xq_stride + b * kQBlock, ones);
       } else {
-        __m256i low_pairs[MT], high_pairs[MT];  // the low and the high nibbles' sums
-        for (int i = 0; i < MT; ++i) low_pairs[i] = high_pairs[i] = _mm256_setzero_si256();
+        __m256i halves[16];  // [2j]: low nibbles of vector j (columns 4j..4j+3), [2j + 1]: high nibbles
         for (int j = 0; j < 8; ++j) {
           const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * j));
-          const __m256i low = _mm256_and_si256(raw, nibble), high = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
-          for (int i = 0; i < MT; ++i) {
-            const __m256i x = _mm256_set1_epi32(Load32(xq + i * xq_stride + b * kQBlock + 4 * j));
-            low_pairs[i] = _mm256_add_epi16(low_pairs[i], _mm256_maddubs_epi16(low, x));
-            high_pairs[i] = _mm256_add_epi16(high_pairs[i], _mm256_maddubs_epi16(high, x));
-          }
+          halves[2 * j] = _mm256_and_si256(raw, nibble);
+          halves[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
         }
-        for (int i = 0; i < MT; ++i)
-          sums[i] = _mm256_add_epi32(_mm256_madd_epi16(low_pairs[i], ones), _mm256_madd_epi16(high_pairs[i], sixteen));
+        for (int i = 0; i < MT; ++i) {  // two int16 chains a row: the low and the high nibbles' sums
+          const int8_t* xb = xq + i * xq_stride + b * kQBlock;
+          __m256i low = _mm256_setzero_si256(), high = _mm256_setzero_si256();
+          for (int j = 0; j < 8; ++j) {
+            const __m256i x = _mm256_set1_epi32(Load32(xb + 4 * j));
+            low = _mm256_add_epi16(low, _mm256_maddubs_epi16(halves[2 * j], x));
+            high = _mm256_add_epi16(high, _mm256_maddubs_epi16(halves[2 * j + 1], x));
+          }
+          sums[i] = _mm256_add_epi32(_mm256_madd_epi16(low, ones), _mm256_madd_epi16(high, sixteen));
+        }
       }
       const S* sb = scales + b * 2 * kQGroup + 8 * h;
       const __m256 d = Load8(sb), m = Load8(sb + kQGroup);
