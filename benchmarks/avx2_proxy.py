@@ -8,11 +8,15 @@ times, in one run, one after the other:
     with one built for AVX2 + FMA + F16C only (no AVX-512, no AVX-VNNI: what Zen 3 has), which this
     script builds once (ggml-cpu alone, ~3 min) and loads through LD_LIBRARY_PATH.
 
+Then, unless --no-served, the same comparison served: `compare.py` (ortserve, ortserve-a8 and
+llama.cpp; decode, prefill 512 and serve-c16; int4) with both capped the same way, its records in
+results/avx2-proxy/ ($ORTSERVE_BENCH_RECORDS), apart from this CPU's own (~15 min).
+
 What it cannot stand in for: onnxruntime's own kernels (fp32 MatMul, layer norms) keep the full
 width, so only int4 is compared; and the caches and memory are this machine's. It predicts the
 ratios of the next AVX2 `compare.py` run; it does not replace them.
 
-    python benchmarks/avx2_proxy.py [--rounds 3]     # -> tables/avx2_proxy.md
+    python benchmarks/avx2_proxy.py [--rounds 3] [--no-served]     # -> tables/avx2_proxy.md
 """
 
 from __future__ import annotations
@@ -27,10 +31,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from runners import llamacpp, ortserve_runner
-from runners.common import BENCH_DIR, LLAMA_BIN, MODELS, PEERS_VENV, kernel_isa, load_model
+from runners.common import BENCH_DIR, LLAMA_BIN, MODELS, PEERS_VENV, RESULTS, kernel_isa, load_model, load_records
 
 AVX2_BUILD = PEERS_VENV / "build-llama.cpp-avx2"
 TABLE = BENCH_DIR / "tables" / "avx2_proxy.md"
+SERVED_RECORDS = RESULTS / "avx2-proxy"
+SERVED_SYSTEMS = ("ortserve", "ortserve-a8", "llama.cpp")
+SERVED_METRIC = {"decode": "decode_tok_s", "prefill": "prompt_tok_s", "serve-c16": "output_throughput"}
 AVX2_ONLY = ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON"]
 AVX2_ONLY += ["-DGGML_BMI2=ON", "-DGGML_AVX512=OFF", "-DGGML_AVX_VNNI=OFF", "-DGGML_AMX_TILE=OFF"]
 
@@ -81,10 +88,31 @@ def ortserve_graph(artifact: Path, isa: str | None, rounds: int) -> dict[str, fl
     return {"decode": result["decode_tok_s"], "prefill": result["prefill_tok_s"]}
 
 
+def served(models: list[str], ggml_dir: Path) -> list[str]:
+    """compare.py's int4 decode, prefill and serve-c16 with AVX2 code on both sides: table rows."""
+    env = {**os.environ, "LD_LIBRARY_PATH": str(ggml_dir), "ORTSERVE_KERNEL_ISA": "avx2"}
+    env["ORTSERVE_BENCH_RECORDS"] = str(SERVED_RECORDS)
+    with tempfile.TemporaryDirectory() as tmp:
+        argv = [sys.executable, str(BENCH_DIR / "compare.py"), "--force", "--systems", *SERVED_SYSTEMS]
+        argv += ["--workloads", *SERVED_METRIC, "--precisions", "int4", "--models", *models]
+        subprocess.run([*argv, "--results-md", str(Path(tmp) / "RESULTS.md")], env=env, check=True)
+    found = {(r["model"], r["system"], r["workload"]): r["metrics"] for r in load_records(SERVED_RECORDS)}
+    rows = []
+    for model in models:
+        for workload, metric in SERVED_METRIC.items():
+            m = {system: found[(model, system, workload)] for system in SERVED_SYSTEMS}
+            tok_s = [m[system][metric] for system in SERVED_SYSTEMS]
+            ttft = " / ".join(f"{m[system]['ttft_p50_ms']:,.0f}" for system in SERVED_SYSTEMS)
+            ratios = f"{tok_s[0] / tok_s[2]:.2f} | {tok_s[1] / tok_s[2]:.2f}"
+            rows.append(f"| {model} | {workload} | {' | '.join(f'{v:,.1f}' for v in tok_s)} | {ratios} | {ttft} |")
+    return rows
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--models", nargs="+", default=list(MODELS))
+    p.add_argument("--no-served", action="store_true", help="the graphs only, not compare.py's served runs")
     args = p.parse_args()
     cpu = kernel_isa()
     if not cpu.startswith("AVX-512"):
@@ -114,7 +142,20 @@ def main() -> int:
         "| model | code | workload | ortserve int4 | llama.cpp Q4_0 | ratio |",
         "|---|---|---|---:|---:|---:|",
     ]
-    TABLE.write_text("\n".join(head + rows) + "\n")
+    lines = head + rows
+    if not args.no_served:
+        lines += [
+            "",
+            "Served, `compare.py` with the same two caps (`ORTSERVE_KERNEL_ISA=avx2`, the AVX2 ggml-cpu), records in",
+            "`results/avx2-proxy/`: decode and prefill tok/s, serve-c16 output tok/s; ortserve is the default",
+            "16-bit activations, ortserve-a8 `--activation-bits 8` (llama.cpp's rounding).",
+            "",
+            "| model | workload | ortserve | ortserve-a8 | llama.cpp | ortserve ÷ llama.cpp | a8 ÷ llama.cpp "
+            "| TTFT p50 ms (same order) |",
+            "|---|---|---:|---:|---:|---:|---:|---|",
+            *served(args.models, ggml_avx2),
+        ]
+    TABLE.write_text("\n".join(lines) + "\n")
     print(f"wrote {TABLE}")
     return 0
 

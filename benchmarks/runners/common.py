@@ -103,7 +103,9 @@ def isa_folder(isa: str) -> Path:
     return COMPARE / isa.lower().replace("+", "-")
 
 
-RECORDS = isa_folder(kernel_isa())
+# $ORTSERVE_BENCH_RECORDS puts a run's records elsewhere: avx2_proxy.py's runs of AVX2 code on a
+# wider CPU must not replace that CPU's own records.
+RECORDS = Path(os.environ.get("ORTSERVE_BENCH_RECORDS") or isa_folder(kernel_isa()))
 
 
 def record_path(model: str, system: str, precision: str, workload: str) -> Path:
