@@ -43,3 +43,12 @@ def test_arrays_that_are_not_float32_rows_are_refused():
     with pytest.raises(ValueError, match="C-contiguous"):
         x = np.zeros((8, 2), np.float32).T
         exp_chunk_sums(x, np.empty_like(x), 4)
+
+
+def test_an_empty_isa_cap_is_no_cap(monkeypatch):
+    # On an AVX-512 machine the AVX2 build sums in another order, so a cap at AVX2 would show here.
+    x = (np.random.default_rng(3).standard_normal((4, 50_257)) * 4).astype(np.float32)
+    monkeypatch.delenv("ORTSERVE_KERNEL_ISA", raising=False)
+    default = exp_chunk_sums(x, np.empty_like(x), 4096).copy()
+    monkeypatch.setenv("ORTSERVE_KERNEL_ISA", "")
+    np.testing.assert_array_equal(exp_chunk_sums(x, np.empty_like(x), 4096), default)
