@@ -109,14 +109,14 @@ def ortserve_graph(artifact: Path, precision: str, env: dict[str, str], rounds: 
     return {"decode": result["decode_tok_s"], "prefill": result["prefill_tok_s"]}
 
 
-def graphs(models: list[str], cpu: str, rounds: int) -> list[str]:
-    """Table rows: each model and precision, AVX2-limited and native, ortserve beside llama.cpp."""
+def graphs(models: list[str], cpu: str, avx2: dict[str, str], rounds: int) -> list[str]:
+    """Table rows: each model and precision, AVX2-limited (env avx2) and native, ortserve beside llama.cpp."""
     rows = []
     for name in models:
         model = load_model(name)
         for precision in PRECISIONS:
             gguf, artifact = llamacpp.gguf(model, precision), ortserve_runner.artifact(model, precision)
-            for label, env in (("AVX2", avx2_env()), (cpu, native_env())):
+            for label, env in (("AVX2", avx2), (cpu, native_env())):
                 ours, theirs = ortserve_graph(artifact, precision, env, rounds), llama_bench(gguf, env, rounds)
                 for workload in ("decode", "prefill"):
                     a, b = ours[workload], theirs[workload]
@@ -127,9 +127,9 @@ def graphs(models: list[str], cpu: str, rounds: int) -> list[str]:
     return rows
 
 
-def served(models: list[str]) -> list[str]:
-    """compare.py's decode, prefill and serve-c16, AVX2-limited on both sides: table rows."""
-    env = {**avx2_env(), "ORTSERVE_BENCH_RECORDS": str(SERVED_RECORDS)}
+def served(models: list[str], avx2: dict[str, str]) -> list[str]:
+    """compare.py's decode, prefill and serve-c16, AVX2-limited (env avx2) on both sides: table rows."""
+    env = {**avx2, "ORTSERVE_BENCH_RECORDS": str(SERVED_RECORDS)}
     with tempfile.TemporaryDirectory() as tmp:
         argv = [sys.executable, str(BENCH_DIR / "compare.py"), "--force", "--systems", *SERVED_SYSTEMS]
         argv += ["--workloads", *SERVED_METRIC, "--precisions", *PRECISIONS, "--models", *models]
@@ -160,6 +160,7 @@ def main() -> int:
     if not cpu.startswith("AVX-512"):
         raise SystemExit(f"this CPU is {cpu}: run compare.py itself, not a proxy")
     started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M")
+    avx2 = avx2_env()
     lines = [
         "## AVX2 code paths on an AVX-512 CPU (a proxy for the next AVX2 machine)",
         "",
@@ -172,7 +173,7 @@ def main() -> int:
         "",
         "| model | precision | code | workload | ortserve | llama.cpp | ratio |",
         "|---|---|---|---|---:|---:|---:|",
-        *graphs(args.models, cpu, args.rounds),
+        *graphs(args.models, cpu, avx2, args.rounds),
     ]
     if not args.no_served:
         lines += [
@@ -184,7 +185,7 @@ def main() -> int:
             "| model | precision | workload | ortserve | ortserve-a8 | llama.cpp | ortserve ÷ llama.cpp "
             "| a8 ÷ llama.cpp | TTFT p50 ms (same order) |",
             "|---|---|---|---:|---:|---:|---:|---:|---|",
-            *served(args.models),
+            *served(args.models, avx2),
         ]
     TABLE.write_text("\n".join(lines) + "\n")
     print(f"wrote {TABLE}")

@@ -18,19 +18,18 @@ namespace {
 using RunFn = void (*)(const Problem&, const WorkItem&);
 using LanesFn = int (*)();
 
-RunFn PickKernel() {
-#ifdef ORTSERVE_GENERIC_KERNEL_ONLY
-  return generic::RunWorkItem;
-#else
-  return PickBuild<RunFn>(avx512::RunWorkItem, avx2::RunWorkItem, generic::RunWorkItem);
-#endif
-}
+// The kernel build for this CPU: its work-item function and the most lanes a tile should have.
+struct KernelBuild {
+  RunFn run;
+  int64_t tile_lanes;
+};
 
-int64_t PickTileLanes() {
+KernelBuild PickKernel() {
 #ifdef ORTSERVE_GENERIC_KERNEL_ONLY
-  return generic::TileLanes();
+  return {generic::RunWorkItem, generic::TileLanes()};
 #else
-  return PickBuild<LanesFn>(avx512::TileLanes, avx2::TileLanes, generic::TileLanes)();
+  return {PickBuild<RunFn>(avx512::RunWorkItem, avx2::RunWorkItem, generic::RunWorkItem),
+          PickBuild<LanesFn>(avx512::TileLanes, avx2::TileLanes, generic::TileLanes)()};
 #endif
 }
 
@@ -297,8 +296,9 @@ void WriteRow(const Problem& P, unsigned char* dst, const float* src) {
 
 void Attend(OrtKernelContext* context, const Problem& P) {
   Plan plan;
-  plan.problem = &P, plan.run = PickKernel();
-  PlanWork(P, PickTileLanes(), plan);
+  const KernelBuild build = PickKernel();
+  plan.problem = &P, plan.run = build.run;
+  PlanWork(P, build.tile_lanes, plan);
   if (!plan.items.empty()) Ort::KernelContext(context).ParallelFor(RunTask, plan.items.size(), 0, &plan);
   MergeSplits(P, plan);
 }
