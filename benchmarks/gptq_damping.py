@@ -42,7 +42,7 @@ def export(checkpoint: Path, label: str, damping: float | None) -> Path:
             gptq.GPTQ_BELOW_BITS = 0  # every precision by the diagonal-weighted search
         else:
             gptq.DAMPING = damping
-        export_model(checkpoint, out, precision="int4", progress=False)
+        export_model(checkpoint, out, precision="int4", pure=True, progress=False)
     finally:
         gptq.GPTQ_BELOW_BITS, gptq.DAMPING = saved
     return out
@@ -74,7 +74,8 @@ def main() -> int:
     positions = {name: sum(len(s) - 1 for s in ids) for name, ids in texts.items()}
     TABLE.write_text(
         "## GPTQ's damping: Gemma-3-270m int4 on text the calibration did not see\n\n"
-        f"`python benchmarks/gptq_damping.py` on {kernel_isa()}: `ortserve export --precision int4` of the "
+        f"`python benchmarks/gptq_damping.py` on {kernel_isa()}: `ortserve export --precision int4 --pure` "
+        "(4 bits in every layer) of the "
         "Gemma-3-270m Q4_K_M file dequantised, calibrated on export's built-in text (Python docstrings), with "
         "the diagonal-weighted search alone and with GPTQ at each damping (x the mean of the Gram diagonal); "
         "top-1 agreement and perplexity ratio against the fp32 export, teacher-forced, on the quality check's "

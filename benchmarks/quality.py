@@ -36,9 +36,15 @@ GEMMA_NOTE = (
     "On Gemma-3-270m, llama.cpp's Q4_K_M is not 4-bit in most layers: K-quants need rows of a multiple of"
     " 256 and Gemma's are 640, so `llama-quantize` falls back to Q5_0 for q, k, gate, up and half of v "
     "(Q8_0 for the other half of v, Q6_K for half of down, Q4_K only for o and the other half of down), "
-    "as the PyPI file itself does. ortserve int4 puts every linear but the LM head on a 4-bit grid, and "
-    "here re-quantises that 5-bit mix; ortserve int5, int8 and the file's own codes are the like-for-like "
-    "rows. tables/int4_sensitivity.md measures which of Gemma's linears lose its answers at 4 bits, beside "
+    "as the PyPI file itself does. ortserve int4 with every linear but the LM head on a 4-bit grid "
+    "(`--pure`, and the uncalibrated row) loses a tenth of Gemma's answers; so a calibrated int4 export "
+    "checks itself on its calibration text and, below 95 % top-1 agreement there, quantises again with "
+    "Q4_K_M's mix in ortserve's formats (export/int4_fallback.py: 8 bits for v and down in the layers "
+    "llama.cpp gives more bits, which this script checks against the file's own tensor types; 5 bits for q, k, "
+    "v, gate and up elsewhere; 4 bits for o and the other downs). SmolLM2 passes that check at 4 bits. "
+    "That mix is the file's own, so on these weights it recovers Gemma's grid nearly exactly, as llama.cpp's "
+    "Q4_K_M does up to its 8-bit activations; on float weights both would lose more. "
+    "tables/int4_sensitivity.md measures which of Gemma's linears lose its answers at 4 bits, beside "
     "llama.cpp's own 4-bit formats (Q4_0, Q4_1) on the same weights."
 )
 SOURCE_NOTE = (
@@ -68,11 +74,16 @@ def ortserve_artifact(
     calibrate: bool = True,
     rules: tuple[str, ...] = (),
     lm_head: str | None = None,
+    pure: bool = False,
 ) -> Path:
     """``lm_head``: --lm-head-precision (None: export's default for ``precision``)."""
     from ortserve.export import export_model
 
-    tag = ("" if calibrate else "-uncalibrated") + "".join("-" + re.sub(r"\W+", "_", rule) for rule in rules)
+    tag = (
+        ("-pure" if pure else "")
+        + ("" if calibrate else "-uncalibrated")
+        + "".join("-" + re.sub(r"\W+", "_", rule) for rule in rules)
+    )
     tag += f"-head_{lm_head}" if lm_head else ""
     out = WORK / "artifacts" / f"{name}-{precision or 'native'}{tag}"
     if not (out / "ortserve.json").is_file():
@@ -83,9 +94,27 @@ def ortserve_artifact(
             lm_head_precision=lm_head,
             calibrate=calibrate,
             tensor_precision=rules,
+            pure=pure,
             progress=False,
         )
     return out
+
+
+def check_more_bits_layers(gguf: Path) -> None:
+    """ortserve's int4 fallback gives more bits to the layers llama.cpp's Q4_K_M does: where a Q4_K_M
+    file stores v or down above its base type (Q8_0 / Q6_K beside Q5_0 / Q4_K), an independent check."""
+    from gguf import GGUFReader
+    from ortserve.export.int4_fallback import more_bits
+
+    types = {t.name: t.tensor_type.name for t in GGUFReader(gguf).tensors}
+    layers = sum(1 for name in types if name.endswith(".attn_v.weight"))
+    ours = [i for i in range(layers) if more_bits(i, layers)]
+    for kind in ("attn_v", "ffn_down"):
+        kinds = [types[f"blk.{i}.{kind}.weight"] for i in range(layers)]
+        if len(set(kinds)) == 1:
+            continue  # not a Q4_K_M mix (SmolLM2's file is Q4_1 throughout)
+        more = [i for i, t in enumerate(kinds) if t in ("Q8_0", "Q6_K")]
+        assert more == ours, f"{gguf.name} {kind}: Q4_K_M gives layers {more} more bits, the fallback {ours}"
 
 
 def llama_cpp_file(gguf: Path, name: str, kind: str, calibrated: bool = False) -> Path:
@@ -161,16 +190,18 @@ def main() -> int:
         sequences = text_ids(fp32)
         reference = all_logits(fp32, sequences)
         mix = ("v_proj|down_proj=int8",)  # the linears llama.cpp's Q4_K_M gives more bits (Q8_0, Q6_K)
-        for label, precision, source, calibrate, rules, lm_head in (
-            ("ortserve int4", "int4", checkpoint, True, (), None),
-            ("ortserve int4 --no-calibration", "int4", checkpoint, False, (), None),
-            ("ortserve int5", "int5", checkpoint, True, (), None),
-            ("ortserve int5 --lm-head-precision int5", "int5", checkpoint, True, (), "int5"),
-            (f"ortserve int5 --tensor-precision '{mix[0]}'", "int5", checkpoint, True, mix, None),
-            ("ortserve int8", "int8", checkpoint, True, (), None),
-            ("ortserve, the file's own codes", None, gguf, True, (), None),
+        check_more_bits_layers(gguf)
+        for label, precision, source, options in (
+            ("ortserve int4", "int4", checkpoint, {}),
+            ("ortserve int4 --pure", "int4", checkpoint, {"pure": True}),
+            ("ortserve int4 --no-calibration", "int4", checkpoint, {"calibrate": False}),
+            ("ortserve int5", "int5", checkpoint, {}),
+            ("ortserve int5 --lm-head-precision int5", "int5", checkpoint, {"lm_head": "int5"}),
+            (f"ortserve int5 --tensor-precision '{mix[0]}'", "int5", checkpoint, {"rules": mix}),
+            ("ortserve int8", "int8", checkpoint, {}),
+            ("ortserve, the file's own codes", None, gguf, {}),
         ):
-            artifact = ortserve_artifact(source, name, precision, calibrate, rules, lm_head)
+            artifact = ortserve_artifact(source, name, precision, **options)
             report = compare(all_logits(artifact, sequences), reference, sequences)
             rows.append((model, label, weight_mib(artifact), report))
         if "ORTSERVE_KERNEL_ISA" in os.environ:

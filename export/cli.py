@@ -48,6 +48,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "bits (benchmarks/tables/int4_sensitivity.md measures which)",
     )
     parser.add_argument(
+        "--pure",
+        action="store_true",
+        help="with --precision int4, keep every layer linear at 4 bits even when the export's check on its "
+        "calibration text finds that 4 bits lose the model's answers (by default it then quantises again with "
+        "more bits where llama.cpp's Q4_K_M puts them), as llama-quantize's --pure",
+    )
+    parser.add_argument(
         "--max-model-len",
         type=int,
         default=None,
@@ -97,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
             lm_head_precision=args.lm_head_precision,
             activation_bits=args.activation_bits,
             tensor_precision=args.tensor_precision,
+            pure=args.pure,
             max_model_len=args.max_model_len,
             validate=args.validate,
             quality_check=args.quality_check,

@@ -36,12 +36,13 @@ from ortserve.artifact import (
     save_manifest,
 )
 
+from . import int4_fallback
 from .architectures import architecture_for
 from .calibration import CalibrationText, capture
 from .config import ModelSpec, read_config_json
 from .errors import ExportError
 from .gguf_checkpoint import GGUF_WEIGHTS, open_checkpoint
-from .graph import DecoderBuilder
+from .graph import DecoderBuilder, WeightJob
 from .quality import check
 from .storage import FLOAT_TYPES, Storage, TensorPrecision
 from .weights import DATA_FILE, WeightFile, WeightSource
@@ -192,6 +193,7 @@ def export_model(
     lm_head_precision: str | None = None,
     activation_bits: int = DEFAULT_ACTIVATION_BITS,
     tensor_precision: Sequence[str] = (),
+    pure: bool = False,
     max_model_len: int | None = None,
     validate: bool = False,
     quality_check: bool = False,
@@ -203,6 +205,8 @@ def export_model(
     ``precision`` None keeps the source's own: fp32 for float tensors, a GGUF's quantised codes.
     ``activation_bits``: 16 (int8 plus a residual) or 8 (int8) activations in the quantised linears.
     ``tensor_precision``: 'PATTERN=PRECISION' rules for the linears whose names match (first wins).
+    ``pure``: int4 stays 4 bits in every layer linear even where it loses the model's answers
+    (``int4_fallback``; llama-quantize's --pure).
     ``calibrate``: weight the quantiser's error by each input column's importance on text
     (``calibration``; ``calibration_text`` a file of the user's own, else the built-in text)."""
     started = time.perf_counter()
@@ -271,42 +275,62 @@ def export_model(
                 bar.update()
             builder = make_builder(importance=importance)
             model, jobs = builder.build()
-        weights = WeightFile(tmp, DATA_FILE)
-        try:
-            stored = builder.stored.values()
-            stage = "quantise" if any(p.kind == "quantize" for p in stored) else "weights"
-            with bars.stage(stage, len(jobs)) as bar:
-                for job in jobs:
-                    for name, array in job.make().items():
-                        model.graph.initializer.append(weights.add(name, array))
-                    bar.update()
-        finally:
-            weights.close()
-        with bars.stage("save", 1) as bar:
-            onnx.save_model(model, str(tmp / MODEL_FILE))
-            _copy_side_files(folder, tmp, raw)
-            manifest = ArtifactManifest(
-                architecture=spec.model_type,
-                num_layers=spec.num_layers,
-                hidden_size=spec.hidden_size,
-                num_heads=spec.num_heads,
-                num_kv_heads=spec.num_kv_heads,
-                head_size=spec.head_size,
-                vocab_size=spec.vocab_size,
-                max_model_len=max_len,
-                weight_precision=stored_precision(builder.stored, head=False),
-                lm_head_precision=stored_precision(builder.stored, head=True),
-                activation_bits=activation_bits,
-                weight_formats=dict(Counter(p.label for p in builder.stored.values())),
-                num_parameters=source.num_parameters(),
-                weight_bytes=weights.bytes,
-                source=label,
-                source_fingerprint=fingerprint,
-                calibration=f"{importance.tokens:,} tokens of {importance.text}" if importance else "",
-                eos_token_ids=list(spec.eos_token_ids),
-            )
-            save_manifest(tmp, manifest)
-            bar.update()
+
+        def write(builder: DecoderBuilder, model: onnx.ModelProto, jobs: list[WeightJob]) -> ArtifactManifest:
+            """Quantise or copy every weight of a built graph, then save it and the manifest into tmp."""
+            weights = WeightFile(tmp, DATA_FILE)
+            try:
+                stored = builder.stored.values()
+                stage = "quantise" if any(p.kind == "quantize" for p in stored) else "weights"
+                with bars.stage(stage, len(jobs)) as bar:
+                    for job in jobs:
+                        for name, array in job.make().items():
+                            model.graph.initializer.append(weights.add(name, array))
+                        bar.update()
+            finally:
+                weights.close()
+            with bars.stage("save", 1) as bar:
+                onnx.save_model(model, str(tmp / MODEL_FILE))
+                _copy_side_files(folder, tmp, raw)
+                manifest = ArtifactManifest(
+                    architecture=spec.model_type,
+                    num_layers=spec.num_layers,
+                    hidden_size=spec.hidden_size,
+                    num_heads=spec.num_heads,
+                    num_kv_heads=spec.num_kv_heads,
+                    head_size=spec.head_size,
+                    vocab_size=spec.vocab_size,
+                    max_model_len=max_len,
+                    weight_precision=stored_precision(builder.stored, head=False),
+                    lm_head_precision=stored_precision(builder.stored, head=True),
+                    activation_bits=activation_bits,
+                    weight_formats=dict(Counter(p.label for p in builder.stored.values())),
+                    num_parameters=source.num_parameters(),
+                    weight_bytes=weights.bytes,
+                    source=label,
+                    source_fingerprint=fingerprint,
+                    calibration=f"{importance.tokens:,} tokens of {importance.text}" if importance else "",
+                    eos_token_ids=list(spec.eos_token_ids),
+                )
+                save_manifest(tmp, manifest)
+                bar.update()
+            return manifest
+
+        manifest = write(builder, model, jobs)
+        if precision == "int4" and not (pure or rules) and text is not None and importance and reference:
+            with bars.stage("int4 check", 1) as bar:
+                kept = int4_fallback.check(tmp, reference, text)
+                bar.update()
+            if int4_fallback.needs_more_bits(kept, spec.vocab_size):
+                logger.warning(
+                    "int4 everywhere loses this model's answers on the calibration text (%s); quantising again "
+                    "with more bits where llama.cpp's Q4_K_M puts them (--pure keeps 4 bits everywhere)",
+                    kept.summary().replace("built-in text", "calibration text"),
+                )
+                more_bits = int4_fallback.rules(arch.names, spec.num_layers)
+                builder = make_builder(importance=importance, tensor_precision=more_bits)
+                model, jobs = builder.build()
+                manifest = write(builder, model, jobs)
         export_peak = peak_rss_bytes()
         report = None
         if validate:

@@ -110,6 +110,19 @@ def compare(quantised: list[np.ndarray], fp32: list[np.ndarray], sequences: list
     return QualityReport(same / positions, perplexity(quantised, sequences), perplexity(fp32, sequences), positions)
 
 
+def pooled(reports: list[QualityReport]) -> QualityReport:
+    """One report for the positions of several (perplexity: exp of the mean negative log-likelihood)."""
+    positions = sum(r.positions for r in reports)
+
+    def mean_log(values: list[float]) -> float:
+        return float(np.exp(sum(np.log(v) * r.positions for v, r in zip(values, reports)) / positions))
+
+    top1 = sum(r.top1_agreement * r.positions for r in reports) / positions
+    return QualityReport(
+        top1, mean_log([r.perplexity for r in reports]), mean_log([r.fp32_perplexity for r in reports]), positions
+    )
+
+
 def check(artifact: str | Path, fp32_artifact: str | Path) -> QualityReport | None:
     """None when the artifact has no tokenizer.json to read the texts with."""
     if not (Path(artifact) / "tokenizer.json").is_file():
