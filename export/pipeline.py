@@ -325,7 +325,7 @@ def export_model(
                 logger.warning(
                     "int4 everywhere loses this model's answers on the calibration text (%s); quantising again "
                     "with more bits where llama.cpp's Q4_K_M puts them (--pure keeps 4 bits everywhere)",
-                    kept.summary().replace("built-in text", "calibration text"),
+                    kept.summary("calibration text"),
                 )
                 more_bits = int4_fallback.rules(arch.names, spec.num_layers)
                 builder = make_builder(importance=importance, tensor_precision=more_bits)

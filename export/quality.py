@@ -59,10 +59,10 @@ class QualityReport:
     def ok(self) -> bool:
         return self.top1_agreement >= TOP1_THRESHOLD and self.ppl_ratio <= PPL_RATIO_THRESHOLD
 
-    def summary(self) -> str:
+    def summary(self, text: str = "built-in text") -> str:
         return (
             f"top-1 agreement with fp32 {self.top1_agreement:.1%}, perplexity {self.perplexity:.2f} vs fp32 "
-            f"{self.fp32_perplexity:.2f} (ratio {self.ppl_ratio:.3f}) over {self.positions} positions of built-in text"
+            f"{self.fp32_perplexity:.2f} (ratio {self.ppl_ratio:.3f}) over {self.positions} positions of {text}"
         )
 
     def warning(self) -> str | None:
