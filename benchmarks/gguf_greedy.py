@@ -7,7 +7,9 @@ completed greedily by llama.cpp (llama-cpp-python, peers venv) and by the ortser
 same token ids, and the texts compared. Where they differ, the table gives the first differing
 token of ortserve's served artifact (the file's codes, 16-bit activations) and of an exact run (the
 same weights dequantised, fp32 activations): llama.cpp quantises activations too, so at a near-tie
-it can leave the exact result as well. The file has no chat template: the server picks the
+it can leave the exact result as well. So does llama.cpp itself when only the order of its float sums
+changes: the table ends with its own completions with the prompt evaluated one token at a time, and
+with its AVX2 build, against its default run. The file has no chat template: the server picks the
 built-in Gemma one (its log says so), and one chat question shows it.
 
     python benchmarks/gguf_greedy.py                 # writes benchmarks/tables/gguf_greedy.md
@@ -84,14 +86,34 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def llama_cpp_greedy(path: Path, n: int) -> list[dict]:
-    prompts, out = WORK / "prompts.json", WORK / f"{path.stem}.llama.json"
+def llama_cpp_greedy(path: Path, n: int, variant: str = "", n_batch: int = 512, env: dict | None = None) -> list[dict]:
+    prompts, out = WORK / "prompts.json", WORK / f"{path.stem}.llama{variant}.json"
     prompts.write_text(json.dumps(PROMPTS))
-    subprocess.run(
-        [str(PEERS_PY), str(BENCH_DIR / "peers" / "gguf_peer.py"), "greedy", str(path), str(prompts), str(out), str(n)],
-        check=True,
-    )
+    peer = [str(PEERS_PY), str(BENCH_DIR / "peers" / "gguf_peer.py"), "greedy", str(path), str(prompts), str(out)]
+    subprocess.run([*peer, str(n), str(n_batch)], check=True, env={**os.environ, **(env or {})})
     return json.loads(out.read_text())
+
+
+def llama_cpp_against_itself(path: Path, n: int, theirs: list[dict]) -> list[str]:
+    """How many of llama.cpp's own completions survive a change that only reorders its float sums:
+    the prompt evaluated one token at a time (matrix-vector kernels instead of matrix-matrix), and
+    its ggml-cpu built for AVX2 only (avx2_proxy.py builds it; skipped when it is not there)."""
+    from avx2_proxy import AVX2_BUILD
+
+    variants = {"the prompt one token at a time (n_batch 1)": ("-nbatch1", 1, {})}
+    if (AVX2_BUILD / "bin" / "libggml-cpu.so").is_file():
+        variants["its AVX2 build (the same code without AVX-512)"] = (
+            "-avx2",
+            512,
+            {"LD_LIBRARY_PATH": str(AVX2_BUILD / "bin")},
+        )
+    lines = []
+    for label, (variant, n_batch, env) in variants.items():
+        other = llama_cpp_greedy(path, n, variant, n_batch, env)
+        same = sum(a["text"] == b["text"] for a, b in zip(theirs, other))
+        diffs = ", ".join(first_difference(b["ids"], a["ids"]) for a, b in zip(theirs, other))
+        lines.append(f"- {label}: {same} of {len(theirs)} equal to its default run (first differing token: {diffs})")
+    return lines
 
 
 class Server:
@@ -182,6 +204,7 @@ def main() -> int:
         next(re.search(r"from (\S+) \(max_model_len", x).group(1) for x in server.log if "ortserve: ready" in x)
     )
     prompts = [r["prompt_ids"] for r in rows]
+    itself = llama_cpp_against_itself(path, args.max_tokens, theirs)
     for r, native, exact in zip(
         rows,
         offline_greedy(served, prompts, args.max_tokens),
@@ -212,6 +235,10 @@ def main() -> int:
             + f" | {'yes' if r['equal'] else 'NO'} | {r['native_diff']} / {r['exact_diff']} |"
         )
     lines += [
+        "",
+        "llama.cpp against itself, the same file and prompts, greedy, where only the order of its float sums changes:",
+        "",
+        *itself,
         "",
         f"Chat without a template in the file: {' '.join(template_log) or '(the choice is logged at the first conversion; cached since)'}; "
         f'"What is the capital of France?" -> {json.dumps(answer)}',

@@ -1,7 +1,8 @@
 // The library's entry point: every op of domain "ortserve" (ONNX op set 1). An artifact's
 // op_version (ortserve.json) names the ops its graph needs:
 //   1: PagedAttention;  2: + AppendBlockSums;  3: + PackedPagedAttention, GatedActivation;
-//   4: + AddBlockOffsets;  5: + its fp16 offsets;  6: + MatMulQ4, MatMulQ8, GatherQ4, GatherQ8
+//   4: + AddBlockOffsets;  5: + its fp16 offsets;  6: + MatMulQ4, MatMulQ8, GatherQ4, GatherQ8;
+//   7: + MatMulQ5, GatherQ5;  8: + MatMulF
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "block_offsets.h"
 #include "gated_activation.h"
 #include "gather_q.h"
+#include "matmul_f.h"
 #include "matmul_q.h"
 #include "paged_attention.h"
 
@@ -29,6 +31,7 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
     for (Ort::Custom::OrtLiteCustomOp* op : ortserve::AddBlockOffsetsOps()) domain.Add(op);
     for (Ort::Custom::OrtLiteCustomOp* op : ortserve::MatMulQOps()) domain.Add(op);
     for (Ort::Custom::OrtLiteCustomOp* op : ortserve::GatherQOps()) domain.Add(op);
+    domain.Add(ortserve::MatMulFOp());
     Ort::UnownedSessionOptions(options).Add(domain);
     domains.push_back(std::move(domain));
   } catch (const std::exception& e) {

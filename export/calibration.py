@@ -116,7 +116,7 @@ def capture_ids(fp32_artifact: Path, sequences: list[list[int]], description: st
 @contextmanager
 def _instrumented(artifact: Path) -> Iterator[tuple[Path, dict[str, str]]]:
     """A folder beside ``artifact`` holding its graph with an output x^T x on the input x [T, K] of
-    each layer MatMul, and hard links to its other files (onnxruntime reads external weights only
+    each fp32 linear (MatMulF), and hard links to its other files (onnxruntime reads external weights only
     from real files in the model's folder); yields (folder, {linear label: output name}), and
     removes the folder after."""
     folder = Path(tempfile.mkdtemp(prefix=".calibration.", dir=artifact.parent))
@@ -124,7 +124,7 @@ def _instrumented(artifact: Path) -> Iterator[tuple[Path, dict[str, str]]]:
         model = onnx.load(str(artifact / MODEL_FILE), load_external_data=False)
         outputs: dict[str, str] = {}
         for node in list(model.graph.node):
-            if node.op_type == "MatMul" and node.name.startswith(("layers.", "lm_head.")):
+            if node.op_type == "MatMulF" and node.name.startswith(("layers.", "lm_head.")):
                 label = node.name.rsplit(".", 1)[0]
                 outputs[label] = f"calibration.{label}"
                 transposed = f"calibration.{label}.xT"

@@ -11,13 +11,14 @@ Everything is 2-D over the flattened batch [T, ·]: no padding, no batch axis. P
 Hidden states are gathered at ``logits_indices`` before the final norm and the LM head.
 CPU-fast ORT contrib ops: SimplifiedLayerNormalization, SkipSimplifiedLayerNormalization,
 SkipLayerNormalization, MatMulNBits, GatherBlockQuantized; ours (domain ``ortserve``):
-PackedPagedAttention, GatedActivation, MatMulQ4 / MatMulQ8, GatherQ4 / GatherQ8. Every node is a kernel
-launch and a decode step of a small model is mostly launches, so each layer is as few nodes as we can
-make it. fp32 linears are ``MatMul`` on [in, out] weights (a tied fp32 LM head transposes the embedding
-once, at load); quantised ones ``MatMulQ4`` / ``MatMulQ8`` (w = d * q + m per block of 32: GGUF codes
-kept exactly, float weights quantised, see ``qweight.py``), with 8- or 16-bit activations
-(``activation_bits``); only Q6_K's blocks of 16 stay ``MatMulNBits`` (int8 activations). A tied
-quantised LM head serves the embedding lookup too.
+PackedPagedAttention, GatedActivation, MatMulF, MatMulQ4 / MatMulQ8, GatherQ4 / GatherQ8. Every node
+is a kernel launch and a decode step of a small model is mostly launches, so each layer is as few
+nodes as we can make it. fp32 linears are ``MatMulF`` on the checkpoint's [out, in] weights, which
+the op repacks at load (a tied fp32 LM head passes the embedding itself); quantised ones
+``MatMulQ4`` / ``MatMulQ8`` (w = d * q + m per block of 32: GGUF codes kept exactly, float weights
+quantised, see ``qweight.py``), with 8- or 16-bit activations (``activation_bits``); only Q6_K's
+blocks of 16 stay ``MatMulNBits`` (int8 activations). A tied quantised LM head serves the embedding
+lookup too.
 """
 
 from __future__ import annotations
@@ -158,14 +159,11 @@ class DecoderBuilder:
             arrays = [self.src.read(w, transpose) for w in weights]
             return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
-        if plan.kind == "fp32":  # MatMul on [K, N]: 15 % faster decode than Gemm(transB=1) on [N, K]
-            if share:  # folded into a constant when the session loads: one copy in the file
-                w = self.op("Transpose", [share], name=f"{label}.transposed")[0]
-            else:
-                w = f"{label}.weight_t"
-                self.plan(w, lambda: {w: np.ascontiguousarray(full_weight().T)})
-            y = self.op("MatMul", [x, w], name=label)[0]
-            return self.op("Add", [y, bias], name=f"{label}.bias")[0] if bias else y
+        if plan.kind == "fp32":  # MatMulF on W [N, K] as stored; a tied head passes the embedding itself
+            w = share or f"{label}.weight"
+            if not share:
+                self.plan(w, lambda: {w: np.ascontiguousarray(full_weight())})
+            return self.op("MatMulF", [x, w] + ([bias] if bias else []), domain=OURS, name=label)[0]
 
         n = sum(rows for _, rows in parts)
         if plan.block_size == QBLOCK:

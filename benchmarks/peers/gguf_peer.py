@@ -3,7 +3,7 @@
     python gguf_peer.py checkpoints OUT_DIR BPE_TOKENIZER_DIR   # the nine tiny random HF checkpoints
     python gguf_peer.py logits MODEL.gguf IDS.json OUT.npz      # llama.cpp's logits, every position
     python gguf_peer.py hf-logits HF_DIR IDS.json OUT.npy       # transformers' logits of the checkpoint
-    python gguf_peer.py greedy MODEL.gguf PROMPTS.json OUT.json N  # llama.cpp's tokens and greedy continuations
+    python gguf_peer.py greedy MODEL.gguf PROMPTS.json OUT.json N [N_BATCH]  # llama.cpp's tokens and greedy continuations
 
 Tiny checkpoints: 2 layers, hidden 256 (K-quant blocks of 256 fit), 8 heads of 32, 4 KV heads,
 intermediate 512, weights N(0, 0.1) so logits have clear winners. Families whose llama.cpp
@@ -135,7 +135,7 @@ def checkpoints(out: Path, bpe_tokenizer: Path) -> None:
         print(f"[peer] {family}: {folder}", file=sys.stderr)
 
 
-def _llama(path: Path):
+def _llama(path: Path, n_batch: int = 512):
     from llama_cpp import Llama
 
     f32 = 0  # GGML_TYPE_F32: an f32 KV cache, as ortserve keeps
@@ -143,7 +143,8 @@ def _llama(path: Path):
         model_path=str(path),
         logits_all=True,
         n_ctx=512,
-        n_batch=512,
+        n_batch=n_batch,
+        n_ubatch=n_batch,
         n_threads=2,
         type_k=f32,
         type_v=f32,
@@ -176,12 +177,13 @@ def hf_logits(folder: Path, ids_file: Path, out: Path) -> None:
     np.save(out, scores.numpy().astype(np.float32))
 
 
-def greedy(path: Path, prompts_file: Path, out: Path, n: int) -> None:
+def greedy(path: Path, prompts_file: Path, out: Path, n: int, n_batch: int = 512) -> None:
     """Text prompts -> llama.cpp's token ids (BOS as the file says) and its greedy continuation
-    (ids and text, at most n tokens, stopping at end-of-generation tokens)."""
+    (ids and text, at most n tokens, stopping at end-of-generation tokens); n_batch 1 evaluates the
+    prompt one token at a time."""
     import llama_cpp
 
-    llm = _llama(path)
+    llm = _llama(path, n_batch)
     results = []
     for prompt in json.loads(prompts_file.read_text()):
         ids = llm.tokenize(prompt.encode(), add_bos=True, special=True)
@@ -205,6 +207,6 @@ if __name__ == "__main__":
     elif command == "hf-logits":
         hf_logits(Path(args[0]), Path(args[1]), Path(args[2]))
     elif command == "greedy":
-        greedy(Path(args[0]), Path(args[1]), Path(args[2]), int(args[3]))
+        greedy(Path(args[0]), Path(args[1]), Path(args[2]), int(args[3]), *map(int, args[4:5]))
     else:
         raise SystemExit(__doc__)

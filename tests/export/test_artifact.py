@@ -44,7 +44,7 @@ def test_hot_path_uses_ort_contrib_ops(tiny_artifact):
     assert ops.count(("ortserve", "GatedActivation")) == 2  # split, silu and the product
     assert ops.count(("com.microsoft", "SkipSimplifiedLayerNormalization")) == 4  # 2 in-layer, 1 between, final
     assert ("", "SimplifiedLayerNormalization") in ops
-    assert ops.count(("", "MatMul")) == 2 * 4 + 1
+    assert ops.count(("ortserve", "MatMulF")) == 2 * 4 + 1 and ("", "MatMul") not in ops
     outside_rope = {n.op_type for n in graph_of(tiny_artifact("llama2")).node if not n.name.startswith("rope.")}
     assert not {"Split", "RotaryEmbedding", "Reshape", "Sigmoid", "Mul"} & outside_rope
 
@@ -56,7 +56,7 @@ def test_a_decoder_layer_is_eight_nodes(tiny_artifact):
     once per step the rotary rows (positions to cos and sin, and the rows' indices)."""
     nodes = graph_of(tiny_artifact("llama2")).node
     layer = [n.op_type for n in nodes if n.name.startswith("layers.1.")]
-    assert layer == ["MatMul", "PackedPagedAttention", "MatMul", "MatMul", "GatedActivation", "MatMul"]
+    assert layer == ["MatMulF", "PackedPagedAttention", "MatMulF", "MatMulF", "GatedActivation", "MatMulF"]
     rope = [n.op_type for n in nodes if n.name.startswith("rope.")]
     assert sorted(rope) == sorted(["Cast", "Unsqueeze", "Mul", "Cos", "Sin", "Shape", "Gather", "Range"])
     assert len(nodes) == 8 * 2 + 6 + len(rope)
@@ -77,12 +77,21 @@ def test_hidden_states_are_gathered_before_the_final_norm_and_lm_head(tiny_artif
 
 
 def test_tied_fp32_lm_head_shares_the_embedding(tiny_artifact):
+    """MatMulF takes W as [out, in], the embedding's own layout: the head reads the embedding's
+    initializer itself, with no Transpose and no second copy in the file."""
     graph = graph_of(tiny_artifact("qwen2_qkv_bias_tied"))
-    head = next(n for n in graph.node if n.name.startswith("lm_head") and n.op_type == "MatMul")
-    transpose = next(n for n in graph.node if n.output[0] == head.input[1])
+    head = next(n for n in graph.node if n.name.startswith("lm_head") and n.op_type == "MatMulF")
     embed = next(n for n in graph.node if n.name.startswith("embed"))
-    assert transpose.op_type == "Transpose" and transpose.input[0] == embed.input[0] == "model.embed_tokens.weight"
+    assert head.input[1] == embed.input[0] == "model.embed_tokens.weight"
+    assert "Transpose" not in {n.op_type for n in graph.node}
     assert sum(1 for t in graph.initializer if t.name == "model.embed_tokens.weight") == 1
+
+
+def test_a_linear_bias_is_the_ops_third_input(tiny_artifact):
+    graph = graph_of(tiny_artifact("qwen2_qkv_bias_tied"))
+    qkv = next(n for n in graph.node if n.name.startswith("layers.0.") and n.op_type == "MatMulF")
+    assert len(qkv.input) == 3 and qkv.input[2].endswith(".bias")
+    assert "Add" not in {n.op_type for n in graph.node if n.name.startswith("layers.")}
 
 
 def test_attention_attributes_carry_the_architecture_quirks(tiny_artifact):

@@ -1,0 +1,152 @@
+// See matmul_f.h.
+#include "matmul_f.h"
+
+#include "isa.h"
+#include "matmul_f_kernel.h"
+#include "op_util.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using namespace ortserve;
+using Ort::Custom::Tensor;
+using TileFn = void (*)(const float*, int64_t, const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t,
+                        int64_t);
+
+TileFn PickTile() {
+#ifdef ORTSERVE_GENERIC_KERNEL_ONLY
+  return generic::FTile;
+#else
+  return PickBuild<TileFn>(avx512::FTile, avx2::FTile, generic::FTile);
+#endif
+}
+
+int64_t CpuCount() {
+  static const int64_t count = std::max(1u, std::thread::hardware_concurrency());
+  return count;
+}
+
+int64_t Panels(int64_t N) { return (N + kFPanel - 1) / kFPanel; }
+
+// W [N, K] into panels [P, K, 32] (matmul_f_kernel.h), the padding rows zero.
+void Pack(const float* w, int64_t N, int64_t K, float* panels) {
+  std::memset(panels, 0, static_cast<size_t>(Panels(N) * K * kFPanel) * sizeof(float));
+  for (int64_t n = 0; n < N; ++n) {
+    float* column = panels + n / kFPanel * K * kFPanel + n % kFPanel;
+    for (int64_t k = 0; k < K; ++k) column[k * kFPanel] = w[n * K + k];
+  }
+}
+
+struct Packed {
+  std::shared_ptr<const float> panels;
+  int64_t N = 0, K = 0;
+};
+
+// The constant W of the node, packed into 64-byte aligned memory of the op's own (which the engine
+// collapses into huge pages, as MatMulQ's copies); empty when W is not a constant.
+Packed PackConstant(const OrtKernelInfo* info) {
+  try {
+    int is_constant = 0;
+    Ort::ConstValue value = Ort::ConstKernelInfo(info).GetTensorConstantInput(1, &is_constant);
+    if (!is_constant || value == nullptr) return {};
+    const auto info_w = value.GetTensorTypeAndShapeInfo();
+    const std::vector<int64_t> shape = info_w.GetShape();
+    if (info_w.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || shape.size() != 2) return {};
+    const int64_t N = shape[0], K = shape[1];
+    const size_t bytes = static_cast<size_t>(Panels(N) * K * kFPanel) * sizeof(float);
+    void* memory = bytes ? std::aligned_alloc(64, (bytes + 63) / 64 * 64) : nullptr;
+    if (memory == nullptr) return {};
+    Pack(value.GetTensorData<float>(), N, K, static_cast<float*>(memory));
+    return {{static_cast<const float*>(memory), [](const float* p) { std::free(const_cast<float*>(p)); }}, N, K};
+  } catch (const Ort::Exception&) {
+    return {};  // not available: pack per call
+  }
+}
+
+// A task is a tile of rows x panels. Up to kRowsPerTask rows (decode batches, short chunks) stay in one
+// tile, so every weight is read once per call, and the panels split over about 4 tasks a CPU; longer
+// chunks (prefill) take tiles of kRowsPerTask rows x kPanelsPerTask panels, each panel reused from
+// cache by every row of its tile. Below kSerialWork multiply-adds the calling thread does it all.
+constexpr int64_t kRowsPerTask = 64, kPanelsPerTask = 8, kSerialWork = 1 << 16;
+
+struct Job {
+  const float *x, *panels, *bias;
+  float* y;
+  int64_t T, K, N, P, panels_per_task;
+  TileFn tile;
+
+  int64_t PanelTiles() const { return (P + panels_per_task - 1) / panels_per_task; }
+  size_t Tasks() const { return static_cast<size_t>(PanelTiles() * ((T + kRowsPerTask - 1) / kRowsPerTask)); }
+};
+
+void RunTask(void* data, size_t task) {
+  const auto* job = static_cast<const Job*>(data);
+  const int64_t index = static_cast<int64_t>(task);
+  const int64_t t0 = index / job->PanelTiles() * kRowsPerTask, t1 = std::min(t0 + kRowsPerTask, job->T);
+  const int64_t p0 = index % job->PanelTiles() * job->panels_per_task, p1 = std::min(p0 + job->panels_per_task, job->P);
+  job->tile(job->x, job->K, job->panels, job->bias, job->y, job->N, t0, t1, p0, p1);
+}
+
+struct MatMulF {
+  MatMulF(const OrtApi*, const OrtKernelInfo* info) : packed_(PackConstant(info)) {}
+
+  Ort::Status Compute(OrtKernelContext* context, const Tensor<float>& x, const Tensor<float>& w,
+                      std::optional<const Tensor<float>*> bias, Tensor<float>& y) {
+    const std::vector<int64_t>&xs = x.Shape(), &ws = w.Shape();
+    if (ws.size() != 2 || ws[0] <= 0 || ws[1] <= 0) return Error("W must be [N, K] with N, K > 0, got " + ShapeText(ws));
+    const int64_t N = ws[0], K = ws[1];
+    if (xs.size() != 2 || xs[1] != K) return Error("x must be [T, K = " + std::to_string(K) + "], got " + ShapeText(xs));
+    const float* bias_data = nullptr;
+    if (bias.has_value() && *bias != nullptr) {
+      if ((*bias)->Shape() != std::vector<int64_t>{N})
+        return Error("bias must be [N] = [" + std::to_string(N) + "], got " + ShapeText((*bias)->Shape()));
+      bias_data = (*bias)->Data();
+    }
+    const int64_t T = xs[0];
+    float* out = y.Allocate({T, N});
+    if (T == 0) return Ort::Status{nullptr};
+
+    const float* panels = packed_.panels.get();
+    thread_local std::vector<float> per_call;  // a W that is not a constant
+    if (panels == nullptr) {
+      per_call.resize(static_cast<size_t>(Panels(N) * K * kFPanel));
+      Pack(w.Data(), N, K, per_call.data());
+      panels = per_call.data();
+    }
+    const int64_t P = Panels(N);
+    const int64_t panels_per_task = T <= kRowsPerTask ? std::max<int64_t>(1, P / (4 * CpuCount())) : kPanelsPerTask;
+    Job job{x.Data(), panels, bias_data, out, T, K, N, P, panels_per_task, tile_};
+    const size_t tasks = job.Tasks();
+    if (T * K * N < kSerialWork || tasks == 1) {
+      for (size_t task = 0; task < tasks; ++task) RunTask(&job, task);
+    } else {
+      Ort::KernelContext(context).ParallelFor(RunTask, tasks, 0, &job);
+    }
+    return Ort::Status{nullptr};
+  }
+
+  static Ort::Status Error(const std::string& msg) { return Ort::Status(("MatMulF: " + msg).c_str(), ORT_INVALID_ARGUMENT); }
+
+  Packed packed_;
+  TileFn tile_ = PickTile();
+};
+
+}  // namespace
+
+namespace ortserve {
+
+Ort::Custom::OrtLiteCustomOp* MatMulFOp() {
+  static std::unique_ptr<Ort::Custom::OrtLiteCustomOp> op{
+      Ort::Custom::CreateLiteCustomOp<MatMulF>("MatMulF", "CPUExecutionProvider", 1)};
+  return op.get();
+}
+
+}  // namespace ortserve

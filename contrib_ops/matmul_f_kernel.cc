@@ -1,0 +1,207 @@
+// MatMulF kernels (see matmul_f_kernel.h), compiled once per ISA. A tile is up to kTileRows rows of x
+// against one panel of 32 weight rows, its sums in registers across the whole K: per step along K,
+// the panel's 128-byte row is loaded once and multiplied by each row's x[t, k] (broadcast). One row
+// of x (decode) has too little arithmetic to need registers, and one stream per core keeps too few
+// cache lines in flight to read at the memory's speed: it reads the panel as 4 (AVX2: 2) streams, a
+// quarter (half) of K each, whose sums are added at the end.
+#include "matmul_f_kernel.h"
+
+#ifndef ORTSERVE_ISA
+#error "compile with -DORTSERVE_ISA=avx512|avx2|generic"
+#endif
+
+#if defined(__AVX2__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12's own AVX-512 headers; see matmul_q_kernel.cc
+#include <immintrin.h>
+#endif
+
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
+namespace ortserve {
+namespace ORTSERVE_ISA {
+
+namespace {
+
+ALWAYS_INLINE int64_t MinI(int64_t a, int64_t b) { return a < b ? a : b; }
+
+#if defined(__AVX2__)
+// Tiles of several rows read a panel once and compute for a while: the hardware prefetchers alone
+// keep too few lines in flight, so ask for the panel's lines kPrefetchBytes ahead (past the panel's
+// end that is the next panel, which follows it). 4 KiB, as MatMulQ (benchmarks/tables/matmul_f.md).
+constexpr int64_t kPrefetchBytes = 4096;
+
+ALWAYS_INLINE void PrefetchRow(const float* w) {
+  const char* p = reinterpret_cast<const char*>(w) + kPrefetchBytes;
+  _mm_prefetch(p, _MM_HINT_T0);
+  _mm_prefetch(p + 64, _MM_HINT_T0);
+}
+#endif
+
+#if defined(__AVX512F__)
+constexpr int kTileRows = 8;
+
+ALWAYS_INLINE __mmask16 Mask(int64_t valid) { return valid >= 16 ? __mmask16(0xFFFF) : valid <= 0 ? 0 : __mmask16((1u << valid) - 1); }
+
+// Stores the 32 sums of a row (lo: columns 0-15, hi: 16-31), bias added, the first `valid` only.
+ALWAYS_INLINE void StoreRow(__m512 lo, __m512 hi, const float* bias, float* y, int64_t valid) {
+  const __mmask16 m0 = Mask(valid), m1 = Mask(valid - 16);
+  if (bias) {
+    lo = _mm512_add_ps(lo, _mm512_maskz_loadu_ps(m0, bias));
+    hi = _mm512_add_ps(hi, _mm512_maskz_loadu_ps(m1, bias + 16));
+  }
+  _mm512_mask_storeu_ps(y, m0, lo);
+  _mm512_mask_storeu_ps(y + 16, m1, hi);
+}
+
+template <int MR>
+ALWAYS_INLINE void PanelRows(const float* x, int64_t K, const float* w, const float* bias, float* y, int64_t N,
+                             int64_t valid) {
+  __m512 lo[MR], hi[MR];
+  for (int i = 0; i < MR; ++i) lo[i] = hi[i] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; ++k, w += kFPanel) {
+    PrefetchRow(w);
+    const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16);
+    for (int i = 0; i < MR; ++i) {
+      const __m512 xv = _mm512_set1_ps(x[i * K + k]);
+      lo[i] = _mm512_fmadd_ps(xv, w0, lo[i]);
+      hi[i] = _mm512_fmadd_ps(xv, w1, hi[i]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) StoreRow(lo[i], hi[i], bias, y + i * N, valid);
+}
+
+// One row of x: the panel as 4 streams of K / 4 steps each (the last K % 4 steps on the first).
+ALWAYS_INLINE void PanelRow(const float* x, int64_t K, const float* w, const float* bias, float* y, int64_t valid) {
+  constexpr int S = 4;
+  const int64_t q = K / S;
+  __m512 lo[S], hi[S];
+  for (int s = 0; s < S; ++s) lo[s] = hi[s] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < q; ++k)
+    for (int s = 0; s < S; ++s) {
+      const float* ws = w + (s * q + k) * kFPanel;
+      const __m512 xv = _mm512_set1_ps(x[s * q + k]);
+      lo[s] = _mm512_fmadd_ps(xv, _mm512_loadu_ps(ws), lo[s]);
+      hi[s] = _mm512_fmadd_ps(xv, _mm512_loadu_ps(ws + 16), hi[s]);
+    }
+  for (int64_t k = S * q; k < K; ++k) {
+    const __m512 xv = _mm512_set1_ps(x[k]);
+    lo[0] = _mm512_fmadd_ps(xv, _mm512_loadu_ps(w + k * kFPanel), lo[0]);
+    hi[0] = _mm512_fmadd_ps(xv, _mm512_loadu_ps(w + k * kFPanel + 16), hi[0]);
+  }
+  StoreRow(_mm512_add_ps(_mm512_add_ps(lo[0], lo[1]), _mm512_add_ps(lo[2], lo[3])),
+           _mm512_add_ps(_mm512_add_ps(hi[0], hi[1]), _mm512_add_ps(hi[2], hi[3])), bias, y, valid);
+}
+
+#elif defined(__AVX2__)
+constexpr int kTileRows = 6;  // 6 rows x 16 columns: 12 sums, 2 weight vectors and a broadcast in 16 registers
+
+// Stores 8 sums, bias added, the first `valid` only (a masked store: no scalar tail to keep GCC from
+// holding the sums in registers).
+ALWAYS_INLINE void Store8(__m256 v, const float* bias, float* y, int64_t valid) {
+  const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(valid < 0 ? 0 : valid > 8 ? 8 : valid)),
+                                          _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  if (bias) v = _mm256_add_ps(v, _mm256_maskload_ps(bias, mask));
+  _mm256_maskstore_ps(y, mask, v);
+}
+
+// Rows [0, MR) of x against 16 columns of the panel (w: their first row; rows of the panel are
+// kFPanel apart). Its own function, sums and loop: with the two halves in one loop nest GCC 12 kept
+// the sums in registers but stored them to the stack at every step.
+template <int MR, bool Prefetch>
+ALWAYS_INLINE void HalfPanel(const float* x, int64_t K, const float* w, const float* bias, float* y, int64_t N,
+                             int64_t valid) {
+  __m256 lo[MR], hi[MR];
+  for (int i = 0; i < MR; ++i) lo[i] = hi[i] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; ++k, w += kFPanel) {
+    if constexpr (Prefetch) PrefetchRow(w);
+    const __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
+    for (int i = 0; i < MR; ++i) {
+      const __m256 xv = _mm256_broadcast_ss(x + i * K + k);
+      lo[i] = _mm256_fmadd_ps(xv, w0, lo[i]);
+      hi[i] = _mm256_fmadd_ps(xv, w1, hi[i]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    Store8(lo[i], bias, y + i * N, valid);
+    Store8(hi[i], bias ? bias + 8 : nullptr, y + i * N + 8, valid - 8);
+  }
+}
+
+// Rows [0, MR) of x against the panel, one half at a time; the second half finds the panel in cache.
+template <int MR>
+ALWAYS_INLINE void PanelRows(const float* x, int64_t K, const float* panel, const float* bias, float* y, int64_t N,
+                             int64_t valid) {
+  HalfPanel<MR, true>(x, K, panel, bias, y, N, valid);
+  if (valid > 16) HalfPanel<MR, false>(x, K, panel + 16, bias ? bias + 16 : nullptr, y + 16, N, valid - 16);
+}
+
+// One row of x: the whole panel (4 vectors) as 2 streams of K / 2 steps each.
+ALWAYS_INLINE void PanelRow(const float* x, int64_t K, const float* w, const float* bias, float* y, int64_t valid) {
+  const int64_t half = K / 2;
+  __m256 a[2][4];
+  for (int s = 0; s < 2; ++s)
+    for (int v = 0; v < 4; ++v) a[s][v] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < half; ++k)
+    for (int s = 0; s < 2; ++s) {
+      const float* ws = w + (s * half + k) * kFPanel;
+      const __m256 xv = _mm256_broadcast_ss(x + s * half + k);
+      for (int v = 0; v < 4; ++v) a[s][v] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(ws + 8 * v), a[s][v]);
+    }
+  if (K % 2) {
+    const __m256 xv = _mm256_broadcast_ss(x + K - 1);
+    for (int v = 0; v < 4; ++v) a[0][v] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w + (K - 1) * kFPanel + 8 * v), a[0][v]);
+  }
+  for (int v = 0; v < 4; ++v)
+    Store8(_mm256_add_ps(a[0][v], a[1][v]), bias ? bias + 8 * v : nullptr, y + 8 * v, valid - 8 * v);
+}
+
+#else
+constexpr int kTileRows = 4;
+
+template <int MR>
+ALWAYS_INLINE void PanelRows(const float* x, int64_t K, const float* w, const float* bias, float* y, int64_t N,
+                             int64_t valid) {
+  float acc[MR][kFPanel] = {};
+  for (int64_t k = 0; k < K; ++k)
+    for (int i = 0; i < MR; ++i)
+      for (int64_t j = 0; j < kFPanel; ++j) acc[i][j] += x[i * K + k] * w[k * kFPanel + j];
+  for (int i = 0; i < MR; ++i)
+    for (int64_t j = 0; j < valid; ++j) y[i * N + j] = acc[i][j] + (bias ? bias[j] : 0.f);
+}
+
+ALWAYS_INLINE void PanelRow(const float* x, int64_t K, const float* w, const float* bias, float* y, int64_t valid) {
+  PanelRows<1>(x, K, w, bias, y, 0, valid);
+}
+#endif
+
+// The last rows < kTileRows of a range, in one pass over the panel.
+template <int MR>
+void LastRows(const float* x, int64_t K, const float* w, const float* bias, float* y, int64_t N, int64_t rows,
+              int64_t valid) {
+  if constexpr (MR > 1) {
+    if (rows < MR) return LastRows<MR - 1>(x, K, w, bias, y, N, rows, valid);
+  }
+  PanelRows<MR>(x, K, w, bias, y, N, valid);
+}
+
+}  // namespace
+
+void FTile(const float* x, int64_t K, const float* panels, const float* bias, float* y, int64_t N, int64_t t0,
+           int64_t t1, int64_t p0, int64_t p1) {
+  for (int64_t p = p0; p < p1; ++p) {  // a panel stays in cache while every tile of rows passes
+    const float* w = panels + p * K * kFPanel;
+    const int64_t n0 = p * kFPanel, valid = MinI(kFPanel, N - n0);
+    const float* b = bias ? bias + n0 : nullptr;
+    if (t1 - t0 == 1) {
+      PanelRow(x + t0 * K, K, w, b, y + t0 * N + n0, valid);
+      continue;
+    }
+
+    int64_t t = t0;
+    for (; t + kTileRows <= t1; t += kTileRows) PanelRows<kTileRows>(x + t * K, K, w, b, y + t * N + n0, N, valid);
+    if (t < t1) LastRows<kTileRows - 1>(x + t * K, K, w, b, y + t * N + n0, N, t1 - t, valid);
+  }
+}
+
+}  // namespace ORTSERVE_ISA
+}  // namespace ortserve

@@ -1,0 +1,32 @@
+// Interface between the MatMulF op (matmul_f.cc) and its kernels (matmul_f_kernel.cc, compiled once
+// per ISA). Nothing from the standard library beyond integer types: no inline function may be shared
+// between builds of different ISAs.
+//
+// The weight layout: W [N, K] (y = x @ W.T) in panels of 32 rows, each panel K x 32 with the 32 rows
+// side by side (N padded to whole panels with zeros):
+//   panels f32 [P = ceil(N / 32), K, 32]: panels[p, k, j] = W[32p + j, k].
+// A step along K is one contiguous 128-byte row of a panel, so every tile of the GEMM reads one
+// linear stream, and decode's whole call reads the weight front to back.
+#pragma once
+
+#include <cstdint>
+
+namespace ortserve {
+
+constexpr int64_t kFPanel = 32;
+
+// FTile: y[t, 32p + j] = sum_k x[t, k] * panels[p, k, j] (+ bias) for rows [t0, t1) of x [T, K] and
+// panels [p0, p1); only columns < N are written (y is [T, N]).
+#define ORTSERVE_F_KERNELS                                                                               \
+  void FTile(const float* x, int64_t K, const float* panels, const float* bias, float* y, int64_t N, int64_t t0, \
+             int64_t t1, int64_t p0, int64_t p1);
+
+#ifndef ORTSERVE_GENERIC_KERNEL_ONLY
+namespace avx512 { ORTSERVE_F_KERNELS }
+namespace avx2 { ORTSERVE_F_KERNELS }
+#endif
+namespace generic { ORTSERVE_F_KERNELS }
+
+#undef ORTSERVE_F_KERNELS
+
+}  // namespace ortserve
