@@ -51,7 +51,8 @@ struct Packed {
 };
 
 // The constant W of the node, packed into 64-byte aligned memory of the op's own (which the engine
-// collapses into huge pages, as MatMulQ's copies); empty when W is not a constant.
+// collapses into huge pages, as MatMulQ's copies), onnxruntime's pages of it released
+// (ReleaseSourcePages); empty when W is not a constant.
 Packed PackConstant(const OrtKernelInfo* info) {
   try {
     int is_constant = 0;
@@ -65,6 +66,7 @@ Packed PackConstant(const OrtKernelInfo* info) {
     void* memory = bytes ? std::aligned_alloc(64, (bytes + 63) / 64 * 64) : nullptr;
     if (memory == nullptr) return {};
     Pack(value.GetTensorData<float>(), N, K, static_cast<float*>(memory));
+    ReleaseSourcePages(value.GetTensorData<float>(), static_cast<size_t>(N * K) * sizeof(float));
     return {{static_cast<const float*>(memory), [](const float* p) { std::free(const_cast<float*>(p)); }}, N, K};
   } catch (const Ort::Exception&) {
     return {};  // not available: pack per call

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <sys/mman.h>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +30,22 @@ inline int64_t IntAttribute(const OrtApi* api, const OrtKernelInfo* info, const 
     value = fallback;
   }
   return value;
+}
+
+// Once a kernel holds its own copy of a constant, onnxruntime's (a private mapping of the data file,
+// one per initializer) is never read again by it; its pages stay resident, though, and double the
+// process's RSS for the weights. MADV_PAGEOUT asks the kernel to reclaim them now: file pages are
+// dropped and read back from the file if anything touches them again (a tied embedding's Gather
+// reads its rows), anonymous ones are only swapped out where there is swap, so the data is safe
+// whatever memory onnxruntime used. Only whole pages inside [data, data + bytes) are advised.
+inline void ReleaseSourcePages(const void* data, size_t bytes) {
+#ifdef MADV_PAGEOUT
+  const uintptr_t page = 4096, begin = (reinterpret_cast<uintptr_t>(data) + page - 1) / page * page,
+                  end = (reinterpret_cast<uintptr_t>(data) + bytes) / page * page;
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_PAGEOUT);
+#else
+  (void)data, (void)bytes;
+#endif
 }
 
 // A copy of the node's input `index` when it is a constant initializer (else null), in anonymous
@@ -53,6 +70,7 @@ inline std::shared_ptr<const uint8_t> CopyOfConstantInput(const OrtKernelInfo* i
     void* copy = bytes ? std::aligned_alloc(64, (bytes + 63) / 64 * 64) : nullptr;
     if (copy == nullptr) return nullptr;
     std::memcpy(copy, value.GetTensorRawData(), bytes);
+    ReleaseSourcePages(value.GetTensorRawData(), bytes);
     return {static_cast<const uint8_t*>(copy), [](const uint8_t* p) { std::free(const_cast<uint8_t*>(p)); }};
   } catch (const Ort::Exception&) {
     return nullptr;  // not available: read the input per call, as before

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -109,3 +110,45 @@ def test_bad_shapes_name_the_input(x_shape, w_shape, bias_shape, message):
         feed["bias"] = np.ones(bias_shape, np.float32)
     with pytest.raises(Exception, match=re.escape(f"MatMulF: {message}")):
         make_session(op_model(graph)).run(None, feed)
+
+
+def resident_kib(path) -> int:
+    """Resident KiB of this process's mappings of ``path`` (onnxruntime maps each external
+    initializer on its own)."""
+    total, inside = 0, False
+    for line in open("/proc/self/smaps"):
+        if "-" in line.split(" ", 1)[0]:
+            inside = line.rstrip().endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+def test_the_weights_pages_are_released_once_packed_and_a_tied_gather_still_reads_them(tmp_path):
+    """The op keeps its own packed copy, so onnxruntime's mapping of the data file is handed back
+    (MADV_PAGEOUT): RSS holds the weights once, not twice. A Gather of the same initializer (a tied
+    embedding) reads its rows back from the file."""
+    rng = np.random.default_rng(3)
+    w = rng.normal(size=(4096, 1024)).astype(np.float32)  # 16 MiB
+    nodes = [
+        helper.make_node("Gather", ["w", "ids"], ["rows"]),
+        helper.make_node("MatMulF", ["rows", "w"], ["y"], domain=ortserve.ops.DOMAIN),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tied",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["T"])],
+        [helper.make_tensor_value_info("y", F, ["T", 4096]), helper.make_tensor_value_info("rows", F, ["T", 1024])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    model = op_model(graph)
+    onnx.save_model(model, tmp_path / "m.onnx", save_as_external_data=True, location="m.onnx.data")
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    ortserve.ops.register(options)
+    s = ort.InferenceSession(str(tmp_path / "m.onnx"), options, providers=["CPUExecutionProvider"])
+    assert resident_kib(tmp_path / "m.onnx.data") < 1024  # of 16 MiB
+    ids = np.array([5, 4095, 0], np.int64)
+    y, rows = s.run(None, {"ids": ids})
+    np.testing.assert_array_equal(rows, w[ids])
+    check(y, w[ids], w)
