@@ -53,13 +53,13 @@ ALWAYS_INLINE void StoreRow(__m512 lo, __m512 hi, const float* bias, float* y, i
   _mm512_mask_storeu_ps(y + 16, m1, hi);
 }
 
-template <int MR>
+template <int MR, bool Prefetch>
 ALWAYS_INLINE void PanelRows(const float* x, int64_t K, const float* w, const float* bias, float* y, int64_t N,
                              int64_t valid) {
   __m512 lo[MR], hi[MR];
   for (int i = 0; i < MR; ++i) lo[i] = hi[i] = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; ++k, w += kFPanel) {
-    PrefetchRow(w);
+    if constexpr (Prefetch) PrefetchRow(w);
     const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16);
     for (int i = 0; i < MR; ++i) {
       const __m512 xv = _mm512_set1_ps(x[i * K + k]);
@@ -128,10 +128,10 @@ ALWAYS_INLINE void HalfPanel(const float* x, int64_t K, const float* w, const fl
 }
 
 // Rows [0, MR) of x against the panel, one half at a time; the second half finds the panel in cache.
-template <int MR>
+template <int MR, bool Prefetch>
 ALWAYS_INLINE void PanelRows(const float* x, int64_t K, const float* panel, const float* bias, float* y, int64_t N,
                              int64_t valid) {
-  HalfPanel<MR, true>(x, K, panel, bias, y, N, valid);
+  HalfPanel<MR, Prefetch>(x, K, panel, bias, y, N, valid);
   if (valid > 16) HalfPanel<MR, false>(x, K, panel + 16, bias ? bias + 16 : nullptr, y + 16, N, valid - 16);
 }
 
@@ -158,7 +158,7 @@ ALWAYS_INLINE void PanelRow(const float* x, int64_t K, const float* w, const flo
 #else
 constexpr int kTileRows = 4;
 
-template <int MR>
+template <int MR, bool>
 ALWAYS_INLINE void PanelRows(const float* x, int64_t K, const float* w, const float* bias, float* y, int64_t N,
                              int64_t valid) {
   float acc[MR][kFPanel] = {};
@@ -170,18 +170,18 @@ ALWAYS_INLINE void PanelRows(const float* x, int64_t K, const float* w, const fl
 }
 
 ALWAYS_INLINE void PanelRow(const float* x, int64_t K, const float* w, const float* bias, float* y, int64_t valid) {
-  PanelRows<1>(x, K, w, bias, y, 0, valid);
+  PanelRows<1, false>(x, K, w, bias, y, 0, valid);
 }
 #endif
 
 // The last rows < kTileRows of a range, in one pass over the panel.
-template <int MR>
+template <int MR, bool Prefetch>
 void LastRows(const float* x, int64_t K, const float* w, const float* bias, float* y, int64_t N, int64_t rows,
               int64_t valid) {
   if constexpr (MR > 1) {
-    if (rows < MR) return LastRows<MR - 1>(x, K, w, bias, y, N, rows, valid);
+    if (rows < MR) return LastRows<MR - 1, Prefetch>(x, K, w, bias, y, N, rows, valid);
   }
-  PanelRows<MR>(x, K, w, bias, y, N, valid);
+  PanelRows<MR, Prefetch>(x, K, w, bias, y, N, valid);
 }
 
 }  // namespace
@@ -197,9 +197,18 @@ void FTile(const float* x, int64_t K, const float* panels, const float* bias, fl
       continue;
     }
 
+    // The first tile of rows brings the panel in (prefetching it); the others find it in cache.
     int64_t t = t0;
-    for (; t + kTileRows <= t1; t += kTileRows) PanelRows<kTileRows>(x + t * K, K, w, b, y + t * N + n0, N, valid);
-    if (t < t1) LastRows<kTileRows - 1>(x + t * K, K, w, b, y + t * N + n0, N, t1 - t, valid);
+    if (t + kTileRows <= t1) {
+      PanelRows<kTileRows, true>(x + t * K, K, w, b, y + t * N + n0, N, valid);
+      t += kTileRows;
+    } else {
+      LastRows<kTileRows - 1, true>(x + t * K, K, w, b, y + t * N + n0, N, t1 - t, valid);
+      continue;
+    }
+    for (; t + kTileRows <= t1; t += kTileRows)
+      PanelRows<kTileRows, false>(x + t * K, K, w, b, y + t * N + n0, N, valid);
+    if (t < t1) LastRows<kTileRows - 1, false>(x + t * K, K, w, b, y + t * N + n0, N, t1 - t, valid);
   }
 }
 
