@@ -49,7 +49,7 @@ def check(got: np.ndarray, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None
 
 
 @pytest.mark.parametrize("isa", ["generic", "avx2", "avx512"])
-@pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 19, 70])
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 13, 16, 19, 70])
 @pytest.mark.parametrize("n, k", [(50, 100), (33, 7), (1, 1), (96, 576)])
 def test_every_kernel_build_matches_numpy(isa, rows, n, k, monkeypatch):
     monkeypatch.setenv("ORTSERVE_KERNEL_ISA", isa)  # caps the build the op picks
