@@ -29,11 +29,6 @@ TileFn PickTile() {
 #endif
 }
 
-int64_t CpuCount() {
-  static const int64_t count = std::max(1u, std::thread::hardware_concurrency());
-  return count;
-}
-
 int64_t Panels(int64_t N) { return (N + kFPanel - 1) / kFPanel; }
 
 // W [N, K] into panels [P, K, 32] (matmul_f_kernel.h), the padding rows zero.

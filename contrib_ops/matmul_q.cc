@@ -34,11 +34,6 @@ Kernels PickKernels() {
 #endif
 }
 
-int64_t CpuCount() {
-  static const int64_t count = std::max(1u, std::thread::hardware_concurrency());
-  return count;
-}
-
 // A task is a tile of int8 activation rows (two per row of x with 16-bit activations) x weight groups.
 // Up to kWholeRows rows (decode batches) stay in one tile, so every weight is read once per call, and
 // the groups split over about 4 tasks a CPU; longer chunks (prefill) take tiles of kRowsPerTask rows x

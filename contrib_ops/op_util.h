@@ -5,15 +5,24 @@
 #include "onnxruntime_lite_custom_op.h"
 #undef ORT_API_MANUAL_INIT
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <sys/mman.h>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace ortserve {
+
+// Online CPUs: an upper bound on the session's intra-op threads (which a kernel cannot query); the
+// ops split their work into about 4 tasks for each.
+inline int64_t CpuCount() {
+  static const int64_t count = std::max(1u, std::thread::hardware_concurrency());
+  return count;
+}
 
 // "[2, 3, 256]", for error messages.
 inline std::string ShapeText(const std::vector<int64_t>& s) {

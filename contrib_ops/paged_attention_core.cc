@@ -2,6 +2,7 @@
 #include "paged_attention_core.h"
 
 #include "isa.h"
+#include "op_util.h"
 
 #include <algorithm>
 #include <cmath>
@@ -31,13 +32,6 @@ KernelBuild PickKernel() {
   return {PickBuild<RunFn>(avx512::RunWorkItem, avx2::RunWorkItem, generic::RunWorkItem),
           PickBuild<LanesFn>(avx512::TileLanes, avx2::TileLanes, generic::TileLanes)()};
 #endif
-}
-
-// Online CPUs: an upper bound on the session's intra-op threads (which a kernel cannot query).
-// Splitting for more threads than there are costs little: pieces are >= 256 positions.
-int64_t CpuCount() {
-  static const int64_t count = std::max(1u, std::thread::hardware_concurrency());
-  return count;
 }
 
 constexpr int64_t kMinSplitKeys = 256;  // a split-K piece covers at least this many positions
@@ -74,7 +68,7 @@ void PlanWork(const Problem& P, int64_t lanes, Plan& plan) {
                                    int32_t(r), int32_t(r_end), int32_t(key_begin), int32_t(key_end), nullptr});
     }
   }
-  const int64_t target = 4 * CpuCount();
+  const int64_t target = 4 * CpuCount();  // more pieces than threads cost little: each is >= 256 positions
   const int64_t want = tiles.empty() ? 1 : (target + tiles.size() - 1) / tiles.size();
   for (const WorkItem& t : tiles) {
     const int64_t keys = t.key_end - t.key_begin;
