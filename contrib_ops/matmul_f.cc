@@ -11,7 +11,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace {
@@ -31,9 +30,12 @@ TileFn PickTile() {
 
 int64_t Panels(int64_t N) { return (N + kFPanel - 1) / kFPanel; }
 
+// Floats of W [N, K] packed (matmul_f_kernel.h).
+size_t PackedFloats(int64_t N, int64_t K) { return static_cast<size_t>(Panels(N) * K * kFPanel); }
+
 // W [N, K] into panels [P, K, 32] (matmul_f_kernel.h), the padding rows zero.
 void Pack(const float* w, int64_t N, int64_t K, float* panels) {
-  std::memset(panels, 0, static_cast<size_t>(Panels(N) * K * kFPanel) * sizeof(float));
+  std::memset(panels, 0, PackedFloats(N, K) * sizeof(float));
   for (int64_t n = 0; n < N; ++n) {
     float* column = panels + n / kFPanel * K * kFPanel + n % kFPanel;
     for (int64_t k = 0; k < K; ++k) column[k * kFPanel] = w[n * K + k];
@@ -57,7 +59,7 @@ Packed PackConstant(const OrtKernelInfo* info) {
     const std::vector<int64_t> shape = info_w.GetShape();
     if (info_w.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || shape.size() != 2) return {};
     const int64_t N = shape[0], K = shape[1];
-    const size_t bytes = static_cast<size_t>(Panels(N) * K * kFPanel) * sizeof(float);
+    const size_t bytes = PackedFloats(N, K) * sizeof(float);
     void* memory = bytes ? std::aligned_alloc(64, (bytes + 63) / 64 * 64) : nullptr;
     if (memory == nullptr) return {};
     Pack(value.GetTensorData<float>(), N, K, static_cast<float*>(memory));
@@ -114,7 +116,7 @@ struct MatMulF {
     const float* panels = packed_.panels.get();
     thread_local std::vector<float> per_call;  // a W that is not a constant
     if (panels == nullptr) {
-      per_call.resize(static_cast<size_t>(Panels(N) * K * kFPanel));
+      per_call.resize(PackedFloats(N, K));
       Pack(w.Data(), N, K, per_call.data());
       panels = per_call.data();
     }

@@ -10,7 +10,6 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
-#include <thread>
 
 namespace ortserve {
 
