@@ -2,8 +2,8 @@
 // against one panel of 32 weight rows, its sums in registers across the whole K: per step along K,
 // the panel's 128-byte row is loaded once and multiplied by each row's x[t, k] (broadcast). One row
 // of x (decode) has too little arithmetic to need registers, and one stream per core keeps too few
-// cache lines in flight to read at the memory's speed: it reads the panel as 4 (AVX2: 2) streams, a
-// quarter (half) of K each, whose sums are added at the end.
+// cache lines in flight to read at the memory's speed: it reads the panel as 8 (AVX2: 2) streams, an
+// eighth (half) of K each, whose sums are added at the end.
 #include "matmul_f_kernel.h"
 
 #ifndef ORTSERVE_ISA
@@ -70,9 +70,10 @@ ALWAYS_INLINE void PanelRows(const float* x, int64_t K, const float* w, const fl
   for (int i = 0; i < MR; ++i) StoreRow(lo[i], hi[i], bias, y + i * N, valid);
 }
 
-// One row of x: the panel as 4 streams of K / 4 steps each (the last K % 4 steps on the first).
+// One row of x: the panel as 8 streams of K / 8 steps each (the last K % 8 steps on the first). 8
+// streams read SmolLM2-135M's decode linears 4-6 % faster than 4 (benchmarks/tables/matmul_f.md).
 ALWAYS_INLINE void PanelRow(const float* x, int64_t K, const float* w, const float* bias, float* y, int64_t valid) {
-  constexpr int S = 4;
+  constexpr int S = 8;
   const int64_t q = K / S;
   __m512 lo[S], hi[S];
   for (int s = 0; s < S; ++s) lo[s] = hi[s] = _mm512_setzero_ps();
@@ -88,8 +89,8 @@ ALWAYS_INLINE void PanelRow(const float* x, int64_t K, const float* w, const flo
     lo[0] = _mm512_fmadd_ps(xv, _mm512_loadu_ps(w + k * kFPanel), lo[0]);
     hi[0] = _mm512_fmadd_ps(xv, _mm512_loadu_ps(w + k * kFPanel + 16), hi[0]);
   }
-  StoreRow(_mm512_add_ps(_mm512_add_ps(lo[0], lo[1]), _mm512_add_ps(lo[2], lo[3])),
-           _mm512_add_ps(_mm512_add_ps(hi[0], hi[1]), _mm512_add_ps(hi[2], hi[3])), bias, y, valid);
+  for (int s = 1; s < S; ++s) lo[0] = _mm512_add_ps(lo[0], lo[s]), hi[0] = _mm512_add_ps(hi[0], hi[s]);
+  StoreRow(lo[0], hi[0], bias, y, valid);
 }
 
 #elif defined(__AVX2__)
