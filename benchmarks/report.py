@@ -113,7 +113,7 @@ def machine_section(machine: dict) -> list[str]:
 def decode_table(records: list[dict], bandwidth: float | None) -> list[str]:
     rows = sorted([r for r in records if r["workload"] == "decode"], key=_key)
     out = [
-        "| system | precision | ISA | decode tok/s | prompt tok/s (128) | weights read / token | read GB/s | roofline tok/s | of roofline |",
+        "| system | precision | ISA | decode tok/s | prompt tok/s (128) | weights read / token | read GB/s (before / after) | roofline tok/s | of roofline |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     weights = weights_of(records)
@@ -123,9 +123,14 @@ def decode_table(records: list[dict], bandwidth: float | None) -> list[str]:
         bw = m.get("bandwidth_GBps") or bandwidth
         roof = roofline_tok_s(bw, wb) if wb and bw else None
         frac = m.get("decode_tok_s") / roof if roof and m.get("decode_tok_s") else None
+        around = (
+            f" ({_fmt(m['bandwidth_before_GBps'])} / {_fmt(m.get('bandwidth_after_GBps'))})"
+            if "bandwidth_before_GBps" in m
+            else ""
+        )
         out.append(
             f"| {r['system']} | {r['precision']} | {r.get('isa', '?')} | {_fmt(m.get('decode_tok_s'))} | {_fmt(m.get('prompt_tok_s'))} | "
-            f"{_fmt(wb / 1e6 if wb else None, 0)} MB | {_fmt(bw)} | {_fmt(roof)} | {_fmt(frac * 100 if frac else None, 0)}% |"
+            f"{_fmt(wb / 1e6 if wb else None, 0)} MB | {_fmt(bw)}{around} | {_fmt(roof)} | {_fmt(frac * 100 if frac else None, 0)}% |"
         )
     return out
 
@@ -321,7 +326,8 @@ def write(path: Path, parts: list[IsaRun]) -> None:
         " genai-static serve-cN is one static batch of N.",
         "- Roofline: decode tok/s ≤ read bandwidth / weight bytes read per token (each system's own file; see"
         " benchmarks/roofline.py). The bandwidth (the best of membw.py's read and read4 on 1 and 2 threads, 0.5 GiB arrays)"
-        " is measured right after each decode run, since it swings with the neighbours' load."
+        " swings with the neighbours' load within minutes, so it is measured right before and right after each"
+        " served decode run, and the larger is used (the stricter roofline; in-process runs: after only)."
         "",
         "",
     ]

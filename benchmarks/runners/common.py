@@ -112,6 +112,15 @@ def record_path(model: str, system: str, precision: str, workload: str) -> Path:
     return RECORDS / model / f"{system}--{precision}" / f"{workload}.json"
 
 
+def read_bandwidth() -> float:
+    """The machine's read bandwidth now, GB/s: the best of membw.py's read and read4 on 1 and 2
+    threads over 0.5 GiB arrays."""
+    import membw
+
+    bw = membw.measure(0.5, [1, 2], 3)["threads"]
+    return float(max(v for t in bw.values() for k, v in t.items() if k.startswith("read")))
+
+
 def record(
     model: str,
     system: str,
@@ -122,15 +131,15 @@ def record(
     raw: Path | None = None,
     notes: str = "",
 ) -> dict:
-    """Save one result. A decode result also gets the read bandwidth measured right after it (on a
-    shared host it swings by 2x with the neighbours' load, and the roofline must use the same) and
-    the weight bytes its system reads per token."""
+    """Save one result. A decode result also gets the read bandwidth of the machine around it and
+    the weight bytes its system reads per token. On a shared host the bandwidth swings by 2x with
+    the neighbours' load within minutes, so it is measured right after the run and, where the run
+    went through `bench_serve`, right before it too; the roofline takes the larger (the stricter)."""
     if workload.kind == "decode":
-        import membw
         from report import weight_bytes
 
-        bw = membw.measure(0.5, [1, 2], 3)["threads"]
-        metrics["bandwidth_GBps"] = max(v for t in bw.values() for k, v in t.items() if k.startswith("read"))
+        metrics["bandwidth_after_GBps"] = read_bandwidth()
+        metrics["bandwidth_GBps"] = max(metrics["bandwidth_after_GBps"], metrics.get("bandwidth_before_GBps") or 0.0)
         metrics["weight_bytes"] = weight_bytes(system, precision, model)  # the files may be gone at report time
     rec = dict(
         model=model,
@@ -306,10 +315,14 @@ def bench_serve(
     if workload.kind == "shared-prefix":
         argv += ["--prefix-len", str(workload.prefix_len)]
     out.unlink(missing_ok=True)
+    before = read_bandwidth() if workload.kind == "decode" else None  # the roofline's (record)
     run_logged(argv, out.with_suffix(".log"), ok_codes=(0, 1))  # 1: some requests failed; the record says so
     if not out.is_file():
         raise RuntimeError(f"ortserve bench serve wrote no result; see {out.with_suffix('.log')}")
-    return json.loads(out.read_text()), shlex.join(["ortserve", *argv[3:]])
+    result = json.loads(out.read_text())
+    if before is not None:
+        result["bandwidth_before_GBps"] = before
+    return result, shlex.join(["ortserve", *argv[3:]])
 
 
 def serve_metrics(bench: dict, workload: Workload) -> dict:
@@ -332,6 +345,8 @@ def serve_metrics(bench: dict, workload: Workload) -> dict:
         m["prompt_tok_s"] = workload.input_len / (bench["median_ttft_ms"] / 1000)
     if workload.kind == "decode":
         m["decode_tok_s"] = 1000 / bench["median_tpot_ms"]
+        if "bandwidth_before_GBps" in bench:
+            m["bandwidth_before_GBps"] = bench["bandwidth_before_GBps"]
     return m
 
 
