@@ -101,3 +101,27 @@ def test_a_target_whose_systems_come_from_two_runs_says_so():
     table = targets.targets(records, None, lambda *a: None, lambda r: run_coverage.run_of(r, runs))
     assert "| decode vs llama.cpp, int4 | 2.00 | ≥ 1.1 | yes |" in table
     assert "| decode vs llama.cpp, int4 (ortserve-a8: int8 activations) (two runs) | 2.13 | ≥ 1.1 | yes |" in table
+
+
+def test_decode_roofline_takes_the_larger_bandwidth_of_before_and_after_the_run(tmp_path, monkeypatch):
+    from runners import common
+
+    monkeypatch.setattr(common, "RECORDS", tmp_path)
+    monkeypatch.setattr(common, "read_bandwidth", lambda: 20.0)  # "after": the neighbours got busy
+    monkeypatch.setattr(report, "weight_bytes", lambda *args: 1_000_000_000)
+    decode = common.WORKLOADS["decode"]
+    metrics = common.serve_metrics(_bench(bandwidth_before_GBps=30.0), decode)
+    rec = common.record("smollm2-135m", "ortserve", "fp32", decode, metrics, "cmd")
+    m = rec["metrics"]
+    assert (m["bandwidth_before_GBps"], m["bandwidth_after_GBps"], m["bandwidth_GBps"]) == (30.0, 20.0, 30.0)
+    row = report.decode_table([rec], None)[2]
+    # 25 tok/s x 1 GB against 30 GB/s: 83 %, not the 125 % that the bandwidth after the run would give
+    assert "| 30.0 (30.0 / 20.0) | 30.0 | 83% |" in row
+
+
+def _bench(**extra) -> dict:
+    """An `ortserve bench serve` record of the decode workload: 40 ms per output token."""
+    bench = dict(completed=3, failed=0, output_throughput=24.0, total_token_throughput=48.0)
+    bench.update(median_ttft_ms=200.0, p99_ttft_ms=210.0, median_tpot_ms=40.0, median_itl_ms=40.0)
+    bench.update(median_e2el_ms=5000.0, input_lens=[128] * 3, output_lens=[128] * 3)
+    return {**bench, **extra}
