@@ -125,3 +125,16 @@ def _bench(**extra) -> dict:
     bench.update(median_ttft_ms=200.0, p99_ttft_ms=210.0, median_tpot_ms=40.0, median_itl_ms=40.0)
     bench.update(median_e2el_ms=5000.0, input_lens=[128] * 3, output_lens=[128] * 3)
     return {**bench, **extra}
+
+
+def test_a_decode_faster_than_the_measured_roofline_is_not_counted_as_met():
+    import targets
+
+    def fp32_decode(tok_s: float) -> dict:
+        metrics = {"decode_tok_s": tok_s, "bandwidth_GBps": 20.0}
+        return {"model": "m", "system": "ortserve", "precision": "fp32", "workload": "decode", "metrics": metrics}
+
+    one_gb = lambda *a: 1_000_000_000  # 20 GB/s over 1 GB a token: a roofline of 20 tok/s
+    assert "| fp32 decode / roofline | 0.90 | ≥ 0.85 | yes |" in targets.targets([fp32_decode(18.0)], None, one_gb)
+    table = targets.targets([fp32_decode(22.0)], None, one_gb)
+    assert "| fp32 decode / roofline | 1.10 | ≥ 0.85 | unclear: above 1, the bandwidth moved" in "\n".join(table)
