@@ -49,7 +49,7 @@ def concat_q(parts: list[QWeight]) -> QWeight:
     return QWeight(*fields, parts[0].bits)
 
 
-_CHUNK = 1 << 18  # weights per chunk of rows: the search's float temporaries stay in a core's cache
+_CHUNK = 1 << 18  # weights per thread task: enough tasks to share out evenly, each worth its dispatch
 
 
 def map_rows(work: Callable[[int, int], QWeight], rows: int, chunk_rows: int) -> QWeight:
@@ -130,9 +130,10 @@ class _Grids:
 
 @dataclass(frozen=True)
 class _Moments:
-    """Weighted sums over each block of 1, q, q^2, r, q r and r^2 (r = u - q), in float64: with them the
-    squared error of any (d, m) on a grid's codes follows in closed form, well conditioned because r
-    and the candidates' offsets from the grid are all of the order of one step."""
+    """Weighted sums over each block of 1, q, q^2, r, q r and r^2 (r = u - q; float32 over a block's 32
+    weights, combined in float64): with them the squared error of any (d, m) on a grid's codes follows
+    in closed form, well conditioned because r and the candidates' offsets from the grid are all of the
+    order of one step."""
 
     s: np.ndarray
     q: np.ndarray
