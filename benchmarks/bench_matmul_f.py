@@ -11,6 +11,13 @@ bytes over that time.
     python benchmarks/bench_matmul_f.py                       # SmolLM2-135M, 2 threads
     python benchmarks/bench_matmul_f.py --model qwen2.5-0.5b-shape --rows 1 16
     python benchmarks/bench_matmul_f.py --as-matmul ARTIFACT OUT   # ARTIFACT's graph with MatMul instead
+    python benchmarks/bench_matmul_f.py --model qwen2.5-0.5b-shape --interleave-membw 25
+
+--interleave-membw N: the decode linears' share of the read bandwidth, measured in the same minute. N
+rounds, each the one-row call (median of 12 runs) and then membw.py's read and read4 (2 threads, 2 GiB,
+best of 3); the share is the call's bytes per second over read4's, round by round. On a shared host the
+bandwidth moves by 1.5x within minutes, so a share of a decode run and a bandwidth measured minutes
+apart says more about the host than the kernel; side by side, the two see the same neighbours.
 
 --as-matmul writes the baseline of a whole-graph comparison (bench_graph.py --artifact ...): the same
 artifact, its MatMulF nodes rewritten as MatMul(x, Transpose(W)) (+ Add bias), which onnxruntime
@@ -25,6 +32,7 @@ import statistics
 import time
 from pathlib import Path
 
+import membw
 import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
@@ -94,6 +102,28 @@ def as_matmul(artifact: Path, out: Path) -> None:
     print(f"{out}: {sum(n.op_type == 'MatMul' for n in nodes)} MatMul nodes")
 
 
+def interleave_membw(session: ort.InferenceSession, shapes: list[tuple[int, int]], nbytes: int, rounds: int) -> None:
+    """One-row calls and membw.py's read bandwidth in alternation: the call's share of read4, per round."""
+    rng = np.random.default_rng(1)
+    feed = {f"x{k}": rng.standard_normal((1, k), dtype=np.float32) for k in sorted({k for k, _ in shapes})}
+    session.run(None, feed)
+    print("| round | MatMulF GB/s (median of 12) | membw read GB/s | membw read4 GB/s | share of read4 |")
+    print("|---:|---:|---:|---:|---:|")
+    shares = []
+    for r in range(rounds):
+        times = []
+        for _ in range(12):
+            start = time.perf_counter()
+            session.run(None, feed)
+            times.append(time.perf_counter() - start)
+        ours = nbytes / statistics.median(times) / 1e9
+        bw = membw.measure(2.0, [2], 3)["threads"]["2"]
+        shares.append(ours / bw["read4_GBps"])
+        print(f"| {r} | {ours:.1f} | {bw['read_GBps']:.1f} | {bw['read4_GBps']:.1f} | {shares[-1]:.2f} |", flush=True)
+    q = statistics.quantiles(shares, n=4)
+    print(f"\nshare of read4: median {statistics.median(shares):.2f}, quartiles {q[0]:.2f}-{q[2]:.2f}, {rounds} rounds")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=sorted(MODELS), default="smollm2-135m")
@@ -102,6 +132,7 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--as-matmul", type=Path, nargs=2, metavar=("ARTIFACT", "OUT"))
+    parser.add_argument("--interleave-membw", type=int, metavar="ROUNDS", help="one-row calls beside membw.py")
     args = parser.parse_args()
     if args.as_matmul:
         return as_matmul(*args.as_matmul)
@@ -109,6 +140,9 @@ def main() -> None:
     rng = np.random.default_rng(0)
     weights = [(rng.standard_normal((n, k), dtype=np.float32) * 0.05) for k, n in shapes]
     nbytes = sum(w.nbytes for w in weights)
+    if args.interleave_membw:
+        print(f"{args.model} fp32 linears ({nbytes / 1e6:,.0f} MB), MatMulF, {args.threads} threads, {kernel_isa()}")
+        return interleave_membw(build(shapes, weights, True, args.threads), shapes, nbytes, args.interleave_membw)
     sessions = {
         "MatMul": build(shapes, weights, False, args.threads),
         "MatMulF": build(shapes, weights, True, args.threads),
