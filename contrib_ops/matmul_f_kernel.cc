@@ -35,16 +35,24 @@ ALWAYS_INLINE void PrefetchRow(const float* w) {
   _mm_prefetch(p, _MM_HINT_T0);
   _mm_prefetch(p + 64, _MM_HINT_T0);
 }
-
-// One line of the next panel into L2, while this panel's later tiles compute from cache.
-ALWAYS_INLINE void PrefetchNext(const char* next, int64_t k) {
-  if (next) _mm_prefetch(next + k * 64, _MM_HINT_T1);
-}
 #endif
+
+// One pass's share of the next panel's lines, brought into L2 one every `every` steps of K while this
+// panel's tiles compute (FTile). p == nullptr: none.
+struct NextLines {
+  const char *p = nullptr, *end = nullptr;
+  int64_t every = 1, count = 1;
+  ALWAYS_INLINE void Step() {
+    if (p == nullptr || --count > 0) return;
+    count = every;
+    if (p < end) __builtin_prefetch(p, 0, 2);  // locality 2: L2 (prefetcht1)
+    p += 64;
+  }
+};
 
 #if defined(__AVX512F__)
 constexpr int kTileRows = 8;
-constexpr int kTilesPerNextPanel = 2;  // a tile reads K lines of a panel's 2K: two tiles bring in the next
+constexpr int kPassesPerTile = 1;  // passes over K per tile of rows
 
 ALWAYS_INLINE __mmask16 Mask(int64_t valid) { return valid >= 16 ? __mmask16(0xFFFF) : valid <= 0 ? 0 : __mmask16((1u << valid) - 1); }
 
@@ -61,12 +69,13 @@ ALWAYS_INLINE void StoreRow(__m512 lo, __m512 hi, const float* bias, float* y, i
 
 template <int MR, bool Prefetch>
 ALWAYS_INLINE void PanelRows(const float* x, int64_t K, const float* w, const float* bias, float* y, int64_t N,
-                             int64_t valid, const char* next) {
+                             int64_t valid, const NextLines* next) {
+  NextLines lines = next[0];
   __m512 lo[MR], hi[MR];
   for (int i = 0; i < MR; ++i) lo[i] = hi[i] = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; ++k, w += kFPanel) {
     if constexpr (Prefetch) PrefetchRow(w);
-    PrefetchNext(next, k);
+    lines.Step();
     const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16);
     for (int i = 0; i < MR; ++i) {
       const __m512 xv = _mm512_set1_ps(x[i * K + k]);
@@ -102,7 +111,7 @@ ALWAYS_INLINE void PanelRow(const float* x, int64_t K, const float* w, const flo
 
 #elif defined(__AVX2__)
 constexpr int kTileRows = 6;  // 6 rows x 16 columns: 12 sums, 2 weight vectors and a broadcast in 16 registers
-constexpr int kTilesPerNextPanel = 1;  // a tile's two halves read all 2K lines of a panel
+constexpr int kPassesPerTile = 2;  // a tile is two passes over K, one per half of the panel
 
 // Stores 8 sums, bias added, the first `valid` only (a masked store: no scalar tail to keep GCC from
 // holding the sums in registers).
@@ -118,12 +127,12 @@ ALWAYS_INLINE void Store8(__m256 v, const float* bias, float* y, int64_t valid) 
 // the sums in registers but stored them to the stack at every step.
 template <int MR, bool Prefetch>
 ALWAYS_INLINE void HalfPanel(const float* x, int64_t K, const float* w, const float* bias, float* y, int64_t N,
-                             int64_t valid, const char* next) {
+                             int64_t valid, NextLines lines) {
   __m256 lo[MR], hi[MR];
   for (int i = 0; i < MR; ++i) lo[i] = hi[i] = _mm256_setzero_ps();
   for (int64_t k = 0; k < K; ++k, w += kFPanel) {
     if constexpr (Prefetch) PrefetchRow(w);
-    PrefetchNext(next, k);
+    lines.Step();
     const __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
     for (int i = 0; i < MR; ++i) {
       const __m256 xv = _mm256_broadcast_ss(x + i * K + k);
@@ -140,10 +149,9 @@ ALWAYS_INLINE void HalfPanel(const float* x, int64_t K, const float* w, const fl
 // Rows [0, MR) of x against the panel, one half at a time; the second half finds the panel in cache.
 template <int MR, bool Prefetch>
 ALWAYS_INLINE void PanelRows(const float* x, int64_t K, const float* panel, const float* bias, float* y, int64_t N,
-                             int64_t valid, const char* next) {
-  HalfPanel<MR, Prefetch>(x, K, panel, bias, y, N, valid, next);
-  if (valid > 16)
-    HalfPanel<MR, false>(x, K, panel + 16, bias ? bias + 16 : nullptr, y + 16, N, valid - 16, next ? next + K * 64 : nullptr);
+                             int64_t valid, const NextLines* next) {
+  HalfPanel<MR, Prefetch>(x, K, panel, bias, y, N, valid, next[0]);
+  if (valid > 16) HalfPanel<MR, false>(x, K, panel + 16, bias ? bias + 16 : nullptr, y + 16, N, valid - 16, next[1]);
 }
 
 // One row of x: the whole panel (4 vectors) as 2 streams of K / 2 steps each.
@@ -168,11 +176,11 @@ ALWAYS_INLINE void PanelRow(const float* x, int64_t K, const float* w, const flo
 
 #else
 constexpr int kTileRows = 4;
-constexpr int kTilesPerNextPanel = 1;
+constexpr int kPassesPerTile = 1;
 
 template <int MR, bool>
 ALWAYS_INLINE void PanelRows(const float* x, int64_t K, const float* w, const float* bias, float* y, int64_t N,
-                             int64_t valid, const char*) {
+                             int64_t valid, const NextLines*) {
   float acc[MR][kFPanel] = {};
   for (int64_t k = 0; k < K; ++k)
     for (int i = 0; i < MR; ++i)
@@ -182,24 +190,36 @@ ALWAYS_INLINE void PanelRows(const float* x, int64_t K, const float* w, const fl
 }
 
 ALWAYS_INLINE void PanelRow(const float* x, int64_t K, const float* w, const float* bias, float* y, int64_t valid) {
-  PanelRows<1, false>(x, K, w, bias, y, 0, valid, nullptr);
+  const NextLines none[kPassesPerTile];
+  PanelRows<1, false>(x, K, w, bias, y, 0, valid, none);
 }
 #endif
 
 // The last rows < kTileRows of a range, in one pass over the panel.
 template <int MR, bool Prefetch>
 void LastRows(const float* x, int64_t K, const float* w, const float* bias, float* y, int64_t N, int64_t rows,
-              int64_t valid, const char* next) {
+              int64_t valid, const NextLines* next) {
   if constexpr (MR > 1) {
     if (rows < MR) return LastRows<MR - 1, Prefetch>(x, K, w, bias, y, N, rows, valid, next);
   }
   PanelRows<MR, Prefetch>(x, K, w, bias, y, N, valid, next);
 }
 
+// The next panel's 2K lines, shared out among the `passes` passes over K that this panel's tiles make:
+// pass j brings in lines [j share, (j + 1) share), one every `every` steps.
+void ShareNextPanel(const char* next, int64_t K, int64_t passes, NextLines* lines) {
+  const int64_t total = 2 * K, share = (total + passes - 1) / passes, every = K / share > 1 ? K / share : 1;
+  for (int64_t j = 0; j < passes; ++j)
+    lines[j] = {next + MinI(j * share, total) * 64, next + MinI((j + 1) * share, total) * 64, every, 1};
+}
+
 }  // namespace
 
 void FTile(const float* x, int64_t K, const float* panels, const float* bias, float* y, int64_t N, int64_t t0,
            int64_t t1, int64_t p0, int64_t p1) {
+  const int64_t tiles = (t1 - t0 + kTileRows - 1) / kTileRows;
+  constexpr int64_t kMaxTiles = 64 / kTileRows + 1;  // MatMulF.s tasks have at most 64 rows; more go without
+  NextLines lines[kMaxTiles * kPassesPerTile];
   for (int64_t p = p0; p < p1; ++p) {  // a panel stays in cache while every tile of rows passes
     const float* w = panels + p * K * kFPanel;
     const int64_t n0 = p * kFPanel, valid = MinI(kFPanel, N - n0);
@@ -209,24 +229,26 @@ void FTile(const float* x, int64_t K, const float* panels, const float* bias, fl
       continue;
     }
     // One tile of rows brings the panel in, prefetching it 4 KiB ahead. With several, the memory would
-    // idle while the later tiles compute from cache, so the first tiles also bring in the next panel
-    // (its 2K lines, one per step of K) and the tiles of the next panel find it in cache: 1.04-1.22x at
-    // 12-32 rows (benchmarks/tables/matmul_f.md).
-    const bool several = t1 - t0 > kTileRows;
-    const char* next = several && p + 1 < p1 ? reinterpret_cast<const char*>(w + K * kFPanel) : nullptr;
+    // idle while the later tiles compute from cache, so every pass over K also brings in its share of
+    // the next panel, and the tiles of the next panel find it in cache (benchmarks/tables/matmul_f.md).
+    const bool several = tiles > 1 && tiles <= kMaxTiles;
+    for (NextLines& l : lines) l = NextLines{};
+    if (several && p + 1 < p1)
+      ShareNextPanel(reinterpret_cast<const char*>(w + K * kFPanel), K, tiles * kPassesPerTile, lines);
     int64_t t = t0;
+    const NextLines* next = lines;
     if (t + kTileRows <= t1) {
       if (!several || p == p0) PanelRows<kTileRows, true>(x + t * K, K, w, b, y + t * N + n0, N, valid, next);
       else PanelRows<kTileRows, false>(x + t * K, K, w, b, y + t * N + n0, N, valid, next);
       t += kTileRows;
+      next += kPassesPerTile;
     } else {
-      LastRows<kTileRows - 1, true>(x + t * K, K, w, b, y + t * N + n0, N, t1 - t, valid, nullptr);
+      LastRows<kTileRows - 1, true>(x + t * K, K, w, b, y + t * N + n0, N, t1 - t, valid, next);
       continue;
     }
-    const char* second = next && kTilesPerNextPanel == 2 ? next + K * 64 : nullptr;
-    for (; t + kTileRows <= t1; t += kTileRows, second = nullptr)
-      PanelRows<kTileRows, false>(x + t * K, K, w, b, y + t * N + n0, N, valid, second);
-    if (t < t1) LastRows<kTileRows - 1, false>(x + t * K, K, w, b, y + t * N + n0, N, t1 - t, valid, second);
+    for (; t + kTileRows <= t1; t += kTileRows, next += kPassesPerTile)
+      PanelRows<kTileRows, false>(x + t * K, K, w, b, y + t * N + n0, N, valid, next);
+    if (t < t1) LastRows<kTileRows - 1, false>(x + t * K, K, w, b, y + t * N + n0, N, t1 - t, valid, next);
   }
 }
 
