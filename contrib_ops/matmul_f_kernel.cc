@@ -218,7 +218,7 @@ void ShareNextPanel(const char* next, int64_t K, int64_t passes, NextLines* line
 void FTile(const float* x, int64_t K, const float* panels, const float* bias, float* y, int64_t N, int64_t t0,
            int64_t t1, int64_t p0, int64_t p1) {
   const int64_t tiles = (t1 - t0 + kTileRows - 1) / kTileRows;
-  constexpr int64_t kMaxTiles = 64 / kTileRows + 1;  // MatMulF.s tasks have at most 64 rows; more go without
+  constexpr int64_t kMaxTiles = 64 / kTileRows + 1;  // MatMulF's tasks: 64 rows at most (more: no prefetch)
   NextLines lines[kMaxTiles * kPassesPerTile];
   for (int64_t p = p0; p < p1; ++p) {  // a panel stays in cache while every tile of rows passes
     const float* w = panels + p * K * kFPanel;
