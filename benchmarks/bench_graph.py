@@ -23,7 +23,8 @@ graph computes logits for every prompt position, ours only for the last.
 
 --profile adds ORT's profiler (one more session per graph, not interleaved): per-op time of a
 decode step and of the prefill, node counts, and the time between kernels (the profiler itself
-adds about 3 us per node there).
+adds about 3 us per node there). --profile-batch N profiles decode steps of N sequences instead
+(ortserve artifacts only), as a c16 server runs them.
 
     python benchmarks/bench_graph.py                                  # smollm2 int4 and fp32
     python benchmarks/bench_graph.py --precision int4 --threads 1 2 2ns --profile
@@ -61,7 +62,8 @@ def session_options(threads: int, spin: bool, profile_prefix: str | None = None)
 
 
 class OrtserveGraph:
-    """One sequence through an ortserve artifact, fed as the engine feeds it."""
+    """Sequences through an ortserve artifact, fed as the engine feeds them (one, unless a profile
+    asks for a batch)."""
 
     def __init__(self, label: str, artifact: Path, options: ort.SessionOptions, max_tokens: int):
         from ortserve.export.validate import PagedRunner
@@ -70,12 +72,19 @@ class OrtserveGraph:
         self.runner = PagedRunner(artifact, num_blocks=-(-max_tokens // 16) + 4, options=options)
         self.session = self.runner.session
         self.weight_bytes = _weight_bytes(artifact / "model.onnx")
+        self.sequences: set[int] = set()
 
     def reset(self) -> None:
-        self.runner.release(0)
+        for seq in self.sequences:
+            self.runner.release(seq)
+        self.sequences.clear()
 
-    def step(self, tokens: list[int]) -> None:
-        self.runner.step([(0, tokens)])
+    def step(self, tokens: list[int], seq: int = 0) -> None:
+        self.step_batch([(seq, tokens)])
+
+    def step_batch(self, batch: list[tuple[int, list[int]]]) -> None:
+        self.sequences.update(seq for seq, _ in batch)
+        self.runner.step(batch)
 
 
 class GenaiGraph:
@@ -177,14 +186,21 @@ def measure(graphs: list, context: list[int], prefill: list[int], steps: int, ro
 # ---- profile ---------------------------------------------------------------------------------
 
 
-def profile(make_graph, context: list[int], prefill: list[int], steps: int) -> dict:
-    """Per-op time of a decode step (median over steps) and of one prefill, from ORT's profiler."""
+def profile(make_graph, context: list[int], prefill: list[int], steps: int, batch: int = 1) -> dict:
+    """Per-op time of a decode step (median over steps) and of one prefill, from ORT's profiler. With
+    batch > 1 (ortserve graphs only) each decode step is that many sequences, one token each."""
     with tempfile.TemporaryDirectory() as tmp:
         graph = make_graph(str(Path(tmp) / "prof"))
         graph.reset()
-        graph.step(context)
-        for i in range(steps + 2):
-            graph.step([context[i % len(context)]])
+        if batch == 1:
+            graph.step(context)
+            for i in range(steps + 2):
+                graph.step([context[i % len(context)]])
+        else:
+            for seq in range(batch):
+                graph.step(context, seq)
+            for i in range(steps + 2):
+                graph.step_batch([(seq, [context[(i + seq) % len(context)]]) for seq in range(batch)])
         graph.reset()
         graph.step(prefill)
         graph.reset()
@@ -201,7 +217,7 @@ def profile(make_graph, context: list[int], prefill: list[int], steps: int) -> d
         role = _role(e["name"], e["args"].get("op_name", "?"))
         per_run[i][role] += e["dur"] / 1e3
         counts[i][role] += 1
-    decode_runs = list(range(3, 3 + steps))  # run 0 = context prefill, 1-2 warm decodes
+    decode_runs = list(range(batch + 2, batch + 2 + steps))  # first the context prefills, then 2 warm decodes
     prefill_run = len(runs) - 1
 
     def summary(indices):
@@ -365,6 +381,13 @@ def main() -> int:
     p.add_argument("--sessions", type=int, default=1, help="sessions per graph, interleaved (placement noise)")
     p.add_argument("--no-spin", action="store_true", help="session.intra_op.allow_spinning = 0")
     p.add_argument("--profile", action="store_true", help="also per-op profiles (ORT profiler)")
+    p.add_argument(
+        "--profile-batch",
+        type=int,
+        default=1,
+        metavar="N",
+        help="profile decode steps of N sequences at --context each (ortserve graphs only; e.g. 16 as at c16)",
+    )
     p.add_argument("--no-roofline", action="store_true", help="skip the memory bandwidth measurement")
     p.add_argument("--out", type=Path, default=None, help="write the numbers as JSON")
     args = p.parse_args()
@@ -397,10 +420,10 @@ def main() -> int:
         else:
             makers = {label: (cls, path, args.threads[0]) for label, (cls, path) in makers.items()}
 
-        def make(label, prefix=None, makers=makers):
+        def make(label, prefix=None, makers=makers, batch=1):
             cls, path, threads = makers[label]
             count, spin = int(threads.removesuffix("ns")), not (args.no_spin or threads.endswith("ns"))
-            return cls(label, path, session_options(count, spin, prefix), max_tokens)
+            return cls(label, path, session_options(count, spin, prefix), max_tokens * batch)
 
         # several sessions per graph: a session's own memory placement shifts its speed by a few %
         graphs = [make(label) for _ in range(args.sessions) for label in makers]
@@ -421,10 +444,20 @@ def main() -> int:
         )
         entry = {"results": results, "reference": reference}
         if args.profile:
+            batch = args.profile_batch
             profiles = {
-                label: profile(lambda prefix, label=label: make(label, prefix), context, prefill, min(args.steps, 16))
+                label: profile(
+                    lambda prefix, label=label, batch=batch: make(label, prefix, batch=batch),
+                    context,
+                    prefill,
+                    min(args.steps, 16),
+                    batch,
+                )
                 for label in makers
+                if batch == 1 or makers[label][0] is OrtserveGraph
             }
+            if batch > 1:
+                print(f"\n(decode profiles: {batch} sequences a step, each at context {args.context}; ortserve only)")
             print_profiles(profiles)
             entry["profiles"] = profiles
         report["precisions"][precision] = entry
