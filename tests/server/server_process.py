@@ -61,6 +61,16 @@ class ServerProcess:
     def output(self) -> str:
         return "".join(self.lines)
 
+    def wait_output(self, text: str, timeout: float = 10) -> bool:
+        """Whether `text` shows in the output within `timeout` s: a line logged as a response goes out
+        can reach the reader thread after the client has the response."""
+        deadline = time.monotonic() + timeout
+        while text not in self.output:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
     def wait_listening(self, timeout: float = 60) -> str:
         if not self._url_seen.wait(timeout):
             raise RuntimeError(f"server did not start listening:\n{self.output}")

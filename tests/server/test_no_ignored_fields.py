@@ -96,7 +96,7 @@ TABLE = [
     ("echo on chat", CHAT, chat(**CONTINUE), lambda s, b: text_of(b).startswith("Well,") and len(text_of(b)) > 5),
     ("echo with logprobs", COMPLETIONS, completion(echo=True, logprobs=1, max_tokens=1), echoed_prompt_logprobs),
     ("prompt_logprobs", CHAT, chat(prompt_logprobs=1), lambda s, b: b["prompt_logprobs"][0] is None),
-    ("user", CHAT, chat(user="user-4711"), lambda s, b: "user='user-4711'" in s.output),
+    ("user", CHAT, chat(user="user-4711"), lambda s, b: s.wait_output("user='user-4711'")),
     ("suffix", COMPLETIONS, completion(suffix="The end."), "suffix"),
     ("an unknown field", CHAT, chat(service_tier="flex"), "service_tier"),
 ]  # fmt: skip
