@@ -21,14 +21,19 @@
 namespace ortserve {
 
 constexpr int64_t kQBlock = 32, kQGroup = 16, kQ4BlockBytes = 256, kQ5BlockBytes = 320, kQ8BlockBytes = 512;
+constexpr int32_t kResidualShift = 8;  // 16-bit activations: the residual row's grid is 2^8 times finer
+constexpr float kResidualSteps = 1 << kResidualShift;
 
 template <int Bits>  // a constant, not a function: nothing here is compiled once per ISA
 constexpr int64_t kQBlockBytesOf = Bits == 4 ? kQ4BlockBytes : Bits == 5 ? kQ5BlockBytes : kQ8BlockBytes;
 
 // QuantizeRows: rows of x [T, K] to int8, per block of 32: xq = rint(x * 127 / amax) (amax = max |x| of
 // the block, 0 -> codes 0), into xq [R, KB * 32] (zero-padded) and xs [R, KB, 2] = {dx, dx * sum(xq)}
-// with dx = amax / 127. R = T rows, or with residual 2T: row 2t is x's, row 2t + 1 quantises the same
-// way what row 2t misses (x - dx * xq), so dx * xq + dx' * xq' holds x to about 16 bits.
+// with dx = amax / 127. R = T rows, or with residual 2T: row 2t is x's, row 2t + 1 holds what row 2t
+// misses, r = x - dx * xq (|r| <= dx / 2, rounded once), on a grid kResidualSteps times finer:
+// xq' = rint(r * (kResidualSteps * 127 / amax)) clamped to +-127, dx' = dx / kResidualSteps. So
+// x ~ dx' * (256 * xq + xq'), one 16-bit code per value, and a kernel may add a pair's integer dot
+// products before it scales them: dx' * (256 * dot(q, xq) + dot(q, xq')).
 // QTile: y[t, 16g + r] = sum_b xs[t,b,0] * d * dot(q, xq) + m * xs[t,b,1] (+ bias) for rows
 // [t0, t1) of xq and groups [g0, g1); only columns < N are written. pairs: y[t / 2] gets the sum of
 // rows t and t + 1 (t0, t1 even). bits: 4, 5 or 8; half: scales are fp16 (else f32).

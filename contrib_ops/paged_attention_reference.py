@@ -208,6 +208,7 @@ def append_block_sums(x, block_size):
 
 Q_BLOCK, Q_GROUP = 32, 16  # MatMulQ4 / MatMulQ8: columns per block (one d, m each), weight rows per group
 Q_BLOCK_BYTES = {4: 256, 5: 320, 8: 512}
+RESIDUAL_STEPS = np.float32(256)  # 16-bit activations: the residual row's grid is 256 times finer
 
 
 def pack_q(codes, d, m, bits=4, scale_dtype=np.float16):
@@ -274,18 +275,21 @@ def quantize_activations(x, residual=False):
     """MatMulQ4's and MatMulQ8's int8 activations: per row and block of 32 columns (zero-padded), amax = max |x|,
     xq = rint(x * (127 / amax)) (0 where amax = 0), dx = amax / 127, all in float32 ->
     (xq int8 [R, KB * 32], dx float32 [R, KB], dx * sum(xq) float32 [R, KB]). R = T rows, or with
-    ``residual`` (activation_bits 16) 2T: row 2t is x's, row 2t + 1 the same of x - dx * xq, rounded
-    once to float32 (the kernel's fma)."""
+    ``residual`` (activation_bits 16) 2T: row 2t is x's, row 2t + 1 what it misses, r = x - dx * xq rounded
+    once to float32 (the kernel's fma), on a grid RESIDUAL_STEPS times finer: xq' = rint(r * (inverse *
+    RESIDUAL_STEPS)) clipped to +-127, dx' = dx / RESIDUAL_STEPS. So x ~ dx' * (256 * xq + xq')."""
     x = np.asarray(x, np.float32)
     t, k = x.shape
     k_blocks = -(-k // Q_BLOCK)
     blocks = np.zeros((t, k_blocks * Q_BLOCK), np.float32)
     blocks[:, :k] = x
     blocks = blocks.reshape(t, k_blocks, Q_BLOCK)
-    xq, dx, sx = _quantize_blocks(blocks)
+    xq, dx, sx, inverse = _quantize_blocks(blocks)
     if residual:
         rest = (blocks.astype(np.float64) - dx[..., None].astype(np.float64) * xq).astype(np.float32)
-        xq2, dx2, sx2 = _quantize_blocks(rest)
+        xq2 = _codes(rest, (inverse * RESIDUAL_STEPS).astype(np.float32))
+        dx2 = (dx / RESIDUAL_STEPS).astype(np.float32)
+        sx2 = (dx2 * xq2.astype(np.int32).sum(axis=-1).astype(np.float32)).astype(np.float32)
         xq, dx, sx = (
             np.stack([a, b], axis=1).reshape(2 * t, *a.shape[1:]) for a, b in ((xq, xq2), (dx, dx2), (sx, sx2))
         )
@@ -296,10 +300,15 @@ def _quantize_blocks(blocks):
     amax = np.abs(blocks).max(axis=-1)
     with np.errstate(divide="ignore"):
         inverse = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
-    xq = np.clip(np.rint(blocks * inverse[..., None]), -127, 127).astype(np.int8)
+    xq = _codes(blocks, inverse)
     dx = (amax / np.float32(127)).astype(np.float32)
     sums = xq.astype(np.int32).sum(axis=-1).astype(np.float32)
-    return xq, dx, (dx * sums).astype(np.float32)
+    return xq, dx, (dx * sums).astype(np.float32), inverse
+
+
+def _codes(blocks, inverse):
+    """rint(blocks * inverse) in float32, clipped to +-127 -> int8."""
+    return np.clip(np.rint(blocks * inverse[..., None]), -127, 127).astype(np.int8)
 
 
 def matmul_q(x, packed, scales, n, bias=None, activation_bits=8):

@@ -189,6 +189,38 @@ def test_activations_round_to_nearest_even_with_the_block_maximum_at_127():
     assert dx[0, 0] == 0.0625 and sx[0, 0] == 0.0625 * 127
 
 
+def test_the_residual_rounds_on_a_grid_256_times_finer_clipped_to_127():
+    x = np.zeros((1, 32), np.float32)
+    x[0, :5] = [7.9375, 0.03125, -0.09375, 0.1, -0.01]  # dx = 0.0625: codes 127, 0, -2, 2, 0
+    xq, dx, sx = quantize_activations(x, residual=True)
+    assert xq[0, :5].tolist() == [127, 0, -2, 2, 0]
+    # residuals 0, 0.03125, 0.03125, 0.1 - 0.125, -0.01, times 16 * 256: 0, 128 (-> 127), 128, -102.4, -40.96
+    assert xq[1, :5].tolist() == [0, 127, 127, -102, -41]
+    assert dx[1, 0] == 0.0625 / 256 and sx[1, 0] == np.float32(0.0625 / 256 * (127 + 127 - 102 - 41))
+
+
+@pytest.mark.parametrize("isa", ["generic", "avx2", "avx512"])
+@pytest.mark.parametrize("bits", [4, 5, 8])
+@pytest.mark.parametrize("rows", [1, 6])
+def test_16_bit_activations_are_the_reference_codes(isa, bits, rows, monkeypatch):
+    """Unit weights on the diagonal: output r is x[:, r] as the kernel rounded it, dx * xq + dx / 256 * xq',
+    which must be the reference's to the last bit of the product (whatever order the kernel adds in)."""
+    monkeypatch.setenv("ORTSERVE_KERNEL_ISA", isa)
+    codes = np.eye(64, dtype=np.uint8)
+    d, m = np.ones((64, 2), np.float32), np.zeros((64, 2), np.float32)
+    packed, scales = pack_q(codes, d, m, bits)
+    x = np.random.default_rng(rows).normal(size=(rows, 64)).astype(np.float32)
+    got = session(64, activation_bits=16, bits=bits).run(None, {"x": x, "codes": packed, "scales": scales})[0]
+    xq, dx, _ = quantize_activations(x, residual=True)
+    scale = np.repeat(dx.astype(np.float64), 32, axis=1)
+    held = (xq * scale).reshape(rows, 2, 64).sum(axis=1)
+    np.testing.assert_allclose(got, held, rtol=2e-7, atol=0)
+    # within half a step of the fine grid, or one step where the residual's code is clipped at +-127
+    fine = np.repeat(dx[1::2].astype(np.float64), 32, axis=1)
+    steps = np.where(np.abs(xq[1::2]) == 127, 1.0, 0.5) * 1.001
+    assert np.abs(held - x).max() > 0 and np.all(np.abs(held - x) <= fine * steps)
+
+
 @pytest.mark.parametrize("isa", ["generic", "avx2", "avx512"])
 @pytest.mark.parametrize("bits", [4, 5, 8])
 @pytest.mark.parametrize("sign", [1, -1])
