@@ -18,6 +18,24 @@ CHECKOUT = HERE.parent.parent  # servers import the code under test, as the test
 LISTENING = re.compile(r"listening on (http://[\d.]+:\d+)")
 
 
+def poll(predicate, timeout: float, interval: float = 0.05):
+    """predicate()'s first truthy value within `timeout` s, else None."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value or None
+        time.sleep(interval)
+
+
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05):
+    """predicate()'s first truthy value within `timeout` s; fails the test if there is none."""
+    value = poll(predicate, timeout, interval)
+    if value is None:
+        raise AssertionError(f"condition not met within {timeout}s")
+    return value
+
+
 class ServerProcess:
     def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
         self.argv = argv
@@ -64,12 +82,7 @@ class ServerProcess:
     def wait_output(self, text: str, timeout: float = 10) -> bool:
         """Whether `text` shows in the output within `timeout` s: a line logged as a response goes out
         can reach the reader thread after the client has the response."""
-        deadline = time.monotonic() + timeout
-        while text not in self.output:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.05)
-        return True
+        return poll(lambda: text in self.output, timeout) is not None
 
     def wait_listening(self, timeout: float = 60) -> str:
         if not self._url_seen.wait(timeout):

@@ -3,25 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import openai
 import pytest
 from conftest import API_KEY, SERVED_NAME
+from server_process import wait_for
 
 pytestmark = pytest.mark.slow  # the real SmolLM2 server (session fixture)
 
 PROMPTS = ["Tell me a fact about the sea.", "Name a color.", "What is 2 + 2?", "Say hello."]
-
-
-def wait_for(predicate, timeout: float = 15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"condition not met within {timeout}s")
 
 
 def test_32_concurrent_streams_all_complete_and_the_engine_ends_idle(server):
@@ -50,7 +40,7 @@ def test_32_concurrent_streams_all_complete_and_the_engine_ends_idle(server):
     results = asyncio.run(run())
     assert all(finish in ("stop", "length") for _, finish in results)
     assert all(text for text, _ in results)
-    metrics = wait_for(lambda: (m := server.metrics())["ortserve:num_requests_running"] == 0 and m)
+    metrics = wait_for(lambda: (m := server.metrics())["ortserve:num_requests_running"] == 0 and m, timeout=15)
     assert metrics["ortserve:num_requests_waiting"] == 0
     assert metrics["ortserve:kv_cache_usage_perc"] == 0
     assert metrics["ortserve:time_to_first_token_seconds_count"] >= 32
@@ -78,7 +68,8 @@ def test_a_client_that_leaves_mid_stream_is_aborted(server):
             > before["ortserve:request_success_total{abort}"]
             and m["ortserve:num_requests_running"] == 0
             and m
-        )
+        ),
+        timeout=15,
     )
     assert after["ortserve:kv_cache_usage_perc"] == 0
     generated = after["ortserve:generation_tokens_total"] - before["ortserve:generation_tokens_total"]

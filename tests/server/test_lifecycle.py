@@ -12,20 +12,11 @@ import httpx
 import openai
 import pytest
 from conftest import API_KEY, MAX_BODY
+from server_process import wait_for
 
 
 def client(proc, **kw) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{proc.base_url}/v1", api_key=API_KEY, max_retries=0, **kw)
-
-
-def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s")
 
 
 def test_health_is_503_while_the_model_loads_then_200(start_fake):
