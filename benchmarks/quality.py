@@ -13,11 +13,13 @@ export, llama.cpp's F32 file). A last row per model: the GGUF file's own codes, 
 ``ortserve serve FILE.gguf`` serves it. Quality numbers are deterministic.
 
     python benchmarks/quality.py              # writes benchmarks/tables/quality.md
+    python benchmarks/quality.py --ortserve-only   # after a change to ortserve: its rows only
     ORTSERVE_KERNEL_ISA=avx2 python benchmarks/quality.py   # ortserve's AVX2 kernels on a wider CPU
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -169,18 +171,30 @@ def isa_label() -> str:
     return f"{cap.upper()} kernels on {kernel_isa()}" if cap else kernel_isa()
 
 
-def _rows_of_other_isas(isa: str) -> list[str]:
-    """The table's rows measured on another ISA (column 3), kept as they are."""
+def _kept_rows(isa: str, llama_cpp_too: bool) -> list[str]:
+    """The table's rows that this run does not measure, kept as they are: those of another ISA (column
+    3), and with ``llama_cpp_too`` this ISA's llama.cpp rows."""
     if not TABLE.is_file():
         return []
     rows = [line for line in TABLE.read_text().splitlines() if line.startswith("| ") and line.count(" | ") == 7]
-    return [row for row in rows[1:] if row.split(" | ")[2] != isa]
+    return [
+        row
+        for row in rows[1:]
+        if row.split(" | ")[2] != isa or (llama_cpp_too and row.split(" | ")[1].startswith("llama.cpp"))
+    ]
 
 
 def main() -> int:
     from ortserve.export.quality import all_logits, compare, text_ids
     from ortserve.models import prepare_checkpoint
 
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--ortserve-only",
+        action="store_true",
+        help="measure ortserve's rows only; this ISA's llama.cpp rows stay as the table has them",
+    )
+    args = parser.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
     rows = []
     for model, gguf in models().items():
@@ -204,7 +218,7 @@ def main() -> int:
             artifact = ortserve_artifact(source, name, precision, **options)
             report = compare(all_logits(artifact, sequences), reference, sequences)
             rows.append((model, label, weight_mib(artifact), report))
-        if "ORTSERVE_KERNEL_ISA" in os.environ:
+        if "ORTSERVE_KERNEL_ISA" in os.environ or args.ortserve_only:
             continue
         llama_reference = llama_cpp_logits(llama_cpp_file(gguf, name, "F32"), sequences)
         for kind, calibrated in (("Q4_K_M", False), ("Q4_K_M", True), ("Q4_0", True), ("Q8_0", False)):
@@ -236,7 +250,8 @@ def main() -> int:
         "calibrates on that text (not these texts) unless the row says `--no-calibration`. The last row per model is the GGUF file's own codes, as "
         "`ortserve serve FILE.gguf` serves them. Weights: `model.onnx.data` or the GGUF file, including the "
         "embedding. The numbers are deterministic on one machine, but the int8-activation kernels differ by ISA "
-        "(VNNI or AVX2), so each ISA has its rows; a run replaces only its own ISA's. 'AVX2 kernels on ...' rows "
+        "(VNNI or AVX2), so each ISA has its rows; a run replaces only its own ISA's (with `--ortserve-only`, "
+        "only its ortserve rows: llama.cpp's do not depend on ortserve's kernels). 'AVX2 kernels on ...' rows "
         "run ortserve's AVX2 kernels (`ORTSERVE_KERNEL_ISA=avx2`) on a wider CPU, where onnxruntime's own "
         "kernels (the fp32 reference's MatMul, MatMulNBits for Q6_K) still use its full width.",
         "",
@@ -246,7 +261,7 @@ def main() -> int:
         "",
         "| model | system | ISA | weights MiB | top-1 agreement | perplexity | fp32 perplexity | ratio |",
         "|---|---|---|---|---|---|---|---|",
-        *_rows_of_other_isas(isa),
+        *_kept_rows(isa, llama_cpp_too=args.ortserve_only),
         *ours,
     ]
     TABLE.parent.mkdir(parents=True, exist_ok=True)
