@@ -238,7 +238,7 @@ ALWAYS_INLINE __m256i BlockDot(const __m256i* w, const int8_t* xb, __m256i unit)
 // stay below 32 * 255 * 32639 < 2^31). wide[p]: the half's 8 rows x columns 2p, 2p + 1 as int16, a
 // row a 32-bit lane (WideCodes), so vpmaddwd against a broadcast column pair leaves each row's sum in
 // its own lane. The pair's codes go through memory on purpose: a broadcast from memory is a load,
-// where one from a register takes the shuffle port that the horizontal work already crowds.
+// where GCC's broadcasts from a register took a shuffle each, on the port that vpshufb needs too.
 ALWAYS_INLINE void WideCodes(const uint8_t* c, __m256i* wide) {
   // vpshufb picks bytes within 16-byte lanes; 0x80 (and 0x80 + the lane's offset) writes a zero
   const __m256i lane = _mm256_setr_epi32(0, 0x04040404, 0x08080808, 0x0C0C0C0C, 0, 0x04040404, 0x08080808, 0x0C0C0C0C);
