@@ -1,0 +1,90 @@
+// MatMulQ's group kernel for AVX-512 VNNI (see matmul_q_kernel.cc): kTileRows, BlockAmax, QuantizeAt
+// and GroupRows, one int32 lane per weight row (vpdpbusd). Included INSIDE matmul_q_kernel.cc's ISA
+// namespace, after its shared helpers; no includes of its own.
+
+constexpr int kTileRows = 8;
+
+ALWAYS_INLINE float BlockAmax(const float* in) {
+  const __m512 a = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(in)), _mm512_abs_ps(_mm512_loadu_ps(in + 16)));
+  return _mm512_reduce_max_ps(a);
+}
+
+ALWAYS_INLINE int32_t QuantizeAt(const float* in, float inverse, int8_t* out) {
+  const __m512 id = _mm512_set1_ps(inverse);
+  const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+  __m512i q[2];
+  for (int j = 0; j < 2; ++j) {
+    q[j] = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(in + 16 * j), id));
+    q[j] = _mm512_min_epi32(_mm512_max_epi32(q[j], lo), hi);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16 * j), _mm512_cvtsepi32_epi8(q[j]));
+  }
+  return _mm512_reduce_add_epi32(_mm512_add_epi32(q[0], q[1]));
+}
+
+template <typename S>
+ALWAYS_INLINE __m512 Load16(const S* p) {
+  if constexpr (sizeof(S) == 2) return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  else return _mm512_loadu_ps(p);
+}
+
+// A block's integer dot products with one row of x: 16 weight rows, one int32 lane each.
+ALWAYS_INLINE __m512i BlockDot(const __m512i* w, const int8_t* xb) {
+  __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();  // two chains: half the latency
+  for (int q = 0; q < 8; q += 2) {
+    s0 = _mm512_dpbusd_epi32(s0, w[q], _mm512_set1_epi32(Load32(xb + 4 * q)));
+    s1 = _mm512_dpbusd_epi32(s1, w[q + 1], _mm512_set1_epi32(Load32(xb + 4 * q + 4)));
+  }
+  return _mm512_add_epi32(s0, s1);
+}
+
+// Rows [0, MT) of x against one group: y[i, 0..valid) for each row i (Pairs: y[i / 2] from rows i and
+// i + 1, an activation row and its residual, whose dot products add as integers: 256 * hi + lo).
+template <int Bits, typename S, int MT, bool Pairs>
+ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t* xq, int64_t xq_stride,
+                             const float* xs, int64_t xs_stride, const float* bias, float* y, int64_t y_stride,
+                             int64_t KB, int64_t valid) {
+  static_assert(!Pairs || MT % 2 == 0, "a pair is two rows");
+  constexpr int kStep = Pairs ? 2 : 1, kOut = MT / kStep;
+  __m512 acc[kOut];
+  for (int o = 0; o < kOut; ++o) acc[o] = _mm512_setzero_ps();
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  for (int64_t b = 0; b < KB; ++b) {
+    const uint8_t* c = codes + b * BlockBytes(Bits);
+    PrefetchAhead<Bits>(c, scales + b * 2 * kQGroup);
+    __m512i w[8];  // w[q]: 16 rows x columns 4q..4q+3 of the block
+    if constexpr (Bits == 4 || Bits == 5) {
+      for (int j = 0; j < 4; ++j) {
+        const __m512i raw = _mm512_loadu_si512(c + 64 * j);
+        w[j] = _mm512_and_si512(raw, nibble);
+        w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nibble);
+      }
+      if constexpr (Bits == 5) {  // the fifth bits: one 64-bit lane mask per vector
+        const __m512i sixteen = _mm512_set1_epi8(16);
+        for (int q = 0; q < 8; ++q) {
+          uint64_t fifth;
+          __builtin_memcpy(&fifth, c + kQ4BlockBytes + 8 * q, 8);
+          w[q] = _mm512_or_si512(w[q], _mm512_maskz_mov_epi8(fifth, sixteen));
+        }
+      }
+    } else {
+      for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(c + 64 * j);
+    }
+    const __m512 d = Load16(scales + b * 2 * kQGroup), m = Load16(scales + b * 2 * kQGroup + kQGroup);
+    for (int o = 0; o < kOut; ++o) {
+      const int64_t i = o * kStep;
+      const int8_t* xb = xq + i * xq_stride + b * kQBlock;
+      const float* sc = xs + i * xs_stride + 2 * b;
+      __m512i dot = BlockDot(w, xb);
+      float dx = sc[0], sum = sc[1];
+      if constexpr (Pairs) {  // the residual's scale: dx / 256
+        dot = _mm512_add_epi32(_mm512_slli_epi32(dot, kResidualShift), BlockDot(w, xb + xq_stride));
+        dx = sc[xs_stride], sum += sc[xs_stride + 1];
+      }
+      acc[o] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, _mm512_set1_ps(dx)), acc[o]);
+      acc[o] = _mm512_fmadd_ps(m, _mm512_set1_ps(sum), acc[o]);
+    }
+  }
+  const __mmask16 mask = valid >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << valid) - 1);
+  const __m512 add = bias ? _mm512_maskz_loadu_ps(mask, bias) : _mm512_setzero_ps();
+  for (int o = 0; o < kOut; ++o) _mm512_mask_storeu_ps(y + o * y_stride, mask, _mm512_add_ps(acc[o], add));
+}

@@ -1,0 +1,65 @@
+// MatMulQ's group kernel in plain C++ (see matmul_q_kernel.cc): kTileRows, BlockAmax, QuantizeAt and
+// GroupRows, one code at a time: the reference the SIMD builds are tested against. Included INSIDE
+// matmul_q_kernel.cc's ISA namespace, after its shared helpers; no includes of its own.
+
+constexpr int kTileRows = 2;
+
+ALWAYS_INLINE float BlockAmax(const float* in) {
+  float amax = 0.f;
+  for (int64_t i = 0; i < kQBlock; ++i) amax = __builtin_fmaxf(amax, __builtin_fabsf(in[i]));
+  return amax;
+}
+
+ALWAYS_INLINE int32_t QuantizeAt(const float* in, float inverse, int8_t* out) {
+  int32_t sum = 0;
+  for (int64_t i = 0; i < kQBlock; ++i) {
+    const float v = __builtin_fminf(__builtin_fmaxf(__builtin_rintf(in[i] * inverse), -127.f), 127.f);
+    out[i] = static_cast<int8_t>(v);
+    sum += out[i];
+  }
+  return sum;
+}
+
+// The code of row r and column 4q + j of the block at c.
+template <int Bits>
+ALWAYS_INLINE int32_t Code(const uint8_t* c, int64_t r, int64_t q, int64_t j) {
+  if constexpr (Bits == 8) return c[64 * q + 4 * r + j];
+  const uint8_t byte = c[64 * (q % 4) + 4 * r + j];
+  const int32_t low = q < 4 ? byte & 0x0F : byte >> 4;
+  if constexpr (Bits == 4) return low;
+  const int64_t lane = 4 * r + j;
+  return low | (((c[kQ4BlockBytes + 8 * q + lane / 8] >> (lane % 8)) & 1) << 4);
+}
+
+template <typename S>
+ALWAYS_INLINE float Scale(const S* p) {
+  if constexpr (sizeof(S) == 2) return HalfToFloat(*p);
+  else return *p;
+}
+
+template <int Bits, typename S, int MT, bool Pairs>
+ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t* xq, int64_t xq_stride,
+                             const float* xs, int64_t xs_stride, const float* bias, float* y, int64_t y_stride,
+                             int64_t KB, int64_t valid) {
+  for (int64_t r = 0; r < valid; ++r) {
+    float acc[MT] = {};
+    for (int i = 0; i < MT; ++i)
+      for (int64_t b = 0; b < KB; ++b) {
+        const uint8_t* c = codes + b * BlockBytes(Bits);
+        const int8_t* xb = xq + i * xq_stride + b * kQBlock;
+        int32_t dot = 0;
+        for (int64_t q = 0; q < 8; ++q)
+          for (int64_t j = 0; j < 4; ++j) dot += Code<Bits>(c, r, q, j) * xb[4 * q + j];
+        const S* sb = scales + b * 2 * kQGroup + r;
+        const float* sc = xs + i * xs_stride + 2 * b;
+        acc[i] += static_cast<float>(dot) * (Scale(sb) * sc[0]);
+        acc[i] += Scale(sb + kQGroup) * sc[1];
+      }
+    const float add = bias ? bias[r] : 0.f;
+    if constexpr (Pairs) {
+      for (int i = 0; i + 1 < MT; i += 2) y[i / 2 * y_stride + r] = acc[i] + acc[i + 1] + add;
+    } else {
+      for (int i = 0; i < MT; ++i) y[i * y_stride + r] = acc[i] + add;
+    }
+  }
+}
