@@ -31,13 +31,15 @@ SYSTEM_ORDER = {
     "ortserve": 0,
     "ortserve-a8": 1,
     "ortserve-ngram": 2,
-    "ortserve-kv-fp16": 3,
-    "ortserve-kv-int8": 4,
-    "genai-static": 5,
-    "genai-engine": 6,
-    "llama.cpp": 7,
-    "llama.cpp-ngram": 8,
-    "transformers": 9,
+    "ortserve-draft": 3,
+    "ortserve-kv-fp16": 4,
+    "ortserve-kv-int8": 5,
+    "genai-static": 6,
+    "genai-engine": 7,
+    "llama.cpp": 8,
+    "llama.cpp-ngram": 9,
+    "llama.cpp-draft": 10,
+    "transformers": 11,
 }
 
 
@@ -319,7 +321,9 @@ def write(path: Path, parts: list[IsaRun]) -> None:
         "- *grounded*: 4 chat requests, one at a time, asking to copy or correct a ~256-token passage; the model"
         " stops on its own (at most 320 tokens). Output repeats the prompt: where prompt-lookup speculation pays.",
         "- *-ngram* systems add n-gram speculative decoding (ortserve `--speculative ngram`, llama.cpp"
-        " `--spec-type ngram-simple`); *-kv-fp16* / *-kv-int8* are ortserve with `--kv-cache-dtype`; *ortserve-a8*"
+        " `--spec-type ngram-simple`); *-draft* systems add a draft model: the same checkpoint at int4 drafting for"
+        " its fp32 self (ortserve `--draft-model` with its int4 artifact, 4 draft tokens; llama.cpp `--model-draft`"
+        " with its Q4_0 file, 3); *-kv-fp16* / *-kv-int8* are ortserve with `--kv-cache-dtype`; *ortserve-a8*"
         " is ortserve exported with `--activation-bits 8` (int8 activations in its quantised linears, as llama.cpp's;"
         " ortserve's default is 16).",
         "- onnxruntime-genai and transformers run in-process (no HTTP) with the same token counts and definitions;"

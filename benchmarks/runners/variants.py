@@ -2,7 +2,10 @@
 
 - speculative decoding beside each other: ortserve's prompt lookup (``--speculative ngram``) and
   llama.cpp's own n-gram mode (``--spec-type ngram-simple``, its defaults), on the input-grounded
-  workload where the output repeats the prompt and on random prompts where it does not;
+  workload where the output repeats the prompt and on random prompts where it does not; and a draft
+  model, the same checkpoint at int4 drafting for its fp32 self (ortserve ``--draft-model`` with
+  its int4 artifact, llama.cpp ``--model-draft`` with its Q4_0 file, each with its default number
+  of draft tokens: 4 and 3);
 - ortserve with fp16 and int8 KV caches (``--kv-cache-dtype``), on the workloads where attention
   matters (decode, many sequences, shared prefixes);
 - ortserve with int8 activations in its quantised linears (``--activation-bits 8``, exported so):
@@ -41,6 +44,30 @@ class LlamaCppNgram(Variant):
     WORKLOADS_SUPPORTED = ("decode", "grounded")
 
 
+class OrtserveDraft(Variant):
+    SYSTEM = "ortserve-draft"
+    PRECISIONS = ("fp32",)
+    WORKLOADS_SUPPORTED = ("decode", "grounded")
+
+    @classmethod
+    def run(cls, model: Model, precision: str, workloads: list[str]):
+        draft = ortserve_runner.artifact(model, "int4")
+        return ortserve_runner.run(model, precision, workloads, cls.SYSTEM, ("--draft-model", str(draft)))
+
+
+class LlamaCppDraft(Variant):
+    SYSTEM = "llama.cpp-draft"
+    BASE = llamacpp
+    PRECISIONS = ("fp32",)
+    WORKLOADS_SUPPORTED = ("decode", "grounded")
+
+    @classmethod
+    def run(cls, model: Model, precision: str, workloads: list[str]):
+        draft = llamacpp.gguf(model, "int4")
+        flags = ("--spec-type", "draft-simple", "--model-draft", str(draft))
+        return llamacpp.run(model, precision, workloads, cls.SYSTEM, flags)
+
+
 class OrtserveKvFp16(Variant):
     SYSTEM = "ortserve-kv-fp16"
     FLAGS = ("--kv-cache-dtype", "fp16")
@@ -63,4 +90,4 @@ class OrtserveA8(Variant):
         return ortserve_runner.run(model, precision, workloads, cls.SYSTEM, export_flags=("--activation-bits", "8"))
 
 
-VARIANTS = (OrtserveNgram, LlamaCppNgram, OrtserveKvFp16, OrtserveKvInt8, OrtserveA8)
+VARIANTS = (OrtserveNgram, LlamaCppNgram, OrtserveDraft, LlamaCppDraft, OrtserveKvFp16, OrtserveKvInt8, OrtserveA8)

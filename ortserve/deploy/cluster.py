@@ -218,7 +218,12 @@ def run(args: argparse.Namespace) -> int:
             return 2
     try:
         plan = plan_cluster(args, usable_nodes())
-        artifact = str(resolve_artifact(EngineConfig.from_args(args)).resolve())
+        config = EngineConfig.from_args(args)
+        artifact = str(resolve_artifact(config.model, config.precision, config.activation_bits).resolve())
+        if config.draft_model is not None:  # exported once here, not by every replica
+            args.draft_model = str(
+                resolve_artifact(config.draft_model, config.draft_precision, config.activation_bits).resolve()
+            )
     except (ClusterError, PlacementError, ThreadsBindError, ModelSourceError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -16,8 +16,16 @@ block state and of every Sequence's ``block_table``.
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Protocol
 
 from ortserve.engine.sequence import Sequence
+
+
+class HoldsBlocks(Protocol):
+    """What allocation reads of a sequence (a draft model's sequences too, engine/draft.py)."""
+
+    block_table: list[int]
+    num_computed_tokens: int
 
 
 class Block:
@@ -37,7 +45,7 @@ class BlockManager:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # head = next out
         self.cached: dict[bytes, int] = {}  # block hash -> block id
-        self.num_registered: dict[Sequence, int] = {}  # leading blocks of a sequence already hashed
+        self.num_registered: dict[object, int] = {}  # leading blocks of a sequence already hashed
 
     # -- queries -------------------------------------------------------------------------------
     @property
@@ -97,7 +105,7 @@ class BlockManager:
                 return leader.block_table[:shared]
         return hits
 
-    def allocate(self, seq: Sequence, num_new_tokens: int, cached_blocks: list[int] | tuple[int, ...] = ()) -> bool:
+    def allocate(self, seq: HoldsBlocks, num_new_tokens: int, cached_blocks: list[int] | tuple[int, ...] = ()) -> bool:
         """Make ``seq.block_table`` cover its computed tokens, the prefix hits ``cached_blocks``
         (appended first) and ``num_new_tokens`` more. False, changing nothing, if blocks run out."""
         block_table = seq.block_table
@@ -138,7 +146,7 @@ class BlockManager:
                 self.cached[hashes[i]] = block.block_id
         self.num_registered[seq] = num_full
 
-    def free(self, seq: Sequence) -> None:
+    def free(self, seq: HoldsBlocks) -> None:
         """Drop ``seq``'s references; blocks nobody holds go back to the queue at once."""
         for block_id in reversed(seq.block_table):  # a sequence's tail blocks are evicted first
             block = self.blocks[block_id]

@@ -14,7 +14,7 @@ import argparse
 import os
 from typing import Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ortserve.artifact import DEFAULT_ACTIVATION_BITS, ActivationBits, KVCacheDtype, Precision
 from ortserve.tokenizer import read_chat_template
@@ -87,10 +87,19 @@ class EngineConfig(BaseModel):
         "quarter; one scale per row); fp16 and int8 need an artifact of op_version 3 or later",
     )
     max_num_seqs: int = Field(DEFAULT_MAX_NUM_SEQS, ge=1, description="most sequences in one step")
-    speculative: Literal["off", "ngram"] = Field(
+    speculative: Literal["off", "ngram", "draft"] = Field(
         "off",
         description="speculative decoding: 'ngram' drafts tokens by prompt lookup (the sequence's tail "
-        "found earlier in its own text) and checks them in one step; exact under greedy sampling",
+        "found earlier in its own text), 'draft' by a smaller model (--draft-model); the model checks "
+        "them in one step: the same output under greedy sampling, the same distribution otherwise",
+    )
+    draft_model: str | None = Field(
+        None,
+        description="the draft model of --speculative draft (implies it): an artifact, checkpoint, .gguf or "
+        "built-in name with MODEL's vocabulary, e.g. MODEL itself at --draft-precision int4",
+    )
+    draft_precision: Precision | None = Field(
+        None, description="weight precision of --draft-model when it is not an artifact (default: the source's own)"
     )
     num_speculative_tokens: int = Field(4, ge=1, le=16, description="most draft tokens per sequence and step")
     ngram_min: int = Field(1, ge=1, le=16, description="shortest tail that prompt lookup matches")
@@ -108,6 +117,17 @@ class EngineConfig(BaseModel):
     enable_prefix_caching: bool = Field(
         True, description="disable prefix caching", json_schema_extra={"flag": "--no-prefix-caching"}
     )
+
+    @model_validator(mode="after")
+    def _draft_model_given(self) -> EngineConfig:
+        """--draft-model implies --speculative draft; --speculative draft needs it."""
+        if self.draft_model is not None and self.speculative == "off":
+            self.speculative = "draft"
+        if self.speculative == "draft" and self.draft_model is None:
+            raise ValueError("--speculative draft needs --draft-model MODEL (a smaller model with the same vocabulary)")
+        if self.speculative == "ngram" and self.draft_model is not None:
+            raise ValueError("--draft-model goes with --speculative draft, not ngram; drop one of them")
+        return self
 
     @field_validator("chat_template")
     @classmethod

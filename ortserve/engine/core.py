@@ -35,7 +35,7 @@ from ortserve.engine.memory import GIB, KVCachePlan, MemoryCheckError, plan_kv_c
 from ortserve.engine.sampler import Sampler, prompt_token_logprobs
 from ortserve.engine.scheduler import ScheduledBatch, Scheduler
 from ortserve.engine.sequence import Request, Sequence
-from ortserve.engine.speculative import NgramProposer
+from ortserve.engine.speculative import NgramProposer, Proposer
 from ortserve.engine.threads import bind_memory, pin_calling_thread, plan_threads
 from ortserve.sampling_params import InvalidParameter, PromptLimits, SamplingParams
 
@@ -47,7 +47,7 @@ logger = logging.getLogger("ortserve.engine")
 class EngineCore:
     def __init__(self, config: EngineConfig | None = None):
         self.config = config = config or EngineConfig()
-        self.artifact_dir = resolve_artifact(config)
+        self.artifact_dir = resolve_artifact(config.model, config.precision, config.activation_bits)
         self.manifest = manifest = load_manifest(self.artifact_dir)
         self.threads = plan_threads(config.threads_bind, config.reserved_cpus)
         self.memory_nodes = bind_memory(self.threads)  # before the weights and the KV cache are allocated
@@ -63,11 +63,13 @@ class EngineCore:
         self.runner = ModelRunner(self.artifact_dir, manifest, self.kv_plan, self.threads, config.max_num_seqs)
         pin_calling_thread(self.threads)
         self.block_manager = BlockManager(self.kv_plan.num_blocks, config.block_size, config.enable_prefix_caching)
-        proposer = (
-            NgramProposer(config.num_speculative_tokens, config.ngram_min, config.ngram_max)
-            if config.speculative == "ngram"
-            else None
-        )
+        proposer: Proposer | None = None
+        if config.speculative == "ngram":
+            proposer = NgramProposer(config.num_speculative_tokens, config.ngram_min, config.ngram_max)
+        elif config.speculative == "draft":
+            from ortserve.engine.draft import load_draft_proposer
+
+            proposer = load_draft_proposer(config, manifest, self.kv_plan, self.threads)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, proposer)
         self.sampler = Sampler()
         self.grammars: GrammarCompiler | None = None  # set by enable_structured_outputs
@@ -273,13 +275,14 @@ CUMULATIVE = (
 )
 
 
-def resolve_artifact(config: EngineConfig) -> Path:
-    """The artifact to load: MODEL itself, or its cached export (made now on first use)."""
-    if config.model is not None and is_artifact(config.model):
-        return Path(config.model)
+def resolve_artifact(model: str | None, precision: str | None, activation_bits: int) -> Path:
+    """The artifact to load for a model argument: the artifact itself, or its cached export (made
+    now on first use)."""
+    if model is not None and is_artifact(model):
+        return Path(model)
     from ortserve.models import resolve_model
 
-    return Path(resolve_model(config.model, precision=config.precision, activation_bits=config.activation_bits))
+    return Path(resolve_model(model, precision=precision, activation_bits=activation_bits))
 
 
 def settle_max_model_len(config: EngineConfig, manifest: ArtifactManifest, kv: KVCachePlan) -> int:

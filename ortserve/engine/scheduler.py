@@ -18,8 +18,9 @@ and share its prompt blocks.
 Speculative decoding (a ``proposer`` given): a decoding sequence may carry draft tokens after its
 last one, computed in the same step (1 + d tokens, 1 + d logits rows); ``update`` keeps the
 accepted drafts and the target's token after them, and drops the rest, whose KV slots the
-sequence later overwrites. Drafts take budget, blocks and room under max_tokens like tokens, and
-are dropped rather than preempt another sequence.
+sequence later overwrites. Drafts are proposed once the running sequences have their tokens, for
+all decoding ones at once (a draft model runs them as one batch); they take the budget left,
+blocks and room under max_tokens like tokens, and are dropped rather than preempt another sequence.
 """
 
 from __future__ import annotations
@@ -28,12 +29,10 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from ortserve.engine.block_manager import BlockManager
 from ortserve.engine.ipc import EngineCoreOutput, FinishReason, TokenLogprob
 from ortserve.engine.sequence import Request, Sequence, SequenceStatus
-from ortserve.engine.speculative import NgramProposer
+from ortserve.engine.speculative import Proposer
 
 
 @dataclass
@@ -79,7 +78,7 @@ class Scheduler:
         block_manager: BlockManager,
         max_num_seqs: int,
         max_num_batched_tokens: int,
-        proposer: NgramProposer | None = None,
+        proposer: Proposer | None = None,
     ):
         self.block_manager = block_manager
         self.proposer = proposer
@@ -107,14 +106,14 @@ class Scheduler:
         while i < len(running) and budget > 0:
             seq = running[i]
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            if num_new == 1 and self.proposer is not None:
-                num_new += self._add_drafts(seq, budget - 1)
             if not self._allocate_or_preempt(seq, num_new):
                 break  # seq itself was the newest: it went back to waiting
             batch.seqs.append(seq)
             batch.num_new_tokens.append(num_new)
             budget -= num_new
             i += 1
+        if self.proposer is not None and budget > 0:
+            budget = self._add_drafts(batch, budget)
         preempted = self.counters.num_preemptions > preemptions
         while not preempted and self.waiting and budget > 0 and len(running) < self.max_num_seqs:
             seq = self.waiting[0]
@@ -246,22 +245,34 @@ class Scheduler:
         return outputs
 
     # -- helpers ---------------------------------------------------------------------------------
-    def _add_drafts(self, seq: Sequence, budget: int) -> int:
-        """Draft tokens for a decoding ``seq`` within ``budget`` tokens, its max_tokens and free
-        blocks (drafts never preempt); how many it got."""
-        request = seq.request
-        if not request.speculative or seq.num_output_tokens < request.params.min_tokens:
-            return 0
-        room = min(budget, request.max_tokens - seq.num_output_tokens - 1)  # the target's token comes too
-        drafts = self.proposer.propose(np.frombuffer(seq.token_ids, np.int64), room) if self.proposer else []
-        if not drafts:
-            return 0
-        seq.add_drafts(drafts)
-        if not self.block_manager.allocate(seq, 1 + len(drafts)):
-            seq.drop_drafts()
-            return 0
-        self.counters.num_draft_tokens += len(drafts)
-        return len(drafts)
+    def _add_drafts(self, batch: ScheduledBatch, budget: int) -> int:
+        """Draft tokens for the batch's decoding sequences, proposed for all at once, each within
+        its max_tokens, the ``budget`` left (in batch order) and free blocks (drafts never
+        preempt); returns the budget left."""
+        assert self.proposer is not None
+        rows, limits = [], []
+        for i, (seq, num_new) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
+            request = seq.request
+            if num_new != 1 or seq.num_computed_tokens + 1 != seq.num_tokens or not request.speculative:
+                continue
+            room = request.max_tokens - seq.num_output_tokens - 1  # the target's own token comes too
+            if seq.num_output_tokens >= request.params.min_tokens and room > 0:
+                rows.append(i)
+                limits.append(min(room, budget))
+        proposals = self.proposer.propose_batch([batch.seqs[i] for i in rows], limits) if rows else []
+        for i, drafts in zip(rows, proposals):
+            drafts = drafts[:budget]
+            if not drafts:
+                continue
+            seq = batch.seqs[i]
+            seq.add_drafts(drafts)
+            if not self.block_manager.allocate(seq, 1 + len(drafts)):
+                seq.drop_drafts()
+                continue
+            batch.num_new_tokens[i] += len(drafts)
+            budget -= len(drafts)
+            self.counters.num_draft_tokens += len(drafts)
+        return budget
 
     def _allocate_or_preempt(self, seq: Sequence, num_new: int) -> bool:
         """Blocks for the next ``num_new`` tokens of a running ``seq``, preempting the newest
@@ -298,6 +309,8 @@ class Scheduler:
 
     def _finish(self, seq: Sequence, reason: FinishReason, stop_reason: int | str | None) -> None:
         self.block_manager.free(seq)
+        if self.proposer is not None:
+            self.proposer.release(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason, seq.stop_reason = reason, stop_reason
         request = seq.request

@@ -1,5 +1,9 @@
 """Speculative decoding: draft tokens proposed cheaply, verified by the target model in one step.
 
+A proposer (``Proposer``) drafts for the decoding sequences of a step, all at once; the scheduler
+gives each draft its budget and blocks. Two kinds: prompt lookup here, and a draft model
+(``engine/draft.py``).
+
 Proposal (``NgramProposer``, vLLM's "ngram" / prompt lookup): the sequence's last n tokens
 (n from ``max_n`` down to ``min_n``) are looked up earlier in its own prompt and output; the
 tokens that followed their most recent earlier occurrence are the draft. Text that copies its
@@ -12,13 +16,29 @@ token from the target: exactly what decoding token by token would produce under 
 and the same distribution under random sampling (rejection sampling: a draft x is accepted with
 probability p(x), since the n-gram proposal is deterministic; on rejection the token is drawn from
 p without x, renormalised; after d accepted drafts a bonus token is drawn from the last row).
+Any proposer whose drafts are a deterministic function of the sequence (a greedy draft model too)
+is verified exactly this way.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ortserve.engine.sequence import Sequence
+
+
+class Proposer(Protocol):
+    def propose_batch(self, seqs: list[Sequence], limits: list[int]) -> list[list[int]]:
+        """Draft tokens to follow each decoding sequence's tokens, at most ``limits[i]`` for seqs[i]."""
+        ...
+
+    def release(self, seq: Sequence) -> None:
+        """``seq`` has finished: drop what the proposer keeps for it."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -48,3 +68,9 @@ class NgramProposer:
         best = np.flatnonzero(good & (matched == matched[good].max()))[-1]  # longest, then most recent
         draft: list[int] = token_ids[ends[best] + 1 : ends[best] + 1 + k].tolist()
         return draft
+
+    def propose_batch(self, seqs: list[Sequence], limits: list[int]) -> list[list[int]]:
+        return [self.propose(np.frombuffer(s.token_ids, np.int64), limit) for s, limit in zip(seqs, limits)]
+
+    def release(self, seq: Sequence) -> None:
+        pass  # keeps nothing per sequence

@@ -4,7 +4,7 @@ sequence's tail, checked against a direct search."""
 from __future__ import annotations
 
 import numpy as np
-from engine_fakes import check_block_tables, make_request
+from engine_fakes import copying_model, make_request, solo, step_with, verify_with
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -65,49 +65,6 @@ def test_matches_the_brute_force_definition(tokens, k, min_n, extra):
 
 
 # --- the scheduler with drafts, on a fake model that copies (so drafts are often right) ---------
-
-
-def copying_model(token_ids) -> int:
-    """A pure function of the history that mostly repeats what came 3 tokens back (prompt lookup
-    finds it) and sometimes says something new (drafts get rejected)."""
-    h = 0
-    for t in token_ids:
-        h = (h * 1_000_003 + int(t)) % 2_147_483_647
-    return int(token_ids[-3]) if len(token_ids) >= 3 and h % 4 else 10 + h % 50
-
-
-def step_with(scheduler, model) -> list:
-    """One step with ``model`` as the target; after it every sequence that sampled has exactly its
-    last token left to compute (a kept draft's KV counts, a dropped one's does not)."""
-    batch = scheduler.schedule()
-    check_block_tables(scheduler, batch)
-    outputs = scheduler.update(batch, [verify_with(model, s) for s in batch.sampling], None)
-    for seq in batch.sampling:
-        if seq in scheduler.running:
-            assert seq.num_computed_tokens == seq.num_tokens - 1 and seq.num_draft_tokens == 0
-    return outputs
-
-
-def verify_with(model, seq) -> list[int]:
-    """What Sampler.verify does under greedy sampling, with ``model`` as the target."""
-    drafts = seq.draft_token_ids
-    history = list(seq.token_ids[: len(seq.token_ids) - len(drafts)])
-    out = []
-    for j in range(len(drafts) + 1):
-        token = model(history)
-        out.append(token)
-        if j == len(drafts) or token != drafts[j]:
-            break
-        history.append(token)
-    return out
-
-
-def solo(model, prompt, max_tokens):
-    tokens, out = list(prompt), []
-    for _ in range(max_tokens):
-        tokens.append(model(tokens))
-        out.append(tokens[-1])
-    return out
 
 
 @settings(max_examples=60, deadline=None)

@@ -145,6 +145,8 @@ def test_engine_flags_fill_the_config_and_env_is_the_fallback(monkeypatch, tmp_p
         "kv_cache_dtype": "int8",
         "max_num_seqs": 4,
         "speculative": "ngram",
+        "draft_model": None,
+        "draft_precision": None,
         "num_speculative_tokens": 3,
         "ngram_min": 2,
         "ngram_max": 5,
