@@ -92,8 +92,9 @@ class Sampler:
         every draft is kept, a bonus token is drawn from the last row). Logprobs, when asked, are
         taken per emitted token from its row's raw logits, as ``sample``'s.
 
-        Drafts are only proposed for requests without penalties, grammars or pending min_tokens
-        (engine/speculative.py), so the processors here are the position-free ones."""
+        Drafts are only proposed for requests without penalties or grammars (engine/speculative.py),
+        so the processors here are the position-free ones, and min_tokens, which each row applies
+        at its own output position."""
         with np.errstate(all="ignore"):
             return self._verify(logits, seqs, drafts)
 
@@ -101,10 +102,12 @@ class Sampler:
         self, logits: np.ndarray, seqs: list[Sequence], drafts: list[list[int]]
     ) -> tuple[list[list[int]], list[list[TokenLogprob] | None] | None]:
         rows = [seq for seq, d in zip(seqs, drafts) for _ in range(len(d) + 1)]  # each row's sequence
+        # row j of a sequence whose token_ids end in its d drafts predicts output token num_output - d + j
+        offsets = [j - len(d) for d in drafts for j in range(len(d) + 1)]
         starts = np.concatenate([[0], np.cumsum([len(d) + 1 for d in drafts])])
         wants_logprobs = any(s.params.logprobs is not None for s in seqs)
         raw = log_softmax(logits) if wants_logprobs else None
-        self._apply_processors(logits, rows)
+        self._apply_processors(logits, rows, offsets=offsets)
         greedy_tokens = logits.argmax(axis=1)
         random = np.flatnonzero([not s.params.greedy for s in rows])
         weights = self._weights(logits[random], [rows[r] for r in random])[0] if random.size else None
@@ -154,15 +157,22 @@ class Sampler:
         return allowed
 
     def _apply_processors(
-        self, logits: np.ndarray, seqs: list[Sequence], allowed: dict[int, np.ndarray] | None = None
+        self,
+        logits: np.ndarray,
+        seqs: list[Sequence],
+        allowed: dict[int, np.ndarray] | None = None,
+        offsets: list[int] | None = None,
     ) -> None:
+        """``offsets[i]``: row i predicts output token ``seqs[i].num_output_tokens + offsets[i]``
+        (0 when not given; a draft's rows, in ``verify``)."""
         bias_rows, bias_ids, bias_values = [], [], []
         rep_rows, rep_ids, rep_pen = [], [], []
         out_rows, out_ids, out_sub = [], [], []
         for i, seq in enumerate(seqs):
             request = seq.request
             p = request.params
-            if seq.num_output_tokens < p.min_tokens and request.min_tokens_mask.size:
+            position = seq.num_output_tokens + (offsets[i] if offsets else 0)
+            if position < p.min_tokens and request.min_tokens_mask.size:
                 ok = allowed.get(i) if allowed else None
                 if ok is None or ok.sum() > ok[request.min_tokens_mask].sum():  # never the grammar's only way on
                     logits[i, request.min_tokens_mask] = NEG_INF

@@ -256,7 +256,7 @@ class Scheduler:
             if num_new != 1 or seq.num_computed_tokens + 1 != seq.num_tokens or not request.speculative:
                 continue
             room = request.max_tokens - seq.num_output_tokens - 1  # the target's own token comes too
-            if seq.num_output_tokens >= request.params.min_tokens and room > 0:
+            if room > 0:
                 rows.append(i)
                 limits.append(min(room, budget))
         proposals = self.proposer.propose_batch([batch.seqs[i] for i in rows], limits) if rows else []

@@ -199,6 +199,33 @@ def test_greedy_output_with_a_draft_model_equals_plain_decoding(tiny_llama_artif
     assert own > 0.9 and counters["int4"].num_accepted_tokens <= counters["int4"].num_draft_tokens
 
 
+def test_min_tokens_holds_under_speculation(tiny_llama_artifact):
+    """EOS biased to be every row's favourite: plain decoding gives min_tokens tokens and then EOS,
+    and so do both proposers, whose drafts are checked row by row against min_tokens."""
+    import os
+
+    from ortserve import LLM
+    from ortserve.sampling_params import SamplingParams
+
+    before = os.sched_getaffinity(0)
+    eos = 2
+    params = SamplingParams(temperature=0.0, max_tokens=30, min_tokens=12, logit_bias={eos: 30.0})
+    prompts = [[5, 6, 7, 8] * 5, list(range(300, 340))]
+    outputs, drafted = {}, {}
+    for label, options in (
+        ("off", {}),
+        ("ngram", {"speculative": "ngram"}),
+        ("draft", {"draft_model": str(tiny_llama_artifact)}),
+    ):
+        llm = LLM(str(tiny_llama_artifact), kv_cache_space=0.05, threads_bind="nobind", **options)
+        outputs[label] = [r.outputs[0].token_ids for r in llm.generate(prompts, params, use_tqdm=False)]
+        drafted[label] = llm.engine.core.scheduler.counters.num_accepted_tokens
+    os.sched_setaffinity(0, before)
+    assert all(len(t) == 13 and t[-1] == eos and eos not in t[:-1] for t in outputs["off"])
+    assert outputs["ngram"] == outputs["off"] and outputs["draft"] == outputs["off"]
+    assert drafted["draft"] > 0
+
+
 def test_a_draft_with_another_vocabulary_is_refused_naming_the_flag(tiny_llama_artifact, tmp_path):
     import json
     import shutil

@@ -118,21 +118,19 @@ def test_drafts_are_proposed_and_mostly_kept_on_a_copying_model():
     scheduler.block_manager.check_idle()
 
 
-def test_requests_with_penalties_or_below_min_tokens_get_no_drafts():
+def test_requests_with_penalties_get_no_drafts_and_min_tokens_do():
     scheduler = Scheduler(BlockManager(64, 4), 4, 64, NgramProposer(4, 1, 3))
     penalised = make_request([3, 4, 3, 4, 3, 4], max_tokens=10, repetition_penalty=1.2)
-    waiting = make_request([3, 4, 3, 4, 3, 4], max_tokens=10, min_tokens=6)
-    for r in (penalised, waiting):
+    pinned = make_request([3, 4, 3, 4, 3, 4], max_tokens=10, min_tokens=10)
+    for r in (penalised, pinned):
         scheduler.add(r)
     drafted_early = []
     while scheduler.has_unfinished_requests():
         batch = scheduler.schedule()
-        drafted_early += [
-            s.num_draft_tokens for s in batch.sampling if s.request is waiting and s.num_output_tokens < 6
-        ]
+        drafted_early += [s.num_draft_tokens for s in batch.sampling if s.request is pinned]
         assert all(s.num_draft_tokens == 0 for s in batch.sampling if s.request is penalised)
         scheduler.update(batch, [verify_with(copying_model, s) for s in batch.sampling], None)
-    assert drafted_early and not any(drafted_early)
+    assert any(drafted_early)  # min_tokens is applied row by row in verify: drafts are fine
 
 
 # --- Sampler.verify: exact for greedy, the target's distribution for random sampling ------------
@@ -178,6 +176,23 @@ def test_random_verification_draws_from_the_target_distribution():
         freq = counts / counts.sum()
         sigma = np.sqrt(expected * (1 - expected) / counts.sum())
         assert np.all(np.abs(freq - expected) < 5 * sigma + 1e-3), (freq, expected)
+
+
+def test_min_tokens_masks_end_of_sequence_in_the_draft_rows_before_it():
+    """EOS is every row's favourite; with min_tokens 2 the first two rows (output tokens 0 and 1)
+    may not take it, the third may: the drafts are kept up to there, then EOS."""
+    from ortserve.engine.sampler import Sampler
+
+    eos = 2  # engine_fakes' EOS
+    logits = np.zeros((4, 8), np.float32)
+    logits[:, eos] = 9.0
+    logits[0, 4] = logits[1, 6] = logits[2, 1] = logits[3, 7] = 5.0  # the next best
+    seq = drafted_sequence(0.0, [4, 6, 1], min_tokens=2)
+    tokens, _ = Sampler().verify(logits.copy(), [seq], [[4, 6, 1]])
+    assert tokens == [[4, 6, eos]]
+    seq = drafted_sequence(0.0, [4, 6, 1], min_tokens=4)
+    tokens, _ = Sampler().verify(logits.copy(), [seq], [[4, 6, 1]])
+    assert tokens == [[4, 6, 1, 7]]
 
 
 def test_logit_bias_applies_to_every_draft_row():
