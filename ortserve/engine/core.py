@@ -60,7 +60,14 @@ class EngineCore:
         from ortserve.engine.model_runner import ModelRunner  # onnxruntime: only where it runs
 
         started = time.perf_counter()
-        self.runner = ModelRunner(self.artifact_dir, manifest, self.kv_plan, self.threads, config.max_num_seqs)
+        self.runner = ModelRunner(
+            self.artifact_dir,
+            manifest,
+            self.kv_plan,
+            self.threads,
+            config.max_num_seqs,
+            shares_cores=config.speculative == "draft",
+        )
         pin_calling_thread(self.threads)
         self.block_manager = BlockManager(self.kv_plan.num_blocks, config.block_size, config.enable_prefix_caching)
         proposer: Proposer | None = None

@@ -152,7 +152,7 @@ def load_draft_proposer(
     space = kv_plan.num_tokens * draft.kv_bytes_per_token(kv_plan.dtype) / GIB
     room = available_memory() - kv_plan.total_bytes  # the target's weights are loaded; its cache fills later
     plan = plan_kv_cache(draft, kv_plan.block_size, space, space, available=room, dtype=kv_plan.dtype)
-    runner = ModelRunner(Path(draft_dir), draft, plan, threads, config.max_num_seqs)
+    runner = ModelRunner(Path(draft_dir), draft, plan, threads, config.max_num_seqs, shares_cores=True)
     logger.info(
         "speculative decoding: draft model %s (%s weights), %d tokens a step",
         draft_dir,
