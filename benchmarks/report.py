@@ -125,6 +125,8 @@ def decode_table(records: list[dict], bandwidth: float | None) -> list[str]:
         bw = m.get("bandwidth_GBps") or bandwidth
         roof = roofline_tok_s(bw, wb) if wb and bw else None
         frac = m.get("decode_tok_s") / roof if roof and m.get("decode_tok_s") else None
+        if r["system"].endswith(("-ngram", "-draft")):
+            frac = None  # several tokens per pass over the weights: no roofline share
         around = (
             f" ({_fmt(m['bandwidth_before_GBps'])} / {_fmt(m.get('bandwidth_after_GBps'))})"
             if "bandwidth_before_GBps" in m
@@ -132,7 +134,7 @@ def decode_table(records: list[dict], bandwidth: float | None) -> list[str]:
         )
         out.append(
             f"| {r['system']} | {r['precision']} | {r.get('isa', '?')} | {_fmt(m.get('decode_tok_s'))} | {_fmt(m.get('prompt_tok_s'))} | "
-            f"{_fmt(wb / 1e6 if wb else None, 0)} MB | {_fmt(bw)}{around} | {_fmt(roof)} | {_fmt(frac * 100 if frac else None, 0)}% |"
+            f"{_fmt(wb / 1e6 if wb else None, 0)} MB | {_fmt(bw)}{around} | {_fmt(roof)} | {_fmt(frac * 100 if frac else None, 0)}{'%' if frac else ''} |"
         )
     return out
 
