@@ -15,7 +15,7 @@ sequences, so a long prompt never stalls a step), then the accepted drafts and t
 token. Drafted tokens that the target rejected are forgotten by cutting the state back to the
 longest prefix it shares with the sequence; their cache slots are written again later. A
 finished sequence's state and blocks go at once (``release``); a preempted one keeps them, since
-its tokens stay.
+its tokens stay. A draft run that fails costs only the drafts it would have made.
 """
 
 from __future__ import annotations
@@ -107,7 +107,11 @@ class DraftProposer:
             if not scheduled:
                 break
             batch = ScheduledBatch(cast("list[Sequence]", scheduled), counts, cast("list[Sequence]", done))
-            tokens = self.runner.execute(batch).argmax(axis=1).tolist()
+            try:
+                tokens = self.runner.execute(batch).argmax(axis=1).tolist()
+            except Exception:  # the step goes on with the drafts so far; nothing it wrote is counted
+                logger.exception("the draft model's run failed; these sequences decode without more drafts")
+                break
             for state, num_new in zip(scheduled, counts):
                 state.num_computed_tokens += num_new
             states = []

@@ -155,6 +155,33 @@ def test_a_long_prompt_is_caught_up_in_chunks_of_the_budget():
     proposer.check_idle()
 
 
+def test_a_failing_draft_run_costs_only_its_drafts():
+    """Every third draft run raises: the outputs are still the target's alone, and nothing leaks."""
+    proposer = draft_proposer(64, 4, 4, 64)
+    execute = proposer.runner.execute
+
+    def flaky(batch):
+        if proposer.runner.runs % 3 == 2:
+            proposer.runner.runs += 1
+            raise RuntimeError("draft model fault")
+        return execute(batch)
+
+    proposer.runner.execute = flaky  # type: ignore[method-assign]
+    scheduler = Scheduler(BlockManager(64, 4), 4, 64, proposer)
+    requests = [make_request([3, 4, 5, 6, 3, 4, 5, 6], max_tokens=30), make_request([5, 6, 3], max_tokens=20)]
+    outputs = {}
+    for r in requests:
+        scheduler.add(r)
+    while scheduler.has_unfinished_requests():
+        for out in step_with(scheduler, copying_model):
+            outputs.setdefault(out.request_id, []).extend(out.new_token_ids)
+    for r in requests:
+        assert outputs[r.request_id] == solo(copying_model, r.prompt_token_ids, r.max_tokens)
+    assert scheduler.counters.num_accepted_tokens > 0
+    scheduler.block_manager.check_idle()
+    proposer.check_idle()
+
+
 # --- the engine: a real draft model changes the speed, never the greedy output ---------------------
 
 
