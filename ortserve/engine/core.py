@@ -29,6 +29,7 @@ import numpy as np
 from ortserve.artifact import ArtifactManifest, is_artifact, load_manifest
 from ortserve.engine.block_manager import BlockManager
 from ortserve.engine.config import DEFAULT_KV_CACHE_SPACE_GIB, EngineConfig
+from ortserve.engine.draft import load_draft_proposer, resolve_draft
 from ortserve.engine.grammar import GrammarCompiler, MaskWorker
 from ortserve.engine.ipc import EngineCoreOutput, EngineInfo, EngineRequest, StatsUpdate, TokenLogprob
 from ortserve.engine.memory import GIB, KVCachePlan, MemoryCheckError, plan_kv_cache
@@ -49,6 +50,7 @@ class EngineCore:
         self.config = config = config or EngineConfig()
         self.artifact_dir = resolve_artifact(config.model, config.precision, config.activation_bits)
         self.manifest = manifest = load_manifest(self.artifact_dir)
+        draft = resolve_draft(config, manifest) if config.speculative == "draft" else None  # checked before loading
         self.threads = plan_threads(config.threads_bind, config.reserved_cpus)
         self.memory_nodes = bind_memory(self.threads)  # before the weights and the KV cache are allocated
         self.kv_plan = plan_kv_cache(
@@ -73,10 +75,8 @@ class EngineCore:
         proposer: Proposer | None = None
         if config.speculative == "ngram":
             proposer = NgramProposer(config.num_speculative_tokens, config.ngram_min, config.ngram_max)
-        elif config.speculative == "draft":
-            from ortserve.engine.draft import load_draft_proposer
-
-            proposer = load_draft_proposer(config, manifest, self.kv_plan, self.threads)
+        elif draft is not None:
+            proposer = load_draft_proposer(config, *draft, self.kv_plan, self.threads)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, proposer)
         self.sampler = Sampler()
         self.grammars: GrammarCompiler | None = None  # set by enable_structured_outputs

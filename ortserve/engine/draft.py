@@ -134,29 +134,40 @@ class DraftProposer:
         self.blocks.check_idle()
 
 
-def load_draft_proposer(
-    config: EngineConfig, manifest: ArtifactManifest, kv_plan: KVCachePlan, threads: ThreadPlan
-) -> DraftProposer:
-    """The draft model of ``config`` on the engine's cores, with a KV cache that holds as many
-    tokens as the target's, after checking it shares the target's vocabulary and fits in memory."""
-    from ortserve.artifact import load_manifest
+def resolve_draft(config: EngineConfig, manifest: ArtifactManifest) -> tuple[Path, ArtifactManifest]:
+    """The draft model's artifact and manifest (exported on first use), checked against the
+    target's vocabulary before anything big is loaded; errors name --draft-model."""
+    from ortserve.artifact import ArtifactError, load_manifest
     from ortserve.engine.core import resolve_artifact
-    from ortserve.engine.memory import GIB, available_memory, plan_kv_cache
-    from ortserve.engine.model_runner import ModelRunner
+    from ortserve.models import ModelSourceError
 
     assert config.draft_model is not None
-    draft_dir = resolve_artifact(config.draft_model, config.draft_precision, config.activation_bits)
-    draft = load_manifest(draft_dir)
+    try:
+        draft_dir = resolve_artifact(config.draft_model, config.draft_precision, config.activation_bits)
+        draft = load_manifest(draft_dir)
+    except (ModelSourceError, ArtifactError) as exc:
+        raise DraftModelError(f"--draft-model {config.draft_model}: {exc}") from exc
     if draft.vocab_size != manifest.vocab_size or set(draft.eos_token_ids) != set(manifest.eos_token_ids):
         raise DraftModelError(
             f"--draft-model {config.draft_model}: its vocabulary ({draft.vocab_size} tokens, end-of-sequence "
             f"{sorted(draft.eos_token_ids)}) is not the model's ({manifest.vocab_size}, "
             f"{sorted(manifest.eos_token_ids)}); use a draft of the same family and tokenizer"
         )
+    return draft_dir, draft
+
+
+def load_draft_proposer(
+    config: EngineConfig, draft_dir: Path, draft: ArtifactManifest, kv_plan: KVCachePlan, threads: ThreadPlan
+) -> DraftProposer:
+    """The draft model on the engine's cores, with a KV cache that holds as many tokens as the
+    target's, after checking that its weights and cache fit in memory too."""
+    from ortserve.engine.memory import GIB, available_memory, plan_kv_cache
+    from ortserve.engine.model_runner import ModelRunner
+
     space = kv_plan.num_tokens * draft.kv_bytes_per_token(kv_plan.dtype) / GIB
     room = available_memory() - kv_plan.total_bytes  # the target's weights are loaded; its cache fills later
     plan = plan_kv_cache(draft, kv_plan.block_size, space, space, available=room, dtype=kv_plan.dtype)
-    runner = ModelRunner(Path(draft_dir), draft, plan, threads, config.max_num_seqs, shares_cores=True)
+    runner = ModelRunner(draft_dir, draft, plan, threads, config.max_num_seqs, shares_cores=True)
     logger.info(
         "speculative decoding: draft model %s (%s weights), %d tokens a step",
         draft_dir,

@@ -272,6 +272,20 @@ def test_a_draft_with_another_vocabulary_is_refused_naming_the_flag(tiny_llama_a
         EngineCore(config)
 
 
+def test_a_missing_draft_is_refused_before_the_model_loads(tiny_llama_artifact, tmp_path, monkeypatch):
+    from ortserve.engine import model_runner
+    from ortserve.engine.config import EngineConfig
+    from ortserve.engine.core import EngineCore
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a model was loaded before the draft was checked")
+
+    monkeypatch.setattr(model_runner.ModelRunner, "__init__", no_loading)
+    config = EngineConfig(model=str(tiny_llama_artifact), draft_model=str(tmp_path / "nowhere"), kv_cache_space=0.05)
+    with pytest.raises(ValueError, match=r"^--draft-model .*nowhere: Unknown model"):
+        EngineCore(config)
+
+
 def test_the_draft_flags_go_together():
     from ortserve.engine.config import EngineConfig
 
