@@ -77,7 +77,9 @@ class EngineCore:
             proposer = NgramProposer(config.num_speculative_tokens, config.ngram_min, config.ngram_max)
         elif draft is not None:
             proposer = load_draft_proposer(config, *draft, self.kv_plan, self.threads)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, proposer)
+        self.scheduler = Scheduler(
+            self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, proposer, config.max_drafting_seqs
+        )
         self.sampler = Sampler()
         self.grammars: GrammarCompiler | None = None  # set by enable_structured_outputs
         self.masks: MaskWorker | None = None
@@ -366,11 +368,16 @@ def startup_report(core: EngineCore, load_seconds: float) -> str:
                 f"  scheduler max_num_seqs {config.max_num_seqs}, "
                 f"max_num_batched_tokens {config.max_num_batched_tokens}, "
                 f"prefix caching {'on' if config.enable_prefix_caching else 'off'}, speculative "
-                + (
-                    f"ngram ({config.num_speculative_tokens} tokens, n {config.ngram_min}..{config.ngram_max})"
-                    if config.speculative == "ngram"
-                    else "off"
-                )
+                + speculative_summary(config)
             ),
         ]
     )
+
+
+def speculative_summary(config: EngineConfig) -> str:
+    if config.speculative == "off":
+        return "off"
+    what = f"n {config.ngram_min}..{config.ngram_max}" if config.speculative == "ngram" else str(config.draft_model)
+    limit = config.max_drafting_seqs
+    batch = f", while at most {limit} sequences decode" if limit is not None else ""
+    return f"{config.speculative} ({what}; {config.num_speculative_tokens} tokens{batch})"

@@ -19,8 +19,9 @@ Speculative decoding (a ``proposer`` given): a decoding sequence may carry draft
 last one, computed in the same step (1 + d tokens, 1 + d logits rows); ``update`` keeps the
 accepted drafts and the target's token after them, and drops the rest, whose KV slots the
 sequence later overwrites. Drafts are proposed once the running sequences have their tokens, for
-all decoding ones at once (a draft model runs them as one batch); they take the budget left,
-blocks and room under max_tokens like tokens, and are dropped rather than preempt another sequence.
+all decoding ones at once (a draft model runs them as one batch), unless more than
+``max_drafting_seqs`` decode; they take the budget left, blocks and room under max_tokens like
+tokens, and are dropped rather than preempt another sequence.
 """
 
 from __future__ import annotations
@@ -79,9 +80,12 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         proposer: Proposer | None = None,
+        max_drafting_seqs: int | None = None,
     ):
+        """``max_drafting_seqs``: no drafts in a step with more decoding sequences than this."""
         self.block_manager = block_manager
         self.proposer = proposer
+        self.max_drafting_seqs = max_drafting_seqs
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.requests: dict[str, Request] = {}
@@ -250,16 +254,23 @@ class Scheduler:
         its max_tokens, the ``budget`` left (in batch order) and free blocks (drafts never
         preempt); returns the budget left."""
         assert self.proposer is not None
+        decoding = [
+            i
+            for i, (seq, num_new) in enumerate(zip(batch.seqs, batch.num_new_tokens))
+            if num_new == 1 and seq.num_computed_tokens + 1 == seq.num_tokens
+        ]
+        if self.max_drafting_seqs is not None and len(decoding) > self.max_drafting_seqs:
+            return budget
         rows, limits = [], []
-        for i, (seq, num_new) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
-            request = seq.request
-            if num_new != 1 or seq.num_computed_tokens + 1 != seq.num_tokens or not request.speculative:
-                continue
-            room = request.max_tokens - seq.num_output_tokens - 1  # the target's own token comes too
-            if room > 0:
+        for i in decoding:
+            seq = batch.seqs[i]
+            room = seq.request.max_tokens - seq.num_output_tokens - 1  # the target's own token comes too
+            if seq.request.speculative and room > 0:
                 rows.append(i)
                 limits.append(min(room, budget))
-        proposals = self.proposer.propose_batch([batch.seqs[i] for i in rows], limits) if rows else []
+        if not rows:
+            return budget
+        proposals = self.proposer.propose_batch([batch.seqs[i] for i in rows], limits)
         for i, drafts in zip(rows, proposals):
             drafts = drafts[:budget]
             if not drafts:

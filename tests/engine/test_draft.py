@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from engine_fakes import copying_model, make_request, solo, step_with
+from engine_fakes import copying_model, make_request, solo, step_with, verify_with
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -152,6 +152,23 @@ def test_a_long_prompt_is_caught_up_in_chunks_of_the_budget():
         step_with(scheduler, copying_model)
         drafted_at.append(scheduler.counters.num_draft_tokens > 0)
     assert max(seen) <= 16 and drafted_at.index(True) >= 100 // 16  # the prompt first, 16 at a time
+    proposer.check_idle()
+
+
+def test_no_drafts_while_more_sequences_decode_than_the_limit():
+    """Three requests decode together without drafts; once one is done, the other two draft."""
+    proposer = draft_proposer(64, 4, 3, 64)
+    scheduler = Scheduler(BlockManager(64, 4), 4, 64, proposer, max_drafting_seqs=2)
+    requests = [make_request([3, 4, 5, 6] * 2, max_tokens=m) for m in (4, 30, 30)]
+    for r in requests:
+        scheduler.add(r)
+    while scheduler.has_unfinished_requests():
+        batch = scheduler.schedule()
+        decoding = [s for s in batch.sampling if s.is_prefilled]
+        assert len(decoding) <= 2 or not any(s.num_draft_tokens for s in batch.seqs)
+        scheduler.update(batch, [verify_with(copying_model, s) for s in batch.sampling], None)
+    assert scheduler.counters.num_accepted_tokens > 0
+    scheduler.block_manager.check_idle()
     proposer.check_idle()
 
 

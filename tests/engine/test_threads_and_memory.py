@@ -148,6 +148,7 @@ def test_engine_flags_fill_the_config_and_env_is_the_fallback(monkeypatch, tmp_p
         "draft_model": None,
         "draft_precision": None,
         "num_speculative_tokens": 3,
+        "speculative_disable_by_batch_size": None,
         "ngram_min": 2,
         "ngram_max": 5,
         "max_num_batched_tokens": 64,
