@@ -1,10 +1,12 @@
 """Speculative decoding with a draft model (``--speculative draft --draft-model MODEL``).
 
 A smaller model with the target's vocabulary, or the target itself at a lower precision, proposes
-the next k tokens of every decoding sequence greedily; the target checks them in its next step
-with ``Sampler.verify``, as it checks prompt lookup's. A greedy draft is a deterministic function
-of the sequence, so verification is exact: greedy output equals plain decoding, and random
-sampling keeps the target's distribution (``engine/speculative.py``).
+the next k tokens of every decoding sequence; the target checks them in its next step with
+``Sampler.verify``, as it checks prompt lookup's. Under greedy sampling the draft takes its argmax
+(a deterministic proposal: the output equals plain decoding); under random sampling it draws from
+its own softmax at the request's temperature and hands that distribution q on, so verification
+accepts with min(1, p/q), which keeps the target's distribution exactly and accepts more often
+than checking a greedy draft would (``engine/speculative.py``).
 
 The draft has its own ``ModelRunner`` and KV cache (its own ``BlockManager``, no prefix caching)
 and runs on the engine's cores between the target's steps: up to k runs a step, each one flattened
@@ -30,6 +32,7 @@ import numpy as np
 
 from ortserve.engine.block_manager import BlockManager
 from ortserve.engine.scheduler import ScheduledBatch
+from ortserve.engine.speculative import Draft
 
 if TYPE_CHECKING:
     from ortserve.artifact import ArtifactManifest
@@ -81,8 +84,9 @@ class DraftProposer:
         self.catch_up_budget = catch_up_budget
         self.states: dict[Sequence, DraftState] = {}
 
-    def propose_batch(self, seqs: list[Sequence], limits: list[int]) -> list[list[int]]:
-        drafts: list[list[int]] = [[] for _ in seqs]
+    def propose_batch(self, seqs: list[Sequence], limits: list[int]) -> list[Draft]:
+        tokens: list[list[int]] = [[] for _ in seqs]
+        probs: list[list[np.ndarray]] = [[] for _ in seqs]
         wanted: dict[int, tuple[int, int]] = {}  # id(state) -> (index in seqs, most drafts)
         states = []
         for i, (seq, limit) in enumerate(zip(seqs, limits)):
@@ -108,20 +112,25 @@ class DraftProposer:
                 break
             batch = ScheduledBatch(cast("list[Sequence]", scheduled), counts, cast("list[Sequence]", done))
             try:
-                tokens = self.runner.execute(batch).argmax(axis=1).tolist()
+                logits = self.runner.execute(batch)
             except Exception:  # the step goes on with the drafts so far; nothing it wrote is counted
                 logger.exception("the draft model's run failed; these sequences decode without more drafts")
                 break
             for state, num_new in zip(scheduled, counts):
                 state.num_computed_tokens += num_new
             states = []
-            for state, token in zip(done, tokens):
+            for state, row in zip(done, logits):
                 i, most = wanted[id(state)]
+                token, q = choose(row, seqs[i])
+                if token is None:
+                    continue  # no finite distribution: no more drafts for it
                 state.token_ids.append(token)
-                drafts[i].append(token)
-                if len(drafts[i]) < most:
+                tokens[i].append(token)
+                if q is not None:
+                    probs[i].append(q)
+                if len(tokens[i]) < most:
                     states.append(state)
-        return drafts
+        return [Draft(t, np.stack(q) if q else None) for t, q in zip(tokens, probs)]
 
     def release(self, seq: Sequence) -> None:
         state = self.states.pop(seq, None)
@@ -132,6 +141,23 @@ class DraftProposer:
         """With no request alive, no state is kept and every draft block is free."""
         assert not self.states, f"draft states kept for finished sequences: {list(self.states)[:5]}"
         self.blocks.check_idle()
+
+
+def choose(logits: np.ndarray, seq: Sequence) -> tuple[int | None, np.ndarray | None]:
+    """The draft's token for ``seq`` from its logits row: the argmax under greedy sampling (a
+    deterministic proposal), else a draw from softmax(logits / temperature) with the sequence's
+    generator, returned with that distribution (verification needs q). None if the row has no
+    finite distribution."""
+    params = seq.request.params
+    if params.greedy:
+        return int(logits.argmax()), None
+    x = logits.astype(np.float64) / params.temperature
+    x = np.exp(x - x.max())
+    cdf = np.cumsum(x)
+    if not np.isfinite(cdf[-1]) or cdf[-1] <= 0:
+        return None, None
+    token = int(min(np.searchsorted(cdf, seq.rng.random() * cdf[-1], side="right"), len(cdf) - 1))
+    return token, (x / cdf[-1]).astype(np.float32)
 
 
 def resolve_draft(config: EngineConfig, manifest: ArtifactManifest) -> tuple[Path, ArtifactManifest]:
@@ -186,11 +212,11 @@ def load_draft_proposer(
 
 def warm_up(proposer: DraftProposer, length: int) -> None:
     """One throwaway proposal (ORT's first run allocates and prepacks)."""
-    from ortserve.engine.sequence import Sequence
+    from ortserve.engine.ipc import EngineRequest
+    from ortserve.engine.sequence import Request
+    from ortserve.sampling_params import SamplingParams
 
-    class Stand:  # what propose_batch reads of a sequence
-        token_ids = array("q", [0] * length)
-
-    stand = cast(Sequence, Stand())
-    proposer.propose_batch([stand], [1])
-    proposer.release(stand)
+    request = EngineRequest("__draft_warmup__", [0] * length, SamplingParams(max_tokens=2, temperature=0.0))
+    seq = Request(request, frozenset(), length + 2).sequences[0]
+    proposer.propose_batch([seq], [1])
+    proposer.release(seq)

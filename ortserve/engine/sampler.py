@@ -87,8 +87,9 @@ class Sampler:
         consecutive rows of ``logits``: the target's logits at its last token and at each draft.
         Returns per sequence the accepted drafts plus one token of the target's own: what decoding
         one token at a time gives under greedy sampling, and the same distribution under random
-        sampling (rejection sampling: a draft x is kept with probability p(x), the n-gram proposal
-        being deterministic; on rejection the token is drawn from p without x, renormalised; after
+        sampling (rejection sampling: a draft x is kept with probability p(x) / q(x), q(x) = 1 for a
+        deterministic proposal and the draft model's own distribution for a drawn one; on rejection
+        the token is drawn from max(p - q, 0), i.e. p without x for a deterministic draft; after
         every draft is kept, a bonus token is drawn from the last row). Logprobs, when asked, are
         taken per emitted token from its row's raw logits, as ``sample``'s.
 
@@ -125,12 +126,9 @@ class Sampler:
                     continue
                 assert weights is not None
                 w = weights[weight_row[row]]
-                if j < len(draft):
-                    total = float(w.sum(dtype=np.float64))
-                    if seq.rng.random() * total < w[draft[j]]:  # kept with probability p(draft)
-                        out.append(draft[j])
-                        continue
-                    w[draft[j]] = 0.0  # rejected: draw from p without it
+                if j < len(draft) and self._keep_draft(w, seq, draft, j):
+                    out.append(draft[j])
+                    continue
                 out.append(int(draw(w[None, :], np.array([seq.rng.random()]))[0]))
                 break
             tokens.append(out)
@@ -143,6 +141,23 @@ class Sampler:
             for i, (seq, out) in enumerate(zip(seqs, tokens))
         ]
         return tokens, logprobs
+
+    @staticmethod
+    def _keep_draft(w: np.ndarray, seq: Sequence, draft: list[int], j: int) -> bool:
+        """Rejection sampling of draft ``j`` against the target's weights ``w`` (unnormalised p):
+        kept with probability p(x) / q(x), at most 1 (q(x) = 1 for a deterministic proposal). If
+        rejected, ``w`` becomes what to draw from instead: p without x, or max(p - q, 0)."""
+        token, total = draft[j], float(w.sum(dtype=np.float64))
+        q = None if seq.draft_probs is None else seq.draft_probs[j]
+        if seq.rng.random() * total * (1.0 if q is None else float(q[token])) < w[token]:
+            return True
+        if q is not None:
+            residual = np.maximum(w / np.float32(total) - q, np.float32(0.0))
+            if residual.sum(dtype=np.float64) > 0:  # else rounding: p and q agree, fall back below
+                w[:] = residual
+                return False
+        w[token] = 0.0
+        return False
 
     # -- logits processors -------------------------------------------------------------------
     @staticmethod

@@ -271,12 +271,12 @@ class Scheduler:
         if not rows:
             return budget
         proposals = self.proposer.propose_batch([batch.seqs[i] for i in rows], limits)
-        for i, drafts in zip(rows, proposals):
-            drafts = drafts[:budget]
+        for i, proposal in zip(rows, proposals):
+            drafts = proposal.token_ids[:budget]
             if not drafts:
                 continue
             seq = batch.seqs[i]
-            seq.add_drafts(drafts)
+            seq.add_drafts(drafts, None if proposal.probs is None else proposal.probs[: len(drafts)])
             if not self.block_manager.allocate(seq, 1 + len(drafts)):
                 seq.drop_drafts()
                 continue

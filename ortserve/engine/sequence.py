@@ -95,6 +95,7 @@ class Sequence:
     __slots__ = (
         "block_hashes",
         "block_table",
+        "draft_probs",
         "finish_reason",
         "grammar",
         "index",
@@ -130,6 +131,7 @@ class Sequence:
         self.last_token_time = 0.0
         self.is_prefilled = False  # has sampled its first token at least once
         self.num_draft_tokens = 0  # speculative drafts at the end of token_ids, this step only
+        self.draft_probs: np.ndarray | None = None  # [drafts, vocab]: the distribution each was drawn from
         # an llguidance matcher when the request has structured outputs: advanced by each sampled
         # token, never by recompute, so preemption leaves it as it is
         self.grammar: Any = request.new_grammar() if request.new_grammar is not None else None
@@ -166,15 +168,18 @@ class Sequence:
     def draft_token_ids(self) -> list[int]:
         return self.token_ids[len(self.token_ids) - self.num_draft_tokens :].tolist() if self.num_draft_tokens else []
 
-    def add_drafts(self, token_ids: list[int]) -> None:
-        """Speculative drafts, computed this step like tokens, then dropped by ``drop_drafts``."""
+    def add_drafts(self, token_ids: list[int], probs: np.ndarray | None = None) -> None:
+        """Speculative drafts, computed this step like tokens, then dropped by ``drop_drafts``;
+        ``probs``: the distribution each was drawn from (None: chosen deterministically)."""
         self.token_ids.extend(token_ids)
         self.num_draft_tokens = len(token_ids)
+        self.draft_probs = probs
 
     def drop_drafts(self) -> None:
         if self.num_draft_tokens:
             del self.token_ids[len(self.token_ids) - self.num_draft_tokens :]
             self.num_draft_tokens = 0
+            self.draft_probs = None
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)

@@ -16,8 +16,9 @@ token from the target: exactly what decoding token by token would produce under 
 and the same distribution under random sampling (rejection sampling: a draft x is accepted with
 probability p(x), since the n-gram proposal is deterministic; on rejection the token is drawn from
 p without x, renormalised; after d accepted drafts a bonus token is drawn from the last row).
-Any proposer whose drafts are a deterministic function of the sequence (a greedy draft model too)
-is verified exactly this way.
+A draft drawn from a distribution q (a draft model's, under random sampling) is accepted with
+probability min(1, p(x) / q(x)) instead, and on rejection the token is drawn from max(p - q, 0),
+renormalised: the standard speculative sampling, exact for any q.
 """
 
 from __future__ import annotations
@@ -31,8 +32,14 @@ if TYPE_CHECKING:
     from ortserve.engine.sequence import Sequence
 
 
+@dataclass(frozen=True)
+class Draft:
+    token_ids: list[int]
+    probs: np.ndarray | None = None  # [len(token_ids), vocab]: each token's proposal distribution; None: deterministic
+
+
 class Proposer(Protocol):
-    def propose_batch(self, seqs: list[Sequence], limits: list[int]) -> list[list[int]]:
+    def propose_batch(self, seqs: list[Sequence], limits: list[int]) -> list[Draft]:
         """Draft tokens to follow each decoding sequence's tokens, at most ``limits[i]`` for seqs[i]."""
         ...
 
@@ -69,8 +76,8 @@ class NgramProposer:
         draft: list[int] = token_ids[ends[best] + 1 : ends[best] + 1 + k].tolist()
         return draft
 
-    def propose_batch(self, seqs: list[Sequence], limits: list[int]) -> list[list[int]]:
-        return [self.propose(np.frombuffer(s.token_ids, np.int64), limit) for s, limit in zip(seqs, limits)]
+    def propose_batch(self, seqs: list[Sequence], limits: list[int]) -> list[Draft]:
+        return [Draft(self.propose(np.frombuffer(s.token_ids, np.int64), limit)) for s, limit in zip(seqs, limits)]
 
     def release(self, seq: Sequence) -> None:
         pass  # keeps nothing per sequence

@@ -67,8 +67,8 @@ def checked(proposer: DraftProposer) -> DraftProposer:
     def propose_batch(seqs, limits):
         drafts = propose(seqs, limits)
         for seq, limit, draft in zip(seqs, limits, drafts):
-            assert len(draft) <= min(limit, proposer.num_tokens)
-            assert draft == solo(draft_model, list(seq.token_ids), len(draft))
+            assert len(draft.token_ids) <= min(limit, proposer.num_tokens) and draft.probs is None  # greedy
+            assert draft.token_ids == solo(draft_model, list(seq.token_ids), len(draft.token_ids))
         return drafts
 
     proposer.propose_batch = propose_batch  # type: ignore[method-assign]
@@ -241,6 +241,26 @@ def test_greedy_output_with_a_draft_model_equals_plain_decoding(tiny_llama_artif
     # the model as its own draft is right almost always; its int4 copy less often
     own = counters["self"].num_accepted_tokens / counters["self"].num_draft_tokens
     assert own > 0.9 and counters["int4"].num_accepted_tokens <= counters["int4"].num_draft_tokens
+
+
+def test_a_draft_model_samples_its_drafts_under_random_sampling(tiny_llama_artifact):
+    """At temperature 0.8 the model as its own draft draws its drafts from the same distribution
+    the target samples from, so p / q = 1 and nearly every draft is kept."""
+    import os
+
+    from ortserve import LLM
+    from ortserve.sampling_params import SamplingParams
+
+    before = os.sched_getaffinity(0)
+    model = str(tiny_llama_artifact)
+    llm = LLM(model, kv_cache_space=0.05, threads_bind="nobind", draft_model=model)
+    params = SamplingParams(temperature=0.8, max_tokens=40, ignore_eos=True, seed=3)
+    outputs = llm.generate([[5, 6, 7, 8] * 5, list(range(300, 340))], params, use_tqdm=False)
+    os.sched_setaffinity(0, before)
+    assert all(len(r.outputs[0].token_ids) == 40 for r in outputs)
+    counters = llm.engine.core.scheduler.counters
+    assert counters.num_draft_tokens > 20 and counters.num_accepted_tokens / counters.num_draft_tokens > 0.9
+    llm.engine.core.scheduler.proposer.check_idle()
 
 
 def test_min_tokens_holds_under_speculation(tiny_llama_artifact):

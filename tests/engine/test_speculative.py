@@ -195,6 +195,38 @@ def test_min_tokens_masks_end_of_sequence_in_the_draft_rows_before_it():
     assert tokens == [[4, 6, 1, 7]]
 
 
+def test_drafts_drawn_from_q_keep_the_target_distribution_and_are_kept_min_p_q_of_the_time():
+    """A draft model's draft x ~ q is kept with probability min(1, p(x)/q(x)) and replaced from
+    max(p - q, 0): the first token is distributed as p(row 0), the next (when the draft was kept) as
+    p(row 1), and a draft is kept sum_x min(p(x), q(x)) of the time, more than p(argmax q) would be."""
+    from ortserve.engine.sampler import Sampler
+
+    rng = np.random.default_rng(1)
+    logits = rng.normal(0.0, 1.0, (2, 6)).astype(np.float32)
+    p = np.exp(logits / 0.8) / np.exp(logits / 0.8).sum(axis=1, keepdims=True)
+    q_logits = logits[0] + rng.normal(0.0, 0.7, 6)  # a draft model that mostly agrees
+    q = (np.exp(q_logits) / np.exp(q_logits).sum()).astype(np.float32)
+    first, second, kept = np.zeros(6), np.zeros(6), 0
+    sampler = Sampler()
+    trials = 20_000
+    for i in range(trials):
+        draft = int(rng.choice(6, p=q / q.sum()))
+        seq = drafted_sequence(0.8, [draft], seed=i)
+        seq.draft_probs = q[None, :]
+        [tokens], _ = sampler.verify(logits.copy(), [seq], [[draft]])
+        first[tokens[0]] += 1
+        if len(tokens) == 2:
+            kept += 1
+            second[tokens[1]] += 1
+    for counts, expected in ((first, p[0]), (second, p[1])):
+        freq = counts / counts.sum()
+        sigma = np.sqrt(expected * (1 - expected) / counts.sum())
+        assert np.all(np.abs(freq - expected) < 5 * sigma + 1e-3), (freq, expected)
+    overlap = np.minimum(p[0], q).sum()
+    assert abs(kept / trials - overlap) < 5 * np.sqrt(overlap * (1 - overlap) / trials)
+    assert overlap > p[0][int(np.argmax(q))]  # what a greedy draft would be kept
+
+
 def test_logit_bias_applies_to_every_draft_row():
     from ortserve.engine.sampler import Sampler
 
