@@ -126,3 +126,29 @@ def solo(model, prompt, max_tokens):
         tokens.append(model(tokens))
         out.append(tokens[-1])
     return out
+
+
+def check_drafted_run(draw, scheduler, max_model_len: int) -> None:
+    """Add 1-5 drawn requests (``draw``: hypothesis' data.draw), run them with copying_model as the
+    target, and check every output is the target's alone and no block is kept; drafts may only
+    change the speed."""
+    from hypothesis import strategies as st
+
+    requests = []
+    for _ in range(draw(st.integers(1, 5), label="requests")):
+        length = draw(st.integers(1, min(30, max_model_len - 1)), label="prompt length")
+        prompt = [draw(st.integers(3, 6)) for _ in range(length)]
+        n, max_tokens = draw(st.integers(1, 2)), draw(st.integers(1, 24))
+        requests.append(make_request(prompt, max_model_len=max_model_len, n=n, max_tokens=max_tokens))
+        scheduler.add(requests[-1])
+    outputs: dict[tuple[str, int], list[int]] = collections.defaultdict(list)
+    for _ in range(5000):
+        if not scheduler.has_unfinished_requests():
+            break
+        for out in step_with(scheduler, copying_model):
+            outputs[(out.request_id, out.index)].extend(out.new_token_ids)
+    scheduler.block_manager.check_idle()
+    for r in requests:
+        for seq in r.sequences:
+            assert outputs[(r.request_id, seq.index)] == solo(copying_model, r.prompt_token_ids, r.max_tokens)
+    assert scheduler.counters.num_accepted_tokens <= scheduler.counters.num_draft_tokens

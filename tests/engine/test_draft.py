@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from engine_fakes import copying_model, make_request, solo, step_with, verify_with
+from engine_fakes import check_drafted_run, copying_model, make_request, solo, step_with, verify_with
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -94,25 +94,8 @@ def test_draft_model_schedules_match_solo_runs_and_leak_nothing(
     max_model_len = num_blocks * block_size
     proposer = checked(draft_proposer(draft_blocks, block_size, k, catch_up))
     scheduler = Scheduler(BlockManager(num_blocks, block_size, prefix_caching), 4, budget, proposer)
-    requests, outputs = {}, {}
-    for _ in range(data.draw(st.integers(1, 5), label="requests")):
-        length = data.draw(st.integers(1, min(30, max_model_len - 1)), label="prompt length")
-        prompt = [data.draw(st.integers(3, 6)) for _ in range(length)]
-        n, max_tokens = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 24))
-        r = make_request(prompt, max_model_len=max_model_len, n=n, max_tokens=max_tokens)
-        requests[r.request_id] = r
-        scheduler.add(r)
-    for _ in range(5000):
-        if not scheduler.has_unfinished_requests():
-            break
-        for out in step_with(scheduler, copying_model):
-            outputs.setdefault((out.request_id, out.index), []).extend(out.new_token_ids)
-    scheduler.block_manager.check_idle()
+    check_drafted_run(data.draw, scheduler, max_model_len)
     proposer.check_idle()
-    for rid, r in requests.items():
-        for seq in r.sequences:
-            assert outputs[(rid, seq.index)] == solo(copying_model, r.prompt_token_ids, r.max_tokens)
-    assert scheduler.counters.num_accepted_tokens <= scheduler.counters.num_draft_tokens
 
 
 def test_a_good_draft_is_mostly_kept_and_saves_target_steps():

@@ -4,7 +4,7 @@ sequence's tail, checked against a direct search."""
 from __future__ import annotations
 
 import numpy as np
-from engine_fakes import copying_model, make_request, solo, step_with, verify_with
+from engine_fakes import check_drafted_run, copying_model, make_request, step_with, verify_with
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -79,29 +79,7 @@ def test_matches_the_brute_force_definition(tokens, k, min_n, extra):
 def test_drafted_schedules_match_solo_runs_and_leak_nothing(data, block_size, num_blocks, budget, k, prefix_caching):
     max_model_len = num_blocks * block_size
     scheduler = Scheduler(BlockManager(num_blocks, block_size, prefix_caching), 4, budget, NgramProposer(k, 1, 3))
-    requests, outputs = {}, {}
-    for _ in range(data.draw(st.integers(1, 5), label="requests")):
-        length = data.draw(st.integers(1, min(30, max_model_len - 1)), label="prompt length")
-        prompt = [data.draw(st.integers(3, 6)) for _ in range(length)]
-        r = make_request(
-            prompt,
-            max_model_len=max_model_len,
-            n=data.draw(st.integers(1, 2)),
-            max_tokens=data.draw(st.integers(1, 24)),
-        )
-        requests[r.request_id] = r
-        scheduler.add(r)
-    for _ in range(5000):
-        if not scheduler.has_unfinished_requests():
-            break
-        for out in step_with(scheduler, copying_model):
-            outputs.setdefault((out.request_id, out.index), []).extend(out.new_token_ids)
-    scheduler.block_manager.check_idle()
-    for rid, r in requests.items():
-        for seq in r.sequences:
-            assert outputs[(rid, seq.index)] == solo(copying_model, r.prompt_token_ids, r.max_tokens)
-    c = scheduler.counters
-    assert c.num_accepted_tokens <= c.num_draft_tokens
+    check_drafted_run(data.draw, scheduler, max_model_len)
 
 
 def test_drafts_are_proposed_and_mostly_kept_on_a_copying_model():
