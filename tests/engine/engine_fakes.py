@@ -152,3 +152,15 @@ def check_drafted_run(draw, scheduler, max_model_len: int) -> None:
         for seq in r.sequences:
             assert outputs[(r.request_id, seq.index)] == solo(copying_model, r.prompt_token_ids, r.max_tokens)
     assert scheduler.counters.num_accepted_tokens <= scheduler.counters.num_draft_tokens
+
+
+def run_one_drafted(scheduler, prompt, max_tokens: int) -> int:
+    """Run one request to the end with copying_model as the target; returns the number of steps
+    (checks it got all its tokens)."""
+    scheduler.add(make_request(prompt, max_tokens=max_tokens))
+    steps = outputs = 0
+    while scheduler.has_unfinished_requests():
+        outputs += sum(len(o.new_token_ids) for o in step_with(scheduler, copying_model))
+        steps += 1
+    assert outputs == max_tokens
+    return steps
