@@ -90,7 +90,7 @@ class DraftProposer:
         wanted: dict[int, tuple[int, int]] = {}  # id(state) -> (index in seqs, most drafts)
         states = []
         for i, (seq, limit) in enumerate(zip(seqs, limits)):
-            state = self.states.setdefault(seq, DraftState())
+            state = self.states.get(seq) or self.states.setdefault(seq, DraftState())  # no new state per step
             state.follow(seq.token_ids)
             if min(limit, self.num_tokens) > 0:
                 wanted[id(state)] = (i, min(limit, self.num_tokens))
