@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 MAX_LOGPROBS = 20  # as OpenAI's top_logprobs and vLLM's default max_logprobs
 GREEDY_TEMPERATURE = 1e-5  # a temperature below this samples greedily (vLLM's _SAMPLING_EPS)
@@ -183,6 +183,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None  # k top logprobs per prompt token (the first has none)
     structured_outputs: StructuredOutputs | None = None  # a grammar every sample must match
     truncate_prompt_tokens: int | None = None  # keep only the prompt's last k tokens (see truncate)
+    # "delta": changes go out as they come (every --stream-interval tokens); "final_only": only the
+    # first token and the end (vLLM's RequestOutputKind; the server's non-streaming requests)
+    output_kind: Literal["delta", "final_only"] = "delta"
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -210,6 +213,10 @@ class SamplingParams:
             "truncate_prompt_tokens",
         ):
             check(name, getattr(self, name))
+        if self.output_kind not in ("delta", "final_only"):
+            raise InvalidParameter(
+                "output_kind", f"output_kind must be 'delta' or 'final_only', got {self.output_kind!r}"
+            )
         if isinstance(self.structured_outputs, dict):
             self.structured_outputs = StructuredOutputs(**self.structured_outputs)
         check_size("logit_bias", self.logit_bias)

@@ -21,11 +21,12 @@ logger = logging.getLogger("ortserve.engine")
 
 
 class LLMEngine:
-    def __init__(self, core: Any, tokenizer: Any) -> None:
-        """``core``: an ``EngineCore`` (or a stand-in with the same methods, in tests)."""
+    def __init__(self, core: Any, tokenizer: Any, stream_interval: int = 1) -> None:
+        """``core``: an ``EngineCore`` (or a stand-in with the same methods, in tests);
+        ``stream_interval``: a request's changes go out every this many tokens (OutputProcessor)."""
         self.core = core
         self.tokenizer = tokenizer
-        self.processor = OutputProcessor(tokenizer)
+        self.processor = OutputProcessor(tokenizer, stream_interval)
 
     @classmethod
     def from_config(cls, config: Any) -> LLMEngine:
@@ -36,7 +37,7 @@ class LLMEngine:
         core = EngineCore(config)
         tokenizer = load_tokenizer(core.tokenizer_dir, config.chat_template)
         core.enable_structured_outputs(tokenizer)
-        return cls(core, tokenizer)
+        return cls(core, tokenizer, config.stream_interval)
 
     def info(self) -> EngineInfo:
         return self.core.info()  # type: ignore[no-any-return]

@@ -12,6 +12,12 @@ split across tokens until it is complete.
 Stop strings: the text is cut at the first stop string (kept if ``include_stop_str_in_output``).
 The longest tail that could still grow into a stop string is held back, so a client never sees
 text that is later cut. Only a window of the last characters is searched, never the whole text.
+
+How often a request's changes go out (``HeldDelta``): a request's first token at once (its time to
+first token), then every ``stream_interval`` tokens (``--stream-interval``, vLLM's: fewer, larger
+deltas cost the server and its clients less per token), and its end. A ``final_only`` request (a
+non-streaming HTTP request) sends only its first token and its end. Held changes merge: the deltas
+sent add up to the same text, token ids and logprobs whatever the interval.
 """
 
 from __future__ import annotations
@@ -51,22 +57,65 @@ class _Sample:
         self.finished = False
 
 
+class HeldDelta:
+    """A request's changes not sent yet. ``every``: send once this many tokens are held (None:
+    only at the end); the first change and the last are sent at once."""
+
+    def __init__(self, every: int | None):
+        self.every = every
+        self.delta: RequestDelta | None = None
+        self.num_tokens = 0
+        self.sent_any = False
+
+    def add(self, delta: RequestDelta) -> RequestDelta | None:
+        """Hold ``delta``; what to send now (everything held), or None."""
+        self.num_tokens += max((len(s.token_ids) for s in delta.samples), default=0)
+        self.delta = delta if self.delta is None else _merge(self.delta, delta)
+        due = delta.finished or not self.sent_any or (self.every is not None and self.num_tokens >= self.every)
+        if not due:
+            return None
+        out, self.delta, self.num_tokens, self.sent_any = self.delta, None, 0, True
+        return out
+
+
+def _merge(held: RequestDelta, new: RequestDelta) -> RequestDelta:
+    """``held`` followed by ``new``, as one delta (``held`` is updated and returned)."""
+    samples = {s.index: s for s in held.samples}
+    for sample in new.samples:
+        old = samples.get(sample.index)
+        if old is None:
+            held.samples.append(sample)
+            continue
+        old.text += sample.text
+        old.token_ids += sample.token_ids
+        if sample.logprobs is not None:
+            old.logprobs = (old.logprobs or []) + sample.logprobs
+        old.finish_reason, old.stop_reason = sample.finish_reason, sample.stop_reason
+    held.finished, held.error = new.finished, new.error
+    held.num_cached_tokens = new.num_cached_tokens
+    if held.prompt_logprobs is None:
+        held.prompt_logprobs = new.prompt_logprobs
+    return held
+
+
 class _RequestState:
-    def __init__(self, prompt_token_ids: list[int], params: SamplingParams, tokenizer: Any):
+    def __init__(self, prompt_token_ids: list[int], params: SamplingParams, tokenizer: Any, stream_interval: int):
         self.params = params
         self.samples = [_Sample(i, tokenizer, prompt_token_ids, params) for i in range(params.n)]
         self.num_finished = 0
         self.num_cached_tokens = 0
         self.longest_stop = max((len(s) for s in params.stop or ()), default=0)
+        self.held = HeldDelta(None if params.output_kind == "final_only" else stream_interval)
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer: Any):
+    def __init__(self, tokenizer: Any, stream_interval: int = 1):
         self.tokenizer = tokenizer
+        self.stream_interval = stream_interval
         self.requests: dict[str, _RequestState] = {}
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        self.requests[request_id] = _RequestState(list(prompt_token_ids), params, self.tokenizer)
+        self.requests[request_id] = _RequestState(list(prompt_token_ids), params, self.tokenizer, self.stream_interval)
 
     def abort_requests(self, request_ids: list[str]) -> None:
         """Forget requests the caller gave up on (the core is told separately)."""
@@ -79,10 +128,12 @@ class OutputProcessor:
     def process_outputs(
         self, outputs: list[EngineCoreOutput]
     ) -> tuple[list[RequestDelta], list[str | tuple[str, int]]]:
-        """One RequestDelta per request that changed, and what to abort in the core: a request
-        id, or (request id, sample index) when only one of n samples hit a stop string. A request
-        whose processing raises ends alone, with ``error`` set; the others go on."""
+        """One RequestDelta per request with changes due to be sent (see ``HeldDelta``), and what
+        to abort in the core: a request id, or (request id, sample index) when only one of n
+        samples hit a stop string. A request whose processing raises ends alone, with ``error``
+        set; the others go on."""
         deltas: dict[str, RequestDelta] = {}
+        states: dict[str, _RequestState] = {}
         to_abort: list[str | tuple[str, int]] = []
         for output in outputs:
             request_id = output.request_id
@@ -95,6 +146,7 @@ class OutputProcessor:
             delta = deltas.get(request_id)
             if delta is None:
                 delta = deltas[request_id] = RequestDelta(request_id, [], num_prompt_tokens=output.num_prompt_tokens)
+                states[request_id] = state
             try:
                 sample_delta, stopped = self._update(state, sample, output)
             except Exception:
@@ -115,7 +167,8 @@ class OutputProcessor:
                 delta.finished = True
                 del self.requests[request_id]
             delta.num_cached_tokens = state.num_cached_tokens
-        return list(deltas.values()), to_abort
+        due = (states[request_id].held.add(delta) for request_id, delta in deltas.items())
+        return [delta for delta in due if delta is not None], to_abort
 
     def _update(self, state: _RequestState, sample: _Sample, output: EngineCoreOutput) -> tuple[SampleDelta, bool]:
         """Apply one core output; the sample's delta, and True when a stop string finished it."""

@@ -1,12 +1,13 @@
 """The engine in its own process: load the model, report readiness, then loop.
 
 The loop drains incoming messages, steps the ``LLMEngine`` while there is work, and blocks on the
-pipe when idle (no busy wait). After every step it sends the request deltas and the stats that
-changed. Messages are ``engine.ipc`` structs, msgpack-encoded. The process ignores SIGINT and
-SIGTERM: the HTTP process owns shutdown and says so with ``Shutdown``; a closed pipe (the HTTP
-process died) ends the loop too. A request that cannot be served gets a ``RequestError``; an
-exception in the loop itself is reported as ``EngineFailed`` and the process exits (the HTTP
-process restarts it).
+pipe when idle (no busy wait). After a step with news (deltas due, errors, aborts) it sends them
+with the stats that changed; steps without news (tokens held by ``--stream-interval`` or for
+non-streaming requests) send only their stats, at most every ``STATS_PERIOD`` seconds. Messages
+are ``engine.ipc`` structs, msgpack-encoded. The process ignores SIGINT and SIGTERM: the HTTP
+process owns shutdown and says so with ``Shutdown``; a closed pipe (the HTTP process died) ends the
+loop too. A request that cannot be served gets a ``RequestError``; an exception in the loop itself
+is reported as ``EngineFailed`` and the process exits (the HTTP process restarts it).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 import multiprocessing as mp
 import signal
 import sys
+import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
@@ -81,12 +83,16 @@ def _send_quietly(outbox: Connection, data: bytes) -> None:
         pass  # the server is gone; nobody to tell
 
 
+STATS_PERIOD = 0.1  # seconds: the longest the server's gauges wait while steps have no news
+
+
 class EngineLoop:
     def __init__(self, engine: LLMEngine, inbox: Connection, outbox: Connection) -> None:
         self.engine = engine
         self.inbox = inbox
         self.outbox = outbox
         self.channel = engine_side()
+        self.last_sent = 0.0  # time.monotonic() of the last StepResult
 
     def run(self) -> None:
         while True:
@@ -104,14 +110,13 @@ class EngineLoop:
                 elif isinstance(message, AbortRequests):
                     self.engine.abort_requests(message.request_ids)
                     changed = True
-            if self.engine.has_unfinished_requests():
-                deltas = self.engine.step()
+            deltas = self.engine.step() if self.engine.has_unfinished_requests() else []
+            if deltas or errors or changed or time.monotonic() - self.last_sent >= STATS_PERIOD:
                 self._send(StepResult(deltas, self.engine.stats(), errors))
-            elif errors or changed:  # no step, but the server must hear about it
-                self._send(StepResult([], self.engine.stats(), errors))
 
-    def _send(self, message: Message) -> None:
+    def _send(self, message: StepResult) -> None:
         self.outbox.send_bytes(self.channel.encode(message))
+        self.last_sent = time.monotonic()
 
     def _receive(self, block: bool, errors: list[RequestError]) -> list[Message]:
         """Every message waiting in the pipe; wait for the first one when idle. A closed pipe

@@ -207,6 +207,7 @@ class SamplingRequest(RequestModel):
             ignore_eos=self.ignore_eos,
             skip_special_tokens=self.skip_special_tokens,
             truncate_prompt_tokens=self.truncate_prompt_tokens,
+            output_kind="delta" if self.stream else "final_only",  # a response waits for the end
         )
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from ortserve.engine.ipc import EngineCoreOutput, TokenLogprob
 from ortserve.engine.output_processor import OutputProcessor
-from ortserve.sampling_params import SamplingParams
+from ortserve.sampling_params import InvalidParameter, SamplingParams
 
 EOS = 256
 
@@ -210,3 +212,110 @@ def test_incremental_text_equals_full_decode_with_the_smollm2_tokenizer(smollm2_
     processor.add_request("r", list(prompt), SamplingParams())
     results, _ = stream(processor, "r", ids, finish="length")
     assert text_of(results) == tokenizer.decode(ids, skip_special_tokens=True)
+
+
+# --- how often deltas go out: --stream-interval and final_only requests -------------------------
+
+
+def run_steps(processor, steps, n=2):
+    """Feed one request's steps: each step is a list of (sample index, token ids, finish reason);
+    returns the deltas sent and the abort lists."""
+    sent, aborts = [], []
+    lp = TokenLogprob(-0.25, 1, [(97, -0.25)])
+    for step in steps:
+        outs = [
+            EngineCoreOutput("r", index, ids, [lp] * len(ids), finish, num_prompt_tokens=2)
+            for index, ids, finish in step
+        ]
+        deltas, to_abort = processor.process_outputs(outs)
+        sent.append(deltas)
+        aborts += to_abort
+    return sent, aborts
+
+
+def totals(sent):
+    """Per sample: text, token ids, logprob count and finish reason, added up over every delta."""
+    out: dict[int, list] = {}
+    for deltas in sent:
+        for delta in deltas:
+            for d in delta.samples:
+                t = out.setdefault(d.index, ["", [], 0, None, None])
+                t[0] += d.text
+                t[1] += d.token_ids
+                t[2] += len(d.logprobs or ())
+                t[3] = d.finish_reason or t[3]
+                t[4] = d.stop_reason if d.finish_reason else t[4]
+    return out
+
+
+@st.composite
+def request_steps(draw):
+    """Steps of a 2-sample request: 1-3 tokens a sample a step (speculative steps carry several),
+    text that may hold a stop string, every sample ending with 'length' unless a stop ends it."""
+    lengths = [draw(st.integers(1, 12)) for _ in range(2)]
+    texts = [draw(st.text(alphabet="ab.é🎉", min_size=n * 3, max_size=n * 3)) for n in lengths]
+    pending = [ids_of(t) for t in texts]
+    steps = []
+    while any(pending):
+        step = []
+        for index, ids in enumerate(pending):
+            if ids:
+                k = draw(st.integers(1, 3))
+                step.append((index, ids[:k], "length" if len(ids) <= k else None))
+                pending[index] = ids[k:]
+        steps.append(step)
+    return steps
+
+
+@settings(max_examples=150, deadline=None)
+@given(request_steps(), st.integers(1, 6), st.sampled_from(["delta", "final_only"]), st.booleans())
+def test_held_deltas_add_up_to_what_every_step_sends(steps, interval, kind, with_stop):
+    stop = ["."] if with_stop else None
+
+    def processor(every, output_kind):
+        p = OutputProcessor(byte_tokenizer(), stream_interval=every)
+        p.add_request("r", [65, 66], SamplingParams(n=2, stop=stop, logprobs=0, output_kind=output_kind))
+        return p
+
+    each_step, aborts_each = run_steps(processor(1, "delta"), steps)
+    held, aborts_held = run_steps(processor(interval, kind), steps)
+    assert totals(held) == totals(each_step) and aborts_held == aborts_each
+    sent = [d for deltas in held for d in deltas]
+    assert sent[-1].finished and sum(d.finished for d in sent) == 1
+    assert held[0] and held[0][0].num_prompt_tokens == 2  # the first token goes out at once (TTFT)
+    middle = sent[1:-1]
+    if kind == "final_only":
+        assert middle == []
+    else:  # every delta between the first and the last holds at least `interval` tokens
+        assert all(sum(len(s.token_ids) for s in d.samples) >= interval for d in middle)
+
+
+def test_stream_interval_sends_every_k_tokens_and_the_end():
+    processor = OutputProcessor(byte_tokenizer(), stream_interval=3)
+    processor.add_request("r", [65], SamplingParams(max_tokens=8))
+    results, _ = stream(processor, "r", ids_of("abcdefgh"), finish="length")
+    assert [d.samples[0].text for d in results] == ["a", "bcd", "efg", "h"]
+    assert [d.finished for d in results] == [False, False, False, True]
+
+
+def test_a_non_streaming_request_sends_its_first_token_and_its_end():
+    processor = OutputProcessor(byte_tokenizer())
+    processor.add_request("r", [65], SamplingParams(max_tokens=8, output_kind="final_only"))
+    results, _ = stream(processor, "r", ids_of("abcdefgh"), finish="length")
+    assert [d.samples[0].text for d in results] == ["a", "bcdefgh"]
+
+
+def test_held_text_goes_out_with_a_request_that_fails():
+    processor = OutputProcessor(byte_tokenizer(), stream_interval=10)
+    processor.add_request("r", [65], SamplingParams())
+    results, _ = stream(processor, "r", ids_of("abc"))
+    processor.requests["r"].samples[0].detokenizer = None  # a fault in the next step's update
+    outs, aborts = processor.process_outputs([EngineCoreOutput("r", 0, [100])])
+    assert [d.samples[0].text for d in results] == ["a"]
+    assert outs[0].finished and outs[0].error and outs[0].samples[0].text == "bc" and aborts == ["r"]
+
+
+def test_output_kind_is_checked():
+    with pytest.raises(InvalidParameter) as exc:
+        SamplingParams(output_kind="cumulative")
+    assert exc.value.param == "output_kind"
