@@ -180,11 +180,13 @@ def hf_logits(folder: Path, ids_file: Path, out: Path) -> None:
 def greedy(path: Path, prompts_file: Path, out: Path, n: int, n_batch: int = 512) -> None:
     """Text prompts -> llama.cpp's token ids (BOS as the file says) and its greedy continuation
     (ids and text, at most n tokens, stopping at end-of-generation tokens); n_batch 1 evaluates the
-    prompt one token at a time."""
+    prompt one token at a time. OUT.npz beside OUT gets, per prompt, the logits each generated token
+    was chosen from (row k: token k), as the generation computed them."""
     import llama_cpp
+    import numpy as np
 
     llm = _llama(path, n_batch)
-    results = []
+    results, chosen_from = [], []
     for prompt in json.loads(prompts_file.read_text()):
         ids = llm.tokenize(prompt.encode(), add_bos=True, special=True)
         llm.reset()
@@ -195,7 +197,9 @@ def greedy(path: Path, prompts_file: Path, out: Path, n: int, n_batch: int = 512
             tokens.append(int(token))
         text = llm.detokenize(tokens).decode("utf-8", errors="replace")
         results.append({"prompt": prompt, "prompt_ids": ids, "ids": tokens, "text": text})
+        chosen_from.append(np.array(llm.scores[len(ids) - 1 : len(ids) - 1 + len(tokens)], dtype=np.float32))
     out.write_text(json.dumps(results, indent=1))
+    np.savez(out.with_suffix(".npz"), *chosen_from)
 
 
 if __name__ == "__main__":
