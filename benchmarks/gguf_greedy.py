@@ -175,14 +175,19 @@ def first_difference(ours: list[int], theirs: list[int]) -> str:
     return str(index if index is not None else min(len(ours), len(theirs)))
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def gguf_and_greedy_runs(description: str) -> tuple[argparse.Namespace, Path, list[dict]]:
+    """The command line (--gguf, --max-tokens), the file, and llama.cpp's greedy completions of PROMPTS."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--gguf", type=Path, default=None, help="default: Gemma-3-270m Q4_K_M from PyPI")
     parser.add_argument("--max-tokens", type=int, default=32)
     args = parser.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
     path = args.gguf or gemma_file()
-    theirs = llama_cpp_greedy(path, args.max_tokens)
+    return args, path, llama_cpp_greedy(path, args.max_tokens)
+
+
+def main() -> int:
+    args, path, theirs = gguf_and_greedy_runs(__doc__.split("\n\n")[0])
     started = time.perf_counter()
     server = Server(path)
     ready = time.perf_counter() - started

@@ -22,14 +22,13 @@ read against how often such near-ties occur.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 from pathlib import Path
 
 import numpy as np
-from gguf_greedy import PEERS_PY, WORK, exact_artifact, gemma_file, llama_cpp_greedy
+from gguf_greedy import PEERS_PY, WORK, exact_artifact, gguf_and_greedy_runs
 from runners.common import BENCH_DIR, kernel_isa
 
 TABLE = BENCH_DIR / "tables" / "gguf_margins.md"
@@ -90,13 +89,7 @@ def top2_gaps(reference: list[np.ndarray]) -> np.ndarray:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--gguf", type=Path, default=None, help="default: Gemma-3-270m Q4_K_M from PyPI")
-    parser.add_argument("--max-tokens", type=int, default=32)
-    args = parser.parse_args()
-    WORK.mkdir(parents=True, exist_ok=True)
-    path = args.gguf or gemma_file()
-    runs = llama_cpp_greedy(path, args.max_tokens)
+    args, path, runs = gguf_and_greedy_runs(__doc__.split("\n\n")[0])
     sequences = [r["prompt_ids"] + r["ids"][:-1] for r in runs]  # the last token predicts nothing we check
     prompt_lens = [len(r["prompt_ids"]) for r in runs]
     reference = chosen_from(path, runs)

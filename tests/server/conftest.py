@@ -62,10 +62,11 @@ def fake_server(tokenizer_dir: Path) -> Iterator[ServerProcess]:
 TINY_NAME = "tiny"
 
 
-@pytest.fixture(scope="session")
-def tiny_server(tiny_llama_artifact: Path) -> Iterator[ServerProcess]:
+def serve_tiny(artifact: Path, *flags: str) -> Iterator[ServerProcess]:
+    """``ortserve serve`` on the tiny Llama with ``flags``, for a fixture to yield from; it must
+    exit 0 on SIGTERM."""
     proc = ServerProcess.real(
-        tiny_llama_artifact,
+        artifact,
         "--served-model-name",
         TINY_NAME,
         "--max-model-len",
@@ -74,7 +75,7 @@ def tiny_server(tiny_llama_artifact: Path) -> Iterator[ServerProcess]:
         "0.05",
         "--threads-bind",
         "nobind",
-        "--trust-request-chat-template",
+        *flags,
     )
     try:
         proc.wait_ready()
@@ -82,3 +83,8 @@ def tiny_server(tiny_llama_artifact: Path) -> Iterator[ServerProcess]:
     finally:
         code = proc.stop()
     assert code == 0, f"SIGTERM must exit 0, got {code}:\n{proc.output[-3000:]}"
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tiny_llama_artifact: Path) -> Iterator[ServerProcess]:
+    yield from serve_tiny(tiny_llama_artifact, "--trust-request-chat-template")

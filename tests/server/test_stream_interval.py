@@ -10,7 +10,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from conftest import TINY_NAME
+from conftest import TINY_NAME, serve_tiny
 from server_process import ServerProcess
 
 INTERVAL = 4
@@ -19,23 +19,7 @@ PROMPT = "The quick brown fox jumps over the lazy dog"
 
 @pytest.fixture(scope="module")
 def held_server(tiny_llama_artifact: Path) -> Iterator[ServerProcess]:
-    proc = ServerProcess.real(
-        tiny_llama_artifact,
-        "--served-model-name",
-        TINY_NAME,
-        "--stream-interval",
-        str(INTERVAL),
-        "--kv-cache-space",
-        "0.05",
-        "--threads-bind",
-        "nobind",
-    )
-    try:
-        proc.wait_ready()
-        yield proc
-    finally:
-        code = proc.stop()
-    assert code == 0, f"SIGTERM must exit 0, got {code}:\n{proc.output[-3000:]}"
+    yield from serve_tiny(tiny_llama_artifact, "--stream-interval", str(INTERVAL))
 
 
 def client(server: ServerProcess) -> openai.OpenAI:
