@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Literal, get_args, get_origin
+from typing import Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ortserve.artifact import DEFAULT_ACTIVATION_BITS, ActivationBits, KVCacheDtype, Precision
 from ortserve.tokenizer import read_chat_template
@@ -164,8 +164,12 @@ class EngineConfig(BaseModel):
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineConfig:
+        """The config of the flags in ``args``; a ValueError names each bad flag and its value."""
         values = {name: getattr(args, name) for name in cls.model_fields if getattr(args, name, None) is not None}
-        return cls(**values)
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            raise ValueError("; ".join(_flag_error(error) for error in exc.errors())) from None
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -208,6 +212,14 @@ def engine_flags(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> list[s
         else:
             flags += [_flag(name), str(value)]
     return flags
+
+
+def _flag_error(error: Any) -> str:
+    """One pydantic error as the command line spells it: '--block-size 0: input should be ...'."""
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if not error["loc"]:  # a rule between flags: its message names them
+        return message
+    return f"{_flag(str(error['loc'][0]))} {error['input']}: {message[0].lower()}{message[1:]}"
 
 
 def _flag(name: str) -> str:

@@ -162,6 +162,21 @@ def test_engine_flags_fill_the_config_and_env_is_the_fallback(monkeypatch, tmp_p
     }
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--stream-interval", "0"], "--stream-interval 0: input should be greater than or equal to 1"),
+        (["--block-size", "300"], "--block-size 300: input should be less than or equal to 256"),
+        (["--speculative", "draft"], "--speculative draft needs --draft-model MODEL"),
+    ],
+)
+def test_a_bad_flag_is_named_with_its_value(flags, message):
+    parser = add_engine_arguments(argparse.ArgumentParser())
+    with pytest.raises(ValueError) as exc:
+        EngineConfig.from_args(parser.parse_args(flags))
+    assert str(exc.value).startswith(message)
+
+
 def test_no_room_even_for_the_weights_says_so():
     with pytest.raises(MemoryCheckError, match="only 0.50 GiB is available"):
         plan_kv_cache(MANIFEST, 16, kv_cache_space=None, default_space=4.0, available=GIB // 2)
