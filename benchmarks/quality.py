@@ -77,6 +77,7 @@ def ortserve_artifact(
     rules: tuple[str, ...] = (),
     lm_head: str | None = None,
     pure: bool = False,
+    activation_bits: int = 16,
 ) -> Path:
     """``lm_head``: --lm-head-precision (None: export's default for ``precision``)."""
     from ortserve.export import export_model
@@ -87,6 +88,7 @@ def ortserve_artifact(
         + "".join("-" + re.sub(r"\W+", "_", rule) for rule in rules)
     )
     tag += f"-head_{lm_head}" if lm_head else ""
+    tag += f"-a{activation_bits}" if activation_bits != 16 else ""
     out = WORK / "artifacts" / f"{name}-{precision or 'native'}{tag}"
     if not (out / "ortserve.json").is_file():
         export_model(
@@ -97,6 +99,7 @@ def ortserve_artifact(
             calibrate=calibrate,
             tensor_precision=rules,
             pure=pure,
+            activation_bits=activation_bits,
             progress=False,
         )
     return out
@@ -209,6 +212,7 @@ def main() -> int:
             ("ortserve int4", "int4", checkpoint, {}),
             ("ortserve int4 --pure", "int4", checkpoint, {"pure": True}),
             ("ortserve int4 --no-calibration", "int4", checkpoint, {"calibrate": False}),
+            ("ortserve int4 --activation-bits 8", "int4", checkpoint, {"activation_bits": 8}),
             ("ortserve int5", "int5", checkpoint, {}),
             ("ortserve int5 --lm-head-precision int5", "int5", checkpoint, {"lm_head": "int5"}),
             (f"ortserve int5 --tensor-precision '{mix[0]}'", "int5", checkpoint, {"rules": mix}),
