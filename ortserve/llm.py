@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ortserve.engine.ipc import FinishReason, RequestDelta, TokenLogprob
-from ortserve.sampling_params import SamplingParams
+from ortserve.sampling_params import SamplingParams, model_sampling_defaults
 from ortserve.tokenizer import ChatPrompts, Message
 
 Prompt = str | list[int]
@@ -73,6 +73,8 @@ class LLM:
         config = EngineConfig(model=None if model is None else str(model), **engine_kwargs)
         self.engine = LLMEngine.from_config(config)
         self.prompts = ChatPrompts(self.engine.tokenizer)
+        artifact = self.engine.info().artifact_dir
+        self._sampling_defaults = model_sampling_defaults(artifact) if config.generation_config == "auto" else {}
         self._ids = itertools.count()
 
     def get_tokenizer(self) -> Any:
@@ -111,6 +113,13 @@ class LLM:
             batch.append((text, self.prompts.encode(text, add_special_tokens=False)))
         return self._run(batch, sampling_params, use_tqdm)
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What a call without SamplingParams samples with (vLLM's method of the same name): the
+        model's generation_config.json values (temperature, top_p, top_k, min_p,
+        repetition_penalty, max_new_tokens) over SamplingParams' defaults, unless
+        ``generation_config="vllm"``."""
+        return SamplingParams(**self._sampling_defaults)  # type: ignore[arg-type]
+
     def _run(
         self,
         batch: list[tuple[str | None, list[int]]],
@@ -120,7 +129,7 @@ class LLM:
         from tqdm.auto import tqdm
 
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            sampling_params = [sampling_params or SamplingParams()] * len(batch)
+            sampling_params = [sampling_params or self.get_default_sampling_params()] * len(batch)
         if len(sampling_params) != len(batch):
             raise ValueError(f"got {len(sampling_params)} SamplingParams for {len(batch)} prompts")
         engine = self.engine

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 MAX_LOGPROBS = 20  # as OpenAI's top_logprobs and vLLM's default max_logprobs
@@ -257,6 +258,40 @@ def _token_id_key(key: int | str) -> int:
             "logit_bias", f"logit_bias keys must be token ids (up to 9 decimal digits, no leading zero), got {key!r}"
         )
     return int(text)
+
+
+# generation_config.json keys that set the defaults of a request that leaves them out (vLLM's
+# --generation-config auto): key -> SamplingParams field
+GENERATION_CONFIG_KEYS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "max_new_tokens": "max_tokens",
+}
+
+
+def model_sampling_defaults(folder: str | Path) -> dict[str, float | int]:
+    """The sampling defaults the model's creator set in its generation_config.json: the values of
+    GENERATION_CONFIG_KEYS it has, each within BOUNDS (a value out of bounds is left out)."""
+    try:
+        config = json.loads((Path(folder) / "generation_config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    defaults: dict[str, float | int] = {}
+    for key, name in GENERATION_CONFIG_KEYS.items():
+        value = config.get(key) if isinstance(config, dict) else None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if name in ("top_k", "max_tokens") and value != int(value):
+            continue
+        try:
+            check(name, value)
+        except InvalidParameter:
+            continue
+        defaults[name] = int(value) if name in ("top_k", "max_tokens") else float(value)
+    return defaults
 
 
 @dataclass(frozen=True)

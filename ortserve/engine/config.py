@@ -125,6 +125,12 @@ class EngineConfig(BaseModel):
         f"(env {THREADS_BIND_ENV}; default auto)",
     )
     reserved_cpus: int = Field(0, ge=0, description="with --threads-bind auto, leave this many cores to other work")
+    generation_config: Literal["auto", "vllm"] = Field(
+        "auto",
+        description="request defaults: 'auto' takes temperature, top_p, top_k, min_p, repetition_penalty and "
+        "max_new_tokens from the model's generation_config.json where a request leaves them out (as vLLM "
+        "does); 'vllm' ignores the file",
+    )
     stream_interval: int = Field(
         1,
         ge=1,

@@ -110,6 +110,7 @@ class ChatService:
             default_max_tokens=None,
             logprobs=body.logprobs_count(),
             prompt_param="messages",
+            model_defaults=self.client.sampling_defaults,
             structured_outputs=spec,
             prompt_logprobs=body.prompt_logprobs,
             skip_special_tokens=body.skip_special_tokens and not keep_special,

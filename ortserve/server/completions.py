@@ -67,6 +67,7 @@ class CompletionsService:
                 default_max_tokens=DEFAULT_MAX_TOKENS,
                 logprobs=body.logprobs if best_of == body.n else (body.logprobs or 0),
                 prompt_param="prompt",
+                model_defaults=self.client.sampling_defaults,
                 n=best_of,
                 structured_outputs=spec,
                 prompt_logprobs=body.echo_logprobs(),

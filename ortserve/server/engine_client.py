@@ -37,7 +37,7 @@ from ortserve.engine.ipc import (
     StatsUpdate,
     StepResult,
 )
-from ortserve.sampling_params import PromptLimits, SamplingParams
+from ortserve.sampling_params import PromptLimits, SamplingParams, model_sampling_defaults
 from ortserve.tokenizer import ChatPrompts, load_tokenizer
 
 from .engine_process import EngineFactory, EngineProcess, build_llm_engine
@@ -99,6 +99,7 @@ class EngineClient:
         self.info: EngineInfo | None = None
         self.prompts: ChatPrompts | None = None
         self.limits: PromptLimits | None = None
+        self.sampling_defaults: dict[str, Any] = {}  # the model's, for fields a request leaves out
         self.ready = asyncio.Event()
         self.observers: list[EngineObserver] = []
         self.on_failure: list[Callable[[str], None]] = []
@@ -228,6 +229,13 @@ class EngineClient:
                 self._fail(f"loading the tokenizer from {info.artifact_dir} failed: {exc}")
                 return
             self.prompts = ChatPrompts(tokenizer, self.supervision.allow_special_tokens_in_content)
+            if self.config.generation_config == "auto":
+                self.sampling_defaults = model_sampling_defaults(info.artifact_dir)
+            if self.sampling_defaults:
+                logger.info(
+                    "request defaults from the model's generation_config.json: %s (not with --generation-config vllm)",
+                    ", ".join(f"{k}={v}" for k, v in self.sampling_defaults.items()),
+                )
         self.info = info
         self.limits = PromptLimits(info.max_model_len, info.vocab_size)
         if self.state in ("loading", "restarting"):

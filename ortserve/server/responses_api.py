@@ -186,8 +186,7 @@ class ResponsesRequest(RequestModel):
         chat: dict[str, Any] = {
             "model": self.model,
             "messages": messages,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
+            **{name: getattr(self, name) for name in ("temperature", "top_p") if name in self.model_fields_set},
             "stream": self.stream,
             "user": self.user,
             "max_tokens": self.max_output_tokens,

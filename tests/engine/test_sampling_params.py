@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 
 import pytest
 
-from ortserve.sampling_params import InvalidParameter, SamplingParams
+from ortserve.sampling_params import InvalidParameter, SamplingParams, model_sampling_defaults
 
 
 def test_defaults_are_vllm_like():
@@ -65,3 +66,24 @@ def test_normalisation_of_stop_bias_and_top_k():
 def test_picklable():
     p = SamplingParams(n=2, stop=["x"], logit_bias={1: 2.0}, seed=3)
     assert pickle.loads(pickle.dumps(p)) == p
+
+
+def test_the_model_s_generation_config_gives_defaults_within_bounds(tmp_path):
+    config = {
+        "temperature": 0.6,
+        "top_p": 0.9,
+        "top_k": 20,
+        "repetition_penalty": 1.05,
+        "max_new_tokens": 512,
+        "min_p": 2.0,  # out of bounds: left out
+        "do_sample": True,  # not a default vLLM takes
+        "eos_token_id": 2,
+    }
+    (tmp_path / "generation_config.json").write_text(json.dumps(config))
+    defaults = model_sampling_defaults(tmp_path)
+    assert defaults == {"temperature": 0.6, "top_p": 0.9, "top_k": 20, "repetition_penalty": 1.05, "max_tokens": 512}
+    assert SamplingParams(**defaults).max_tokens == 512
+    (tmp_path / "generation_config.json").write_text('{"top_k": 2.5, "temperature": true, "top_p": "0.9"}')
+    assert model_sampling_defaults(tmp_path) == {}
+    (tmp_path / "generation_config.json").write_text("not json")
+    assert model_sampling_defaults(tmp_path) == {} == model_sampling_defaults(tmp_path / "missing")

@@ -157,6 +157,7 @@ def test_engine_flags_fill_the_config_and_env_is_the_fallback(monkeypatch, tmp_p
         "max_model_len": 512,
         "threads_bind": "0",
         "reserved_cpus": 1,
+        "generation_config": "auto",
         "stream_interval": 8,
         "enable_prefix_caching": False,
     }
