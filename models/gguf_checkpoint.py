@@ -267,8 +267,20 @@ def _fall_back_to_builtin_template(tokenizer, metadata: dict[str, Any]) -> None:
     )
 
 
+# the sampling defaults llama.cpp's converter writes from a checkpoint's generation_config.json
+# (and llama.cpp samples with unless told otherwise) -> generation_config.json's names
+_SAMPLING_KEYS = {
+    "general.sampling.temp": "temperature",
+    "general.sampling.top_k": "top_k",
+    "general.sampling.top_p": "top_p",
+    "general.sampling.min_p": "min_p",
+    "general.sampling.penalty_repeat": "repetition_penalty",
+}
+
+
 def _generation_config(metadata: dict[str, Any], tokenizer):
-    """eos ids: the file's eos/eot/eom ids, plus the turn-end token its chat template uses."""
+    """eos ids: the file's eos/eot/eom ids, plus the turn-end token its chat template uses; the
+    file's sampling defaults (``_SAMPLING_KEYS``), which ``--generation-config auto`` applies."""
     from transformers import GenerationConfig
 
     eos_ids: list[int] = []
@@ -284,10 +296,12 @@ def _generation_config(metadata: dict[str, Any], tokenizer):
             break
     bos = metadata.get("tokenizer.ggml.bos_token_id")
     pad = metadata.get("tokenizer.ggml.padding_token_id")
+    sampling = {name: metadata[key] for key, name in _SAMPLING_KEYS.items() if key in metadata}
     return GenerationConfig(
         bos_token_id=bos,
         eos_token_id=eos_ids[0] if len(eos_ids) == 1 else eos_ids,
         pad_token_id=pad,
+        **({"do_sample": True, **sampling} if sampling else {}),
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import pytest
 from ortserve.models import gguf_checkpoint
 from ortserve.models.chat_templates import builtin_template
 from tiny_gguf import write_tiny_llama
@@ -48,3 +49,16 @@ def test_a_gguf_without_a_template_gets_the_builtin_one_and_the_log_says_which(t
     assert "using the built-in 'mistral' template for llama (override with --chat-template" in caplog.text
     rendered = AutoTokenizer.from_pretrained(folder).apply_chat_template(CHAT[1:2], tokenize=False)
     assert rendered == "<s>[INST] Hi [/INST]"
+
+
+def test_a_gguf_s_sampling_defaults_become_the_model_s_request_defaults(tmp_path: Path, monkeypatch):
+    from ortserve.sampling_params import model_sampling_defaults
+
+    monkeypatch.setenv("ORTSERVE_CACHE_DIR", str(tmp_path / "cache"))
+    sampling = {"general.sampling.temp": 0.6, "general.sampling.top_k": 20, "general.sampling.penalty_repeat": 1.1}
+    write_tiny_llama(tmp_path / "tiny.gguf", "Q8_0", metadata=sampling)
+    folder = gguf_checkpoint(tmp_path / "tiny.gguf", progress=False)
+    expected = {"temperature": 0.6, "top_k": 20, "repetition_penalty": 1.1}
+    assert model_sampling_defaults(folder) == pytest.approx(expected)
+    write_tiny_llama(tmp_path / "plain.gguf", "Q8_0")
+    assert model_sampling_defaults(gguf_checkpoint(tmp_path / "plain.gguf", progress=False)) == {}

@@ -54,14 +54,18 @@ def _tokenizer(writer, vocab: int) -> None:
     writer.add_eos_token_id(vocab - 1)
 
 
-def write_tiny_llama(path: Path, qtype: str, *, seed: int = 0, embed_type: str | None = None) -> dict:
+def write_tiny_llama(
+    path: Path, qtype: str, *, seed: int = 0, embed_type: str | None = None, metadata: dict | None = None
+) -> dict:
     """A 1-layer tied Llama GGUF; linears in ``qtype``, the embedding in ``embed_type`` (default
-    ``qtype``). Returns its sizes."""
+    ``qtype``); ``metadata``: more keys, float or int values. Returns its sizes."""
     import gguf
 
     c, rng = CONFIG, np.random.default_rng(seed)
     writer = gguf.GGUFWriter(path, "llama")
     writer.add_name("tiny llama")
+    for key, value in (metadata or {}).items():
+        (writer.add_float32 if isinstance(value, float) else writer.add_int32)(key, value)
     writer.add_block_count(c["layers"])
     writer.add_context_length(256)
     writer.add_embedding_length(c["hidden"])
