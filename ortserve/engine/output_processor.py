@@ -87,9 +87,11 @@ def _merge(held: RequestDelta, new: RequestDelta) -> RequestDelta:
             held.samples.append(sample)
             continue
         old.text += sample.text
-        old.token_ids += sample.token_ids
-        if sample.logprobs is not None:
-            old.logprobs = (old.logprobs or []) + sample.logprobs
+        old.token_ids += sample.token_ids  # in place: a held request's lists grow without copies
+        if old.logprobs is None:
+            old.logprobs = sample.logprobs
+        elif sample.logprobs:
+            old.logprobs += sample.logprobs
         old.finish_reason, old.stop_reason = sample.finish_reason, sample.stop_reason
     held.finished, held.error = new.finished, new.error
     held.num_cached_tokens = new.num_cached_tokens
