@@ -197,7 +197,7 @@ def main() -> int:
         write_run(started, failures, forced_all=args.force and everything)
     parts = report.isa_runs()
     report.write(args.results_md, parts)
-    print(f"wrote {args.results_md} ({', '.join(f'{p.isa}: {len(p.records)} records' for p in parts)})")
+    print(f"wrote {args.results_md} ({', '.join(f'{p.label}: {len(p.records)} records' for p in parts)})")
     for f in failures:
         print(f"failed: {f}")
     return 1 if failures else 0

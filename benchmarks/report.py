@@ -251,7 +251,7 @@ def plots(records: list[dict], model: str, isa: str) -> list[str]:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7, ncol=2)
         fig.tight_layout()
-        path = PLOTS / f"{model}-{isa.lower().replace('+', '-')}-{fname}.png"
+        path = PLOTS / f"{model}-{re.sub(r'[^a-z0-9]+', '-', isa.lower()).strip('-')}-{fname}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
         made.append(f"![{model} {label}](plots/{path.name})")
@@ -272,6 +272,16 @@ class IsaRun:
     records: list[dict]
     machine: dict
     runs: list[dict] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        """The ISA and the CPU's model name: 'AVX-512+VNNI+BF16, AMD EPYC'."""
+        names = [
+            re.sub(r"\((R|TM)\)", "", line.split(":", 1)[1]).strip()
+            for line in self.machine.get("cpu", [])
+            if line.startswith("Model name")
+        ]
+        return f"{self.isa}, {names[0]}" if names else self.isa
 
     @property
     def bandwidth(self) -> float | None:
@@ -305,9 +315,9 @@ def write(path: Path, parts: list[IsaRun]) -> None:
         "compare ratios within a run, not across runs. Under *Reproduce* each row",
         "lists when it ran and the share of the CPU that other tenants took meanwhile (busy time in",
         "/proc/stat minus this benchmark's process tree): a row with a large share is slower than the",
-        "machine can do. The machines change between sessions: each kind of CPU (AVX2, AVX-512) has its",
+        "machine can do. The machines change between sessions: each kind of CPU (its ISA and vendor) has its",
         "own records and its own part below, "
-        + ", ".join(f"{part.isa} ({len(part.records)} records)" for part in parts)
+        + ", ".join(f"{part.label} ({len(part.records)} records)" for part in parts)
         + ".",
         "",
     ]
@@ -358,13 +368,13 @@ def write(path: Path, parts: list[IsaRun]) -> None:
 
 
 def isa_part(part: IsaRun) -> list[str]:
-    lines = [f"## On {part.isa}", "", coverage(part.records, part.runs), ""]
+    lines = [f"## On {part.label}", "", coverage(part.records, part.runs), ""]
     lines += machine_section(part.machine)
     for model in MODELS:
         recs = [r for r in part.records if r["model"] == model]
         if not recs:
             continue
-        bw, name = part.bandwidth, f"{model}, {part.isa}"
+        bw, name = part.bandwidth, f"{model}, {part.label}"
         lines += (
             [f"### {name}", "", "#### Targets (issue 14)", ""]
             + targets(recs, bw, weights_of(recs), lambda r: run_of(r, part.runs))
@@ -373,7 +383,7 @@ def isa_part(part: IsaRun) -> list[str]:
         lines += ["#### Single-stream decode (128 in, 128 out)", ""] + decode_table(recs, bw) + [""]
         lines += ["#### Prompt processing (one 512-token prompt)", ""] + prefill_table(recs) + [""]
         lines += ["#### Serving (128 in, 128 out, random)", ""] + serving_table(recs) + [""]
-        lines += plots(recs, model, part.isa) + [""]
+        lines += plots(recs, model, part.label) + [""]
         lines += ["#### Shared prefix (512 in, 448 shared, 32 out, 4 in flight)", ""]
         lines += shared_prefix_table(recs) + [""]
         if any(r["workload"] == "grounded" for r in recs):
@@ -383,14 +393,14 @@ def isa_part(part: IsaRun) -> list[str]:
 
 
 def reproduce_part(part: IsaRun) -> list[str]:
-    lines = [f"### The runs on {part.isa}", ""]
+    lines = [f"### The runs on {part.label}", ""]
     if part.runs:
         lines += [
             f"{i}. `{run['command']}`, {run['started']} to {run['finished']}"
             + (f"; failed parts: {'; '.join(run['failures'])}." if run.get("failures") else ", no part failed.")
             for i, run in enumerate(part.runs, 1)
         ] + [""]
-    lines += [f"<details><summary>Exact command of every {part.isa} row</summary>", ""]
+    lines += [f"<details><summary>Exact command of every {part.label} row</summary>", ""]
     for r in sorted(part.records, key=lambda r: (r["model"], r["system"], r["precision"], r["workload"])):
         share = r.get("neighbour_cpu_share")
         share = f"neighbours took {share:.0%} of the CPU" if share is not None else "neighbours not measured"

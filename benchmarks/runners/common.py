@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -20,7 +21,9 @@ from runners.neighbours import Meter
 
 BENCH_DIR = Path(__file__).resolve().parent.parent
 RESULTS = BENCH_DIR / "results"
-COMPARE = RESULTS / "compare"  # one folder of records per kernel ISA: compare/avx2/, compare/avx-512-vnni-bf16/
+COMPARE = (
+    RESULTS / "compare"
+)  # one folder of records per kind of machine: compare/avx2-amd/, compare/avx-512-vnni-bf16-intel/
 PEER_MODELS = RESULTS / "peer-models"
 PEERS_VENV = Path(os.environ.get("PEERS_VENV", BENCH_DIR / ".venv-peers"))
 PEERS_PY = PEERS_VENV / "bin" / "python"
@@ -98,14 +101,21 @@ def kernel_isa() -> str:
     return "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "SSE"
 
 
-def isa_folder(isa: str) -> Path:
-    """Where the records of runs on ``isa`` live: runs on one kind of CPU replace only their own."""
-    return COMPARE / isa.lower().replace("+", "-")
+def cpu_vendor() -> str:
+    """AMD or Intel: two CPUs with the same ISA (an AVX-512 Zen and an AVX-512 Xeon) are two kinds of
+    machine, with their own caches, memory and peers' kernels."""
+    vendor = re.search(r"vendor_id\s*:\s*(\S+)", open("/proc/cpuinfo").read())
+    return {"AuthenticAMD": "AMD", "GenuineIntel": "Intel"}.get(vendor[1] if vendor else "", "other")
+
+
+def machine_folder(isa: str, vendor: str) -> Path:
+    """Where the records of runs on one kind of machine live: a run replaces only its own kind's."""
+    return COMPARE / f"{isa}-{vendor}".lower().replace("+", "-")
 
 
 # $ORTSERVE_BENCH_RECORDS puts a run's records elsewhere: avx2_proxy.py's runs of AVX2 code on a
 # wider CPU must not replace that CPU's own records.
-RECORDS = Path(os.environ.get("ORTSERVE_BENCH_RECORDS") or isa_folder(kernel_isa()))
+RECORDS = Path(os.environ.get("ORTSERVE_BENCH_RECORDS") or machine_folder(kernel_isa(), cpu_vendor()))
 
 
 def record_path(model: str, system: str, precision: str, workload: str) -> Path:
