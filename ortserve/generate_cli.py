@@ -1,7 +1,9 @@
 """`ortserve generate "prompt"`: a quick try of the offline engine from the shell.
 
 The answer streams to stdout as it is generated; the engine's start-up block and a one-line
-summary (tokens, time, tokens/s) go to stderr.
+summary (tokens, time, tokens/s) go to stderr. A sampling flag left out takes the model's
+generation_config.json value (``--generation-config auto``, as the server and the offline LLM),
+else CLI_DEFAULTS: greedy, 256 tokens.
 """
 
 from __future__ import annotations
@@ -12,16 +14,22 @@ import sys
 import time
 
 HELP = "generate text for a prompt with the offline engine (streams the answer)"
+CLI_DEFAULTS = {"max_tokens": 256, "temperature": 0.0}
+SAMPLING_FLAGS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ortserve.engine.config import add_engine_arguments
 
     parser.add_argument("prompt", nargs="+", help="the prompt (several words are joined with spaces)")
-    parser.add_argument("--max-tokens", type=int, default=256, help="most tokens to generate (default 256)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0)
+    # Left out, these come from the model's generation_config.json (--generation-config auto), else
+    # from CLI_DEFAULTS: a quick try is greedy unless the model's creator chose its sampling.
+    parser.add_argument("--max-tokens", type=int, default=None, help="most tokens to generate (default 256)")
+    parser.add_argument("--temperature", type=float, default=None, help="0 = greedy (the default)")
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--min-p", type=float, default=None)
+    parser.add_argument("--repetition-penalty", type=float, default=None)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--stop", action="append", default=None, help="a stop string (repeatable)")
     parser.add_argument(
@@ -38,20 +46,21 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     from ortserve.engine.config import EngineConfig
     from ortserve.engine.llm_engine import LLMEngine
-    from ortserve.sampling_params import SamplingParams
+    from ortserve.sampling_params import SamplingParams, model_sampling_defaults
     from ortserve.tokenizer import ChatPrompts
 
     prompt = " ".join(args.prompt)
+    typed = {name: getattr(args, name) for name in SAMPLING_FLAGS if getattr(args, name) is not None}
     try:
-        params = SamplingParams(
-            max_tokens=args.max_tokens,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            top_k=args.top_k,
-            seed=args.seed,
-            stop=args.stop,
-        )
-        engine = LLMEngine.from_config(EngineConfig.from_args(args))
+        SamplingParams(**{**CLI_DEFAULTS, **typed}, seed=args.seed, stop=args.stop)  # a bad flag fails before the load
+        config = EngineConfig.from_args(args)
+        engine = LLMEngine.from_config(config)
+        model_defaults = {}
+        if config.generation_config == "auto":
+            model_defaults = model_sampling_defaults(engine.info().artifact_dir)
+            if model_defaults:
+                logging.getLogger("ortserve.generate").info("the model's sampling defaults: %s", model_defaults)
+        params = SamplingParams(**{**CLI_DEFAULTS, **model_defaults, **typed}, seed=args.seed, stop=args.stop)
         prompts = ChatPrompts(engine.tokenizer)
         if args.chat and prompts.has_chat_template:
             messages = [{"role": "system", "content": args.system}] if args.system else []

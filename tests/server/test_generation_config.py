@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -61,3 +63,33 @@ def test_offline_defaults_follow_the_same_file(creator_defaults):
     assert (params.top_k, params.max_tokens) == (1, 5)
     plain = LLM(model=str(creator_defaults), kv_cache_space=0.05, generation_config="vllm")
     assert (plain.get_default_sampling_params().top_k, plain.get_default_sampling_params().max_tokens) == (0, 16)
+
+
+@pytest.fixture(scope="module")
+def sampling_creator(tiny_llama_artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama whose creator samples at temperature 1 and stops at 5 new tokens."""
+    artifact = tmp_path_factory.mktemp("generation-config-cli") / "tiny"
+    shutil.copytree(tiny_llama_artifact, artifact)
+    path = artifact / "generation_config.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    path.write_text(json.dumps({**config, "temperature": 1.0, "max_new_tokens": 5}))
+    return artifact
+
+
+def generate(artifact: Path, *flags: str) -> tuple[str, str]:
+    """`ortserve generate` on the artifact: (the answer, the summary line)."""
+    argv = [sys.executable, "-m", "ortserve.cli", "generate", PROMPT, "--no-chat", "--model", str(artifact)]
+    result = subprocess.run([*argv, "--kv-cache-space", "0.05", *flags], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return result.stdout, result.stderr.strip().splitlines()[-1]
+
+
+def test_generate_cli_samples_with_the_model_s_defaults_under_the_typed_flags(sampling_creator):
+    first, second = generate(sampling_creator, "--seed", "1"), generate(sampling_creator, "--seed", "2")
+    assert "5 generated" in first[1] and "5 generated" in second[1]  # max_new_tokens, not the CLI's 256
+    assert first[0] != second[0]  # temperature 1 from the file, not the CLI's greedy default
+    greedy = [generate(sampling_creator, "--seed", seed, "--temperature", "0")[0] for seed in ("1", "2")]
+    assert greedy[0] == greedy[1]  # a typed flag wins
+    vllm = ("--generation-config", "vllm", "--max-tokens", "5")
+    plain = [generate(sampling_creator, "--seed", seed, *vllm)[0] for seed in ("1", "2")]
+    assert plain[0] == plain[1] == greedy[0][: len(plain[0])]  # the file ignored: the CLI's greedy default
