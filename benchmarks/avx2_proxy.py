@@ -75,12 +75,16 @@ def cpuid_shim() -> Path:
 
 def avx2_env() -> dict[str, str]:
     """The environment of an AVX2-limited run: every child process inherits it."""
-    env = {**os.environ, "LD_PRELOAD": str(cpuid_shim()), "LD_LIBRARY_PATH": str(avx2_ggml())}
+    env = {**os.environ, "LD_PRELOAD": str(cpuid_shim())}
     check = "from numpy._core._multiarray_umath import __cpu_features__ as f; print(f['AVX512F'], f['AVX2'])"
     seen = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, check=True)
-    if seen.stdout.split() != ["False", "True"]:
-        raise SystemExit(f"the CPUID shim did not hide AVX-512 (numpy still sees it): {seen.stdout}{seen.stderr}")
-    return {**env, "ORTSERVE_KERNEL_ISA": "avx2"}
+    if seen.stdout.split() != ["False", "True"]:  # checked before the AVX2 build of ggml, which takes minutes
+        raise SystemExit(
+            "the CPUID shim did not hide AVX-512 (numpy still sees it). It needs the kernel's CPUID faulting, "
+            "which some guests lack (AMD EPYC VMs here: 'arch_prctl(ARCH_SET_CPUID): No such device'). "
+            f"Run this on another machine, or compare.py on an AVX2 one.\n{seen.stdout}{seen.stderr}"
+        )
+    return {**env, "LD_LIBRARY_PATH": str(avx2_ggml()), "ORTSERVE_KERNEL_ISA": "avx2"}
 
 
 def native_env() -> dict[str, str]:
