@@ -23,15 +23,22 @@ from ortserve import LLM
 PROMPT = "The quick brown fox jumps over the lazy dog"
 
 
+def with_generation_config(tiny: Path, folder: Path, **fields: float) -> Path:
+    """A copy of the tiny Llama whose generation_config.json also holds ``fields``."""
+    artifact = folder / "tiny"
+    shutil.copytree(tiny, artifact)
+    path = artifact / "generation_config.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    path.write_text(json.dumps({**config, **fields}))
+    return artifact
+
+
 @pytest.fixture(scope="module")
 def creator_defaults(tiny_llama_artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny Llama whose creator recommends top_k 1 (greedy) and 5 new tokens."""
-    artifact = tmp_path_factory.mktemp("generation-config") / "tiny"
-    shutil.copytree(tiny_llama_artifact, artifact)
-    path = artifact / "generation_config.json"
-    config = json.loads(path.read_text()) if path.is_file() else {}
-    path.write_text(json.dumps({**config, "top_k": 1, "max_new_tokens": 5}))
-    return artifact
+    return with_generation_config(
+        tiny_llama_artifact, tmp_path_factory.mktemp("generation-config"), top_k=1, max_new_tokens=5
+    )
 
 
 @pytest.fixture(scope="module")
@@ -68,12 +75,8 @@ def test_offline_defaults_follow_the_same_file(creator_defaults):
 @pytest.fixture(scope="module")
 def sampling_creator(tiny_llama_artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny Llama whose creator samples at temperature 1 and stops at 5 new tokens."""
-    artifact = tmp_path_factory.mktemp("generation-config-cli") / "tiny"
-    shutil.copytree(tiny_llama_artifact, artifact)
-    path = artifact / "generation_config.json"
-    config = json.loads(path.read_text()) if path.is_file() else {}
-    path.write_text(json.dumps({**config, "temperature": 1.0, "max_new_tokens": 5}))
-    return artifact
+    folder = tmp_path_factory.mktemp("generation-config-cli")
+    return with_generation_config(tiny_llama_artifact, folder, temperature=1.0, max_new_tokens=5)
 
 
 def generate(artifact: Path, *flags: str) -> tuple[str, str]:
