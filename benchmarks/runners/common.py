@@ -21,9 +21,8 @@ from runners.neighbours import Meter
 
 BENCH_DIR = Path(__file__).resolve().parent.parent
 RESULTS = BENCH_DIR / "results"
-COMPARE = (
-    RESULTS / "compare"
-)  # one folder of records per kind of machine: compare/avx2-amd/, compare/avx-512-vnni-bf16-intel/
+# One folder of records per kind of machine: compare/avx2-amd/, compare/avx-512-vnni-bf16-intel/.
+COMPARE = RESULTS / "compare"
 PEER_MODELS = RESULTS / "peer-models"
 PEERS_VENV = Path(os.environ.get("PEERS_VENV", BENCH_DIR / ".venv-peers"))
 PEERS_PY = PEERS_VENV / "bin" / "python"
