@@ -1,6 +1,7 @@
-// MatMulQ's group kernel for AVX2 (see matmul_q_kernel.cc): kTileRows, BlockAmax, QuantizeAt and
-// GroupRows (vpmaddubsw + vpmaddwd on 4-bit halves; 8-bit codes against 16-bit pairs in vpmaddwd).
-// Included INSIDE matmul_q_kernel.cc's ISA namespace, after its shared helpers; no includes of its own.
+// MatMulQ's group kernel for AVX2 (see matmul_q_kernel.cc): kTileRows, BlockAmax, QuantizeAt,
+// QuantizePairAt and GroupRows (vpmaddubsw + vpmaddwd on 4-bit halves; 8-bit codes against 16-bit
+// pairs in vpmaddwd). Included INSIDE matmul_q_kernel.cc's ISA namespace, after its shared helpers;
+// no includes of its own.
 
 constexpr int kTileRows = 8;
 
@@ -23,19 +24,42 @@ ALWAYS_INLINE float BlockAmax(const float* in) {
   return HorizontalMax(a);
 }
 
-ALWAYS_INLINE int32_t QuantizeAt(const float* in, float inverse, int8_t* out) {
-  const __m256 id = _mm256_set1_ps(inverse);
-  const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
-  __m256i q[4];
-  for (int j = 0; j < 4; ++j) {
-    q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(in + 8 * j), id));
-    q[j] = _mm256_min_epi32(_mm256_max_epi32(q[j], lo), hi);
-  }
+// Codes of 8 values, clamped to +-127 (one int32 lane each).
+ALWAYS_INLINE __m256i Codes8(__m256 scaled) {
+  const __m256i q = _mm256_cvtps_epi32(scaled);
+  return _mm256_min_epi32(_mm256_max_epi32(q, _mm256_set1_epi32(-127)), _mm256_set1_epi32(127));
+}
+
+// A block's 32 codes as int8 into out; returns their sum.
+ALWAYS_INLINE int32_t Store32(const __m256i* q, int8_t* out) {
   // int32 -> int8; the two packs interleave 128-bit lanes, the permute restores order
   const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
   const __m256i ordered = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), ordered);
   return HorizontalSum(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+}
+
+ALWAYS_INLINE int32_t QuantizeAt(const float* in, float inverse, int8_t* out) {
+  const __m256 id = _mm256_set1_ps(inverse);
+  __m256i q[4];
+  for (int j = 0; j < 4; ++j) q[j] = Codes8(_mm256_mul_ps(_mm256_loadu_ps(in + 8 * j), id));
+  return Store32(q, out);
+}
+
+// QuantizeAt, and in the same pass the codes of what it misses, x - dx * q rounded once, on the grid
+// kResidualSteps times finer (into fine_out; sums: both code sums).
+ALWAYS_INLINE void QuantizePairAt(const float* in, float inverse, float dx, int8_t* out, int8_t* fine_out,
+                                  int32_t* sums) {
+  const __m256 id = _mm256_set1_ps(inverse), fine = _mm256_set1_ps(inverse * kResidualSteps);
+  const __m256 step = _mm256_set1_ps(dx);
+  __m256i q[4], r[4];
+  for (int j = 0; j < 4; ++j) {
+    const __m256 x = _mm256_loadu_ps(in + 8 * j);
+    q[j] = Codes8(_mm256_mul_ps(x, id));
+    r[j] = Codes8(_mm256_mul_ps(_mm256_fnmadd_ps(step, _mm256_cvtepi32_ps(q[j]), x), fine));
+  }
+  sums[0] = Store32(q, out);
+  sums[1] = Store32(r, fine_out);
 }
 
 template <typename S>

@@ -1,6 +1,6 @@
-// MatMulQ's group kernel for AVX-512 VNNI (see matmul_q_kernel.cc): kTileRows, BlockAmax, QuantizeAt
-// and GroupRows, one int32 lane per weight row (vpdpbusd). Included INSIDE matmul_q_kernel.cc's ISA
-// namespace, after its shared helpers; no includes of its own.
+// MatMulQ's group kernel for AVX-512 VNNI (see matmul_q_kernel.cc): kTileRows, BlockAmax, QuantizeAt,
+// QuantizePairAt and GroupRows, one int32 lane per weight row (vpdpbusd). Included INSIDE
+// matmul_q_kernel.cc's ISA namespace, after its shared helpers; no includes of its own.
 
 constexpr int kTileRows = 8;
 
@@ -9,16 +9,43 @@ ALWAYS_INLINE float BlockAmax(const float* in) {
   return _mm512_reduce_max_ps(a);
 }
 
+// Codes of 16 values, clamped to +-127 (one int32 lane each).
+ALWAYS_INLINE __m512i Codes16(__m512 scaled) {
+  const __m512i q = _mm512_cvtps_epi32(scaled);
+  return _mm512_min_epi32(_mm512_max_epi32(q, _mm512_set1_epi32(-127)), _mm512_set1_epi32(127));
+}
+
+ALWAYS_INLINE void Store16(__m512i q, int8_t* out) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtsepi32_epi8(q));
+}
+
 ALWAYS_INLINE int32_t QuantizeAt(const float* in, float inverse, int8_t* out) {
   const __m512 id = _mm512_set1_ps(inverse);
-  const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
-  __m512i q[2];
+  const __m512i q0 = Codes16(_mm512_mul_ps(_mm512_loadu_ps(in), id));
+  const __m512i q1 = Codes16(_mm512_mul_ps(_mm512_loadu_ps(in + 16), id));
+  Store16(q0, out);
+  Store16(q1, out + 16);
+  return _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+}
+
+// QuantizeAt, and in the same pass the codes of what it misses, x - dx * q rounded once, on the grid
+// kResidualSteps times finer (into fine_out; sums: both code sums).
+ALWAYS_INLINE void QuantizePairAt(const float* in, float inverse, float dx, int8_t* out, int8_t* fine_out,
+                                  int32_t* sums) {
+  const __m512 id = _mm512_set1_ps(inverse), fine = _mm512_set1_ps(inverse * kResidualSteps);
+  const __m512 step = _mm512_set1_ps(dx);
+  __m512i sum = _mm512_setzero_si512(), fine_sum = _mm512_setzero_si512();
   for (int j = 0; j < 2; ++j) {
-    q[j] = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(in + 16 * j), id));
-    q[j] = _mm512_min_epi32(_mm512_max_epi32(q[j], lo), hi);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16 * j), _mm512_cvtsepi32_epi8(q[j]));
+    const __m512 x = _mm512_loadu_ps(in + 16 * j);
+    const __m512i q = Codes16(_mm512_mul_ps(x, id));
+    const __m512i r = Codes16(_mm512_mul_ps(_mm512_fnmadd_ps(step, _mm512_cvtepi32_ps(q), x), fine));
+    Store16(q, out + 16 * j);
+    Store16(r, fine_out + 16 * j);
+    sum = _mm512_add_epi32(sum, q);
+    fine_sum = _mm512_add_epi32(fine_sum, r);
   }
-  return _mm512_reduce_add_epi32(_mm512_add_epi32(q[0], q[1]));
+  sums[0] = _mm512_reduce_add_epi32(sum);
+  sums[1] = _mm512_reduce_add_epi32(fine_sum);
 }
 
 template <typename S>

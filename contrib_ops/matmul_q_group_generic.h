@@ -1,6 +1,6 @@
-// MatMulQ's group kernel in plain C++ (see matmul_q_kernel.cc): kTileRows, BlockAmax, QuantizeAt and
-// GroupRows, one code at a time: the reference the SIMD builds are tested against. Included INSIDE
-// matmul_q_kernel.cc's ISA namespace, after its shared helpers; no includes of its own.
+// MatMulQ's group kernel in plain C++ (see matmul_q_kernel.cc): kTileRows, BlockAmax, QuantizeAt,
+// QuantizePairAt and GroupRows, one code at a time: the reference the SIMD builds are tested against.
+// Included INSIDE matmul_q_kernel.cc's ISA namespace, after its shared helpers; no includes of its own.
 
 constexpr int kTileRows = 2;
 
@@ -18,6 +18,16 @@ ALWAYS_INLINE int32_t QuantizeAt(const float* in, float inverse, int8_t* out) {
     sum += out[i];
   }
   return sum;
+}
+
+// QuantizeAt, and the codes of what it misses, x - dx * q rounded once, on the grid kResidualSteps
+// times finer (into fine_out; sums: both code sums).
+ALWAYS_INLINE void QuantizePairAt(const float* in, float inverse, float dx, int8_t* out, int8_t* fine_out,
+                                  int32_t* sums) {
+  float rest[kQBlock];
+  sums[0] = QuantizeAt(in, inverse, out);
+  for (int64_t i = 0; i < kQBlock; ++i) rest[i] = __builtin_fmaf(-dx, static_cast<float>(out[i]), in[i]);
+  sums[1] = QuantizeAt(rest, inverse * kResidualSteps, fine_out);
 }
 
 // The code of row r and column 4q + j of the block at c.

@@ -35,9 +35,11 @@ ALWAYS_INLINE int64_t MinI(int64_t a, int64_t b) { return a < b ? a : b; }
 
 constexpr int64_t BlockBytes(int bits) { return bits == 4 ? kQ4BlockBytes : bits == 5 ? kQ5BlockBytes : kQ8BlockBytes; }
 
+ALWAYS_INLINE float CodeStep(float amax) { return amax / 127.f; }  // dx: one int8 code's worth of x
+
 // One block's quantisation: dx and the codes' sum follow from amax (see the header).
 ALWAYS_INLINE void BlockScales(float amax, int32_t sum, float* s) {
-  const float dx = amax / 127.f;
+  const float dx = CodeStep(amax);
   s[0] = dx;
   s[1] = dx * static_cast<float>(sum);
 }
@@ -136,21 +138,25 @@ void TileOfBits(const uint8_t* codes, const void* scales, bool half, bool pairs,
     TileOf<Bits>(codes, static_cast<const float*>(scales), pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
 }
 
-// A row of x to int8 blocks and, with a residual, the part of each block the codes miss: x - dx * xq
-// rounded once (fma), then quantised on the grid 256 times finer (see the header).
+// A row of x to int8 blocks and, with a residual, the part of each block the codes miss (see the
+// header and QuantizePairAt).
 void QuantizeRow(const float* x, int64_t K, int64_t KB, bool residual, int8_t* xq, float* xs) {
-  float pad[kQBlock], rest[kQBlock];
+  float pad[kQBlock];
   for (int64_t b = 0; b < KB; ++b) {
     const int64_t k0 = b * kQBlock;
     const float* in = Block32(x + k0, MinI(kQBlock, K - k0), pad);
     const float amax = BlockAmax(in), inverse = Inverse(amax);
-    BlockScales(amax, QuantizeAt(in, inverse, xq + k0), xs + 2 * b);
-    if (!residual) continue;
-    const float dx = xs[2 * b], fine = dx / kResidualSteps;
-    for (int64_t i = 0; i < kQBlock; ++i) rest[i] = __builtin_fmaf(-dx, static_cast<float>(xq[k0 + i]), in[i]);
-    const int32_t sum = QuantizeAt(rest, inverse * kResidualSteps, xq + KB * kQBlock + k0);
+    if (!residual) {
+      BlockScales(amax, QuantizeAt(in, inverse, xq + k0), xs + 2 * b);
+      continue;
+    }
+    int32_t sums[2];
+    const float dx = CodeStep(amax);
+    QuantizePairAt(in, inverse, dx, xq + k0, xq + KB * kQBlock + k0, sums);
+    BlockScales(amax, sums[0], xs + 2 * b);
+    const float fine = dx / kResidualSteps;
     xs[2 * KB + 2 * b] = fine;
-    xs[2 * KB + 2 * b + 1] = fine * static_cast<float>(sum);
+    xs[2 * KB + 2 * b + 1] = fine * static_cast<float>(sums[1]);
   }
 }
 
