@@ -21,7 +21,12 @@ built, and in them only the huge pages whose every 4 KiB page is in use (``minco
 freed holes would fill them with memory. Free heap pages are returned first (``malloc_trim``), so
 that what is resident is what is in use.
 
-The KV cache needs nothing: numpy already asks for huge pages for its own arrays of 4 MiB or more.
+The KV cache gets huge pages from numpy, which asks for them for its own arrays of 4 MiB or more.
+But ``np.zeros`` maps them lazily, and the block pool hands out its least recently used block, so a
+fresh server walks the whole pool before it reuses a block: every new block would fault in (and
+zero) its pages inside a decode step, about 6 % of a 16-stream server's CPU time on an AMD EPYC.
+So the runner commits the cache at start (``populate``: ``MADV_POPULATE_WRITE``, Linux 5.14+;
+0.2 s for 4 GiB there), as llama.cpp clears its KV buffer when it creates a context.
 Every call is advice: where the kernel refuses (THP ``never``, another OS or C library), nothing
 changes but the speed.
 """
@@ -32,7 +37,7 @@ import ctypes
 import ctypes.util
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +50,7 @@ HUGE_PAGE = 2 << 20
 PAGE = 4096
 MADV_HUGEPAGE = 14
 MADV_COLLAPSE = 25
+MADV_POPULATE_WRITE = 23
 SMAPS = Path("/proc/self/smaps")
 
 
@@ -116,6 +122,21 @@ def collapse(pages: list[int], libc: _Libc) -> int:
         if libc.madvise(start, HUGE_PAGE, MADV_COLLAPSE) == 0:
             collapsed += HUGE_PAGE
     return collapsed
+
+
+def populate(arrays: Iterable[np.ndarray]) -> bool:
+    """Fault in (and zero) every page of ``arrays`` now rather than at their first write; False
+    where the kernel cannot (before Linux 5.14): their pages stay lazy."""
+    libc = _Libc()
+    if libc.madvise is None:
+        return False
+    for array in arrays:
+        start = array.ctypes.data // PAGE * PAGE
+        length = array.ctypes.data + array.nbytes - start
+        if array.nbytes and libc.madvise(start, length, MADV_POPULATE_WRITE) != 0:
+            log.debug("not populated (errno %d): the pages fault in as used", ctypes.get_errno())
+            return False
+    return True
 
 
 @dataclass

@@ -75,8 +75,9 @@ class ModelRunner:
             )
         width = manifest.kv_row_width(kv_plan.dtype)
         shape = (kv_plan.num_blocks, manifest.num_kv_heads, kv_plan.block_size, width)
-        # np.zeros maps pages lazily: memory is committed as blocks are first written.
+        # committed now, not page by page inside decode steps (huge_pages.populate)
         self.kv_caches = [np.zeros(shape, KV_ROW[kv_plan.dtype][0]) for _ in range(2 * manifest.num_layers)]
+        huge_pages.populate(self.kv_caches)
         self._kv_values = [ort.OrtValue.ortvalue_from_numpy(a) for a in self.kv_caches]
         self.binding = self.session.io_binding()
         for layer in range(manifest.num_layers):

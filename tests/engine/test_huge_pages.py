@@ -7,6 +7,7 @@ expected for the machine it runs on (read from /sys and uname), rather than skip
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import re
 import subprocess
@@ -18,9 +19,42 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from ortserve.engine.huge_pages import HUGE_PAGE, Mapping
+from ortserve.engine import huge_pages
+from ortserve.engine.config import EngineConfig
+from ortserve.engine.core import EngineCore
+from ortserve.engine.huge_pages import HUGE_PAGE, PAGE, Mapping
 
 THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def kernel_at_least(major: int, minor: int) -> bool:
+    return tuple(int(x) for x in os.uname().release.split(".")[:2]) >= (major, minor)
+
+
+def resident_pages(array: np.ndarray) -> int:
+    """How many of the 4 KiB pages under ``array`` are resident (mincore)."""
+    libc = huge_pages._Libc()
+    start = array.ctypes.data // PAGE * PAGE
+    length = array.ctypes.data + array.nbytes - start
+    flags = np.zeros(-(-length // PAGE), np.uint8)
+    assert libc.mincore(start, length, flags.ctypes.data) == 0
+    return int((flags & 1).sum())
+
+
+def test_populate_commits_every_page_at_once():
+    """A fresh anonymous mapping (what np.zeros gets for a large array in a new process) is lazy;
+    populate faults it all in (Linux 5.14+), as the runner does for the KV cache so that no decode
+    step pays for a block's first write. (np.zeros itself may reuse freed, resident heap memory in
+    a long-lived process, so the test maps its own.)"""
+    mapping = mmap.mmap(-1, 64 << 20)
+    array = np.frombuffer(mapping, np.float32)
+    pages = -(-array.nbytes // PAGE)
+    assert resident_pages(array) < pages // 2  # lazy until written
+    populated = huge_pages.populate([array])
+    assert populated == kernel_at_least(5, 14)
+    if populated:
+        assert resident_pages(array) >= pages - 1  # the first page may be shared with other data
+        assert not array.any()  # still zeros
 
 
 def collapse_expected() -> bool:
@@ -28,8 +62,7 @@ def collapse_expected() -> bool:
     if not THP_MODE.exists():
         return False
     mode = re.search(r"\[(\w+)\]", THP_MODE.read_text())
-    major, minor = (int(x) for x in os.uname().release.split(".")[:2])
-    return mode is not None and mode.group(1) != "never" and (major, minor) >= (6, 1)
+    return mode is not None and mode.group(1) != "never" and kernel_at_least(6, 1)
 
 
 def test_aligned_keeps_only_whole_huge_pages():
@@ -111,3 +144,13 @@ def test_a_sessions_prepacked_weights_are_collapsed_into_huge_pages(tmp_path, be
     else:
         assert result["collapsed"] == 0
     np.testing.assert_allclose(np.array(result["y"], np.float32), x @ weight, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.slow
+def test_an_engines_kv_cache_is_committed_when_it_starts(smollm2_artifact):
+    """The block pool hands out its least recently used block, so a fresh server would write to
+    never-touched pages for as long as it takes to walk the pool: the runner commits it at start."""
+    engine = EngineCore(EngineConfig(model=str(smollm2_artifact), kv_cache_space=0.25))
+    for cache in (engine.runner.kv_caches[0], engine.runner.kv_caches[-1]):
+        pages = -(-cache.nbytes // PAGE)
+        assert (resident_pages(cache) >= pages - 1) == kernel_at_least(5, 14)
