@@ -14,6 +14,7 @@ export, llama.cpp's F32 file). A last row per model: the GGUF file's own codes, 
 
     python benchmarks/quality.py              # writes benchmarks/tables/quality.md
     python benchmarks/quality.py --ortserve-only   # after a change to ortserve: its rows only
+    python benchmarks/quality.py --models smollm2  # one model; the other's rows stay
     ORTSERVE_KERNEL_ISA=avx2 python benchmarks/quality.py   # ortserve's AVX2 kernels on a wider CPU
 """
 
@@ -60,13 +61,15 @@ SOURCE_NOTE = (
 TABLE = BENCH_DIR / "tables" / "quality.md"
 
 
-def models() -> dict[str, Path]:
+MODELS = {"smollm2": "SmolLM2-135M (Q4_1 file)", "gemma3": "Gemma-3-270m (Q4_K_M file)"}  # --models: table label
+
+
+def models(keys: list[str]) -> dict[str, Path]:
+    """Each selected model's table label and GGUF file."""
     from ortserve.models import BUILTIN_MODELS, DEFAULT_MODEL
 
-    return {
-        "SmolLM2-135M (Q4_1 file)": BUILTIN_MODELS[DEFAULT_MODEL].gguf_path(),
-        "Gemma-3-270m (Q4_K_M file)": gemma_file(),
-    }
+    files = {"smollm2": BUILTIN_MODELS[DEFAULT_MODEL].gguf_path, "gemma3": gemma_file}
+    return {MODELS[key]: files[key]() for key in keys}
 
 
 def ortserve_artifact(
@@ -174,16 +177,18 @@ def isa_label() -> str:
     return f"{cap.upper()} kernels on {kernel_isa()}" if cap else kernel_isa()
 
 
-def _kept_rows(isa: str, llama_cpp_too: bool) -> list[str]:
+def _kept_rows(isa: str, llama_cpp_too: bool, measured: set[str]) -> list[str]:
     """The table's rows that this run does not measure, kept as they are: those of another ISA (column
-    3), and with ``llama_cpp_too`` this ISA's llama.cpp rows."""
+    3) or of a model not in ``measured`` (column 1), and with ``llama_cpp_too`` this ISA's llama.cpp rows."""
     if not TABLE.is_file():
         return []
     rows = [line for line in TABLE.read_text().splitlines() if line.startswith("| ") and line.count(" | ") == 7]
     return [
         row
         for row in rows[1:]
-        if row.split(" | ")[2] != isa or (llama_cpp_too and row.split(" | ")[1].startswith("llama.cpp"))
+        if row.split(" | ")[2] != isa
+        or row.split(" | ")[0].removeprefix("| ") not in measured
+        or (llama_cpp_too and row.split(" | ")[1].startswith("llama.cpp"))
     ]
 
 
@@ -197,10 +202,14 @@ def main() -> int:
         action="store_true",
         help="measure ortserve's rows only; this ISA's llama.cpp rows stay as the table has them",
     )
+    parser.add_argument(
+        "--models", nargs="+", choices=list(MODELS), default=list(MODELS), help="measure these; the others' rows stay"
+    )
     args = parser.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
     rows = []
-    for model, gguf in models().items():
+    selected = models(args.models)
+    for model, gguf in selected.items():
         name = gguf.stem
         checkpoint = prepare_checkpoint(gguf, progress=False)  # the GGUF dequantised: the fp32 weights
         fp32 = ortserve_artifact(checkpoint, name, "fp32")
@@ -265,7 +274,7 @@ def main() -> int:
         "",
         "| model | system | ISA | weights MiB | top-1 agreement | perplexity | fp32 perplexity | ratio |",
         "|---|---|---|---|---|---|---|---|",
-        *_kept_rows(isa, llama_cpp_too=args.ortserve_only),
+        *_kept_rows(isa, llama_cpp_too=args.ortserve_only, measured=set(selected)),
         *ours,
     ]
     TABLE.parent.mkdir(parents=True, exist_ok=True)
