@@ -183,12 +183,11 @@ def _kept_rows(isa: str, llama_cpp_too: bool, measured: set[str]) -> list[str]:
     if not TABLE.is_file():
         return []
     rows = [line for line in TABLE.read_text().splitlines() if line.startswith("| ") and line.count(" | ") == 7]
+    cells = [(row, row.removeprefix("| ").split(" | ")) for row in rows[1:]]
     return [
         row
-        for row in rows[1:]
-        if row.split(" | ")[2] != isa
-        or row.split(" | ")[0].removeprefix("| ") not in measured
-        or (llama_cpp_too and row.split(" | ")[1].startswith("llama.cpp"))
+        for row, (model, system, row_isa, *_) in cells
+        if row_isa != isa or model not in measured or (llama_cpp_too and system.startswith("llama.cpp"))
     ]
 
 
