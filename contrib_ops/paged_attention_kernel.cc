@@ -3,7 +3,10 @@
 // Compiled three times (CMakeLists.txt), with ORTSERVE_ISA = avx512 | avx2 | generic and the
 // matching -m flags; the op picks a build at run time. GCC vector extensions keep one source:
 // a vector holds one value per lane (query), so every loop over head_size is plain FMAs with a
-// broadcast key/value element, and head_size needs no tail handling.
+// broadcast key/value element, and head_size needs no tail handling. A work item's lanes are one
+// register (AVX-512: 16, or 8 for small decode groups) or two (AVX2: 16 lanes in two 8-lane
+// registers, so each broadcast key or value element feeds two FMAs); the loops work register by
+// register, since GCC spills vector types wider than the registers.
 // Uses nothing from the C++ standard library, so no inline function is shared between builds.
 // The caches may hold float, half or int8 rows (CacheType): each 16-row chunk is read as floats,
 // converted into a scratch buffer first when the cache is not float.
@@ -24,43 +27,78 @@ constexpr float kMasked = -1e30f;  // score of a masked position (finite, so max
 
 #include "simd_math.h"  // V<W>, Splat, Max, Min, Exp, Softcap, HalvesToFloats: in this ISA's namespace
 
-// Step d of a loop over D prefetches line d / 8 of row d % 8 of the next chunk's 8 raw cache rows,
-// while line d / 8 is inside the row (8 rows x row_bytes / 64 lines): spread out, the loads overlap
+// Keys a pass over D takes at once: 8 when a lane vector is one register; 4 when it is two (16 lanes
+// with 256-bit registers), so the 2 x 4 sums, the query's two registers and a broadcast still fit in
+// 16 registers and each broadcast key element feeds two FMAs.
+template <int W>
+constexpr int kKeysPerPass = W > kRegisterLanes ? 4 : 8;
+
+// Step d of a loop over D prefetches line d / NK of row d % NK of the next chunk's NK raw cache rows,
+// while that line is inside the row (NK rows x row_bytes / 64 lines): spread out, the loads overlap
 // the math.
+template <int NK>
 ALWAYS_INLINE void PrefetchStep(const unsigned char* const* rows, int64_t d, int64_t row_bytes) {
-  if ((d >> 3) * 64 < row_bytes) __builtin_prefetch(rows[d & 7] + (d >> 3) * 64);
+  if ((d / NK) * 64 < row_bytes) __builtin_prefetch(rows[d % NK] + (d / NK) * 64);
 }
 
-// s[j] = <q_lane, k_j> for 8 keys: qt is [D][W] (lanes innermost), k_j a row of floats.
+// The hot loops below work on register-wide pieces of a lane vector (R, P of them): GCC spills the
+// wider vector types of V<16> on 256-bit builds.
 template <int W>
-ALWAYS_INLINE void Scores8(const float* qt, const float* const* k, typename V<W>::F* s, int64_t D,
-                           const unsigned char* const* prefetch, int64_t row_bytes) {
-  typedef typename V<W>::F F;
-  const float *k0 = k[0], *k1 = k[1], *k2 = k[2], *k3 = k[3], *k4 = k[4], *k5 = k[5], *k6 = k[6], *k7 = k[7];
-  F s0{}, s1{}, s2{}, s3{}, s4{}, s5{}, s6{}, s7{};
-  for (int64_t d = 0; d < D; ++d) {
-    PrefetchStep(prefetch, d, row_bytes);
-    const F q = *reinterpret_cast<const F*>(qt + d * W);
-    s0 += q * k0[d], s1 += q * k1[d], s2 += q * k2[d], s3 += q * k3[d];
-    s4 += q * k4[d], s5 += q * k5[d], s6 += q * k6[d], s7 += q * k7[d];
+constexpr int kPieceLanes = W < kRegisterLanes ? W : kRegisterLanes;
+
+// s[j][lane] = <q_lane, k_j> for NK keys: qt is [D][W] (lanes innermost), k_j a row of floats.
+template <int W, int NK>
+ALWAYS_INLINE void Scores(const float* qt, const float* const* k, float (*s)[W], int64_t D,
+                          const unsigned char* const* prefetch, int64_t row_bytes) {
+  constexpr int L = kPieceLanes<W>, P = W / L;
+  typedef typename V<L>::F R;
+  const float* key[NK];
+  R sum[NK][P];
+#pragma GCC unroll 8
+  for (int j = 0; j < NK; ++j) {
+    key[j] = k[j];
+    for (int i = 0; i < P; ++i) sum[j][i] = R{};
   }
-  s[0] = s0, s[1] = s1, s[2] = s2, s[3] = s3, s[4] = s4, s[5] = s5, s[6] = s6, s[7] = s7;
+  for (int64_t d = 0; d < D; ++d) {
+    PrefetchStep<NK>(prefetch, d, row_bytes);
+    R q[P];
+    for (int i = 0; i < P; ++i) q[i] = *reinterpret_cast<const R*>(qt + d * W + i * L);
+#pragma GCC unroll 8
+    for (int j = 0; j < NK; ++j) {
+      const float e = key[j][d];
+      for (int i = 0; i < P; ++i) sum[j][i] += q[i] * e;
+    }
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < NK; ++j) __builtin_memcpy(s[j], sum[j], sizeof(sum[j]));
 }
 
-// acc[d] = acc[d] * alpha + sum_j p[j] * v_j[d] for 8 value rows; acc is [D][W].
-template <int W>
-ALWAYS_INLINE void Accumulate8(float* acc, const float* const* v, const typename V<W>::F* p,
-                               typename V<W>::F alpha, int64_t D, const unsigned char* const* prefetch,
-                               int64_t row_bytes) {
-  typedef typename V<W>::F F;
-  const float *v0 = v[0], *v1 = v[1], *v2 = v[2], *v3 = v[3], *v4 = v[4], *v5 = v[5], *v6 = v[6], *v7 = v[7];
-  const F p0 = p[0], p1 = p[1], p2 = p[2], p3 = p[3], p4 = p[4], p5 = p[5], p6 = p[6], p7 = p[7];
+// acc[d] = acc[d] * alpha + sum_j p[j] * v_j[d] for NK value rows; acc is [D][W], p[j] and alpha
+// [W] (alpha nullptr: 1).
+template <int W, int NK>
+ALWAYS_INLINE void Accumulate(float* acc, const float* const* v, const float (*p)[W], const float* alpha, int64_t D,
+                              const unsigned char* const* prefetch, int64_t row_bytes) {
+  constexpr int L = kPieceLanes<W>, P = W / L;
+  typedef typename V<L>::F R;
+  const float* value[NK];
+  R weight[NK][P], scale[P];
+  for (int i = 0; i < P; ++i) scale[i] = alpha ? *reinterpret_cast<const R*>(alpha + i * L) : Splat<R>(1.f);
+#pragma GCC unroll 8
+  for (int j = 0; j < NK; ++j) value[j] = v[j], __builtin_memcpy(weight[j], p[j], sizeof(weight[j]));
   for (int64_t d = 0; d < D; ++d) {
-    PrefetchStep(prefetch, d, row_bytes);
-    F* a = reinterpret_cast<F*>(acc + d * W);
-    const F even = *a * alpha + p0 * v0[d] + p2 * v2[d] + p4 * v4[d] + p6 * v6[d];  // two chains
-    const F odd = p1 * v1[d] + p3 * v3[d] + p5 * v5[d] + p7 * v7[d];              // halve latency
-    *a = even + odd;
+    PrefetchStep<NK>(prefetch, d, row_bytes);
+    float e[NK];
+#pragma GCC unroll 8
+    for (int j = 0; j < NK; ++j) e[j] = value[j][d];
+    for (int i = 0; i < P; ++i) {
+      R* a = reinterpret_cast<R*>(acc + d * W + i * L);
+      R even = *a * scale[i], odd = weight[1][i] * e[1];  // two chains halve the latency
+#pragma GCC unroll 8
+      for (int j = 0; j < NK; j += 2) even += weight[j][i] * e[j];
+#pragma GCC unroll 8
+      for (int j = 3; j < NK; j += 2) odd += weight[j][i] * e[j];
+      *a = even + odd;
+    }
   }
 }
 
@@ -126,8 +164,9 @@ ALWAYS_INLINE void ChunkRows(const unsigned char* const* raw, float* scratch, co
 
 template <int W, CacheType C>
 void RunTile(const Problem& P, const WorkItem& w) {
-  typedef typename V<W>::F F;
-  typedef typename V<W>::I I;
+  constexpr int L = kPieceLanes<W>, NP = W / L, NK = kKeysPerPass<W>;
+  typedef typename V<L>::F R;  // a register-wide piece of a lane vector
+  typedef typename V<L>::I RI;
   alignas(64) float qt[kMaxHeadSize * W], acc[kMaxHeadSize * W];  // 32 KiB of stack at most
   // converted K and V rows of the chunk (fp16 / int8 caches): 32 KiB more at most
   alignas(64) float scratch[2][C == CacheType::kF32 ? 1 : kChunk * kMaxHeadSize];
@@ -148,9 +187,9 @@ void RunTile(const Problem& P, const WorkItem& w) {
       for (int64_t d = 0; d < D; ++d) qt[d * W + m] = q[d] * P.scale;  // scale folded into q
     }
   }
-  const I lo = *reinterpret_cast<const I*>(lo_lane), hi = *reinterpret_cast<const I*>(hi_lane);
 
-  F run_max = Splat<F>(kMasked), run_sum{};
+  alignas(64) float run_max[W], run_sum[W];
+  for (int m = 0; m < W; ++m) run_max[m] = kMasked, run_sum[m] = 0.f;
   const int32_t* table = P.block_tables + w.seq * P.max_blocks;
   // Raw row pointers are double-buffered so that the passes over a chunk can prefetch the next
   // chunk's rows: cache blocks are scattered and the hardware prefetcher stops at every block
@@ -168,38 +207,42 @@ void RunTile(const Problem& P, const WorkItem& w) {
     if (more) cursor.Next(raw[cur ^ 1][0], raw[cur ^ 1][1]);
     const unsigned char *const *next_k = raw[more ? cur ^ 1 : cur][0], *const *next_v = raw[more ? cur ^ 1 : cur][1];
     const float *const *k = rows[0], *const *v = rows[1];
-    F s[kChunk], p[kChunk];
-    Scores8<W>(qt, k, s, D, next_k, row_bytes);
-    if (n > 8) Scores8<W>(qt, k + 8, s + 8, D, next_k + 8, row_bytes);
-    // Mask positions outside [lo, hi] (and the padding), then the chunk's max per lane.
-    F chunk_max = Splat<F>(kMasked);
-    I valid[kChunk];
-    for (int j = 0; j < kChunk; ++j) {
-      const I pos = I{} + static_cast<int32_t>(c + j);
-      valid[j] = j < n ? ((pos >= lo) & (pos <= hi)) : I{};
-      if (P.softcap > 0.f) s[j] = Softcap<F, I>(s[j], P.softcap);  // s = c tanh(s / c)
-      s[j] = valid[j] ? s[j] : Splat<F>(kMasked);
-      chunk_max = Max(chunk_max, s[j]);
+    alignas(64) float s[kChunk][W], p[kChunk][W], alpha[W];  // scores, then weights, by position and lane
+    for (int j = 0; j < n; j += NK) Scores<W, NK>(qt, k + j, s + j, D, next_k + j, row_bytes);
+    // Per piece of lanes: mask positions outside [lo, hi] (and the padding), then online softmax:
+    // m' = max(m, max_j s_j); acc and sum are rescaled by e^{m - m'}.
+    for (int i = 0; i < NP; ++i) {
+      const RI lo = *reinterpret_cast<const RI*>(lo_lane + i * L), hi = *reinterpret_cast<const RI*>(hi_lane + i * L);
+      R chunk_max = Splat<R>(kMasked), sc[kChunk];
+      RI valid[kChunk];
+      for (int j = 0; j < kChunk; ++j) {
+        const RI pos = RI{} + static_cast<int32_t>(c + j);
+        valid[j] = j < n ? ((pos >= lo) & (pos <= hi)) : RI{};
+        sc[j] = *reinterpret_cast<const R*>(s[j] + i * L);
+        if (P.softcap > 0.f) sc[j] = Softcap<R, RI>(sc[j], P.softcap);  // s = c tanh(s / c)
+        sc[j] = valid[j] ? sc[j] : Splat<R>(kMasked);
+        chunk_max = Max(chunk_max, sc[j]);
+      }
+      R& m = *reinterpret_cast<R*>(run_max + i * L);
+      const R new_max = Max(m, chunk_max);
+      R chunk_sum{};
+      for (int j = 0; j < kChunk; ++j) {
+        const R pj = valid[j] ? Exp<R, RI>(sc[j] - new_max) : R{};  // p_j = e^{s_j - m'}
+        *reinterpret_cast<R*>(p[j] + i * L) = pj;
+        chunk_sum += pj;
+      }
+      const R a = Exp<R, RI>(m - new_max);
+      *reinterpret_cast<R*>(alpha + i * L) = a;
+      R& sum = *reinterpret_cast<R*>(run_sum + i * L);
+      sum = sum * a + chunk_sum;
+      m = new_max;
     }
-    // Online softmax: m' = max(m, max_j s_j); acc and sum are rescaled by e^{m - m'}.
-    const F new_max = Max(run_max, chunk_max);
-    const F alpha = Exp<F, I>(run_max - new_max);
-    F chunk_sum{};
-    for (int j = 0; j < kChunk; ++j) {
-      p[j] = valid[j] ? Exp<F, I>(s[j] - new_max) : F{};  // p_j = e^{s_j - m'}
-      chunk_sum += p[j];
-    }
-    run_sum = run_sum * alpha + chunk_sum;
-    run_max = new_max;
-    Accumulate8<W>(acc, v, p, alpha, D, next_v, row_bytes);  // acc = acc e^{m - m'} + sum_j p_j v_j
-    if (n > 8) Accumulate8<W>(acc, v + 8, p + 8, Splat<F>(1.f), D, next_v + 8, row_bytes);
+    for (int j = 0; j < n; j += NK)  // acc = acc e^{m - m'} + sum_j p_j v_j
+      Accumulate<W, NK>(acc, v + j, p + j, j == 0 ? alpha : nullptr, D, next_v + j, row_bytes);
   }
 
-  alignas(64) float max_lane[W], sum_lane[W];
-  *reinterpret_cast<F*>(max_lane) = run_max;
-  *reinterpret_cast<F*>(sum_lane) = run_sum;
   if (w.partial) {  // split-K piece: (max, sum, unnormalised acc), merged by the op
-    for (int m = 0; m < W; ++m) w.partial[m] = max_lane[m], w.partial[kMaxLanes + m] = sum_lane[m];
+    for (int m = 0; m < W; ++m) w.partial[m] = run_max[m], w.partial[kMaxLanes + m] = run_sum[m];
     float* part_acc = w.partial + 2 * kMaxLanes;
     for (int64_t d = 0; d < D; ++d)
       for (int m = 0; m < W; ++m) part_acc[d * kMaxLanes + m] = acc[d * W + m];
@@ -208,7 +251,7 @@ void RunTile(const Problem& P, const WorkItem& w) {
   for (int64_t r = w.row_begin; r < w.row_end; ++r) {
     for (int64_t h = w.head_begin; h < w.head_end; ++h) {
       const int64_t m = (r - w.row_begin) * heads + (h - w.head_begin);
-      const float inv = 1.f / sum_lane[m];  // out = acc / sum
+      const float inv = 1.f / run_sum[m];  // out = acc / sum
       float* out = P.out + (r * P.H + h) * D;
       for (int64_t d = 0; d < D; ++d) out[d] = acc[d * W + m] * inv;
     }
@@ -226,7 +269,7 @@ void RunTileOf(const Problem& p, const WorkItem& w) {
 
 }  // namespace
 
-int TileLanes() { return kRegisterLanes >= 16 ? 16 : 8; }
+int TileLanes() { return kRegisterLanes >= 8 ? 16 : 8; }  // 16 lanes: one or two registers
 
 void RunWorkItem(const Problem& p, const WorkItem& w) {
   const int64_t lanes = (w.row_end - w.row_begin) * (w.head_end - w.head_begin);

@@ -48,8 +48,8 @@ struct WorkItem {
 inline int64_t PartialFloats(int64_t head_size) { return 2 * kMaxLanes + head_size * kMaxLanes; }
 
 // The kernel, one build per instruction set; paged_attention.cc picks one at run time.
-// TileLanes(): the most lanes a work item should have for that build (16 with AVX-512, 8 with
-// 256-bit or narrower registers, where 16-lane tiles spill).
+// TileLanes(): the most lanes a work item should have for that build (16 with AVX-512 and AVX2, in
+// one or two registers; 8 in the generic build's 128-bit registers).
 #ifndef ORTSERVE_GENERIC_KERNEL_ONLY
 namespace avx512 { void RunWorkItem(const Problem& p, const WorkItem& w); int TileLanes(); }
 namespace avx2 { void RunWorkItem(const Problem& p, const WorkItem& w); int TileLanes(); }
