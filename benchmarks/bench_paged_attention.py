@@ -24,6 +24,7 @@ import argparse
 import os
 import statistics
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import onnxruntime as ort
@@ -31,9 +32,29 @@ from onnx import TensorProto, helper
 
 import ortserve.ops
 
-NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE = 14, 2, 64, 16
-Q_WIDTH, KV_WIDTH = NUM_HEADS * HEAD_SIZE, NUM_KV_HEADS * HEAD_SIZE
 F, I32, I64 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64
+BLOCK_SIZE = 16
+
+
+@dataclass(frozen=True)
+class Shape:
+    """An attention layer's heads: query heads, kv heads and head size."""
+
+    heads: int
+    kv_heads: int
+    head_size: int = 64
+
+    @property
+    def q_width(self) -> int:
+        return self.heads * self.head_size
+
+    @property
+    def kv_width(self) -> int:
+        return self.kv_heads * self.head_size
+
+
+QWEN = Shape(14, 2)  # Qwen2.5-0.5B
+SMOLLM2 = Shape(9, 3)  # SmolLM2-135M
 
 
 def _model(nodes, inputs, outputs):
@@ -49,13 +70,13 @@ def _model(nodes, inputs, outputs):
     )
 
 
-def paged_model(layers):
+def paged_model(layers, shape=QWEN):
     vi = helper.make_tensor_value_info
-    cache = ["num_blocks", NUM_KV_HEADS, BLOCK_SIZE, HEAD_SIZE]
+    cache = ["num_blocks", shape.kv_heads, BLOCK_SIZE, shape.head_size]
     inputs = [
-        vi("query", F, ["T", Q_WIDTH]),
-        vi("key", F, ["T", KV_WIDTH]),
-        vi("value", F, ["T", KV_WIDTH]),
+        vi("query", F, ["T", shape.q_width]),
+        vi("key", F, ["T", shape.kv_width]),
+        vi("value", F, ["T", shape.kv_width]),
         vi("slot_mapping", I64, ["T"]),
         vi("block_tables", I32, ["B", "M"]),
         vi("context_lens", I32, ["B"]),
@@ -81,22 +102,22 @@ def paged_model(layers):
                 ],
                 [f"out.{layer}", f"key_cache_out.{layer}", f"value_cache_out.{layer}"],
                 domain=ortserve.ops.DOMAIN,
-                num_heads=NUM_HEADS,
-                num_kv_heads=NUM_KV_HEADS,
+                num_heads=shape.heads,
+                num_kv_heads=shape.kv_heads,
             )
         )
         query = f"out.{layer}"
-    outputs.insert(0, vi(query, F, ["T", Q_WIDTH]))
+    outputs.insert(0, vi(query, F, ["T", shape.q_width]))
     return _model(nodes, inputs, outputs)
 
 
-def gqa_model(layers):
+def gqa_model(layers, shape=QWEN):
     vi = helper.make_tensor_value_info
-    cache = ["B", NUM_KV_HEADS, "L", HEAD_SIZE]
+    cache = ["B", shape.kv_heads, "L", shape.head_size]
     inputs = [
-        vi("query", F, ["B", "S", Q_WIDTH]),
-        vi("key", F, ["B", "S", KV_WIDTH]),
-        vi("value", F, ["B", "S", KV_WIDTH]),
+        vi("query", F, ["B", "S", shape.q_width]),
+        vi("key", F, ["B", "S", shape.kv_width]),
+        vi("value", F, ["B", "S", shape.kv_width]),
         vi("seqlens_k", I32, ["B"]),
         vi("total_sequence_length", I32, []),
     ]
@@ -118,24 +139,25 @@ def gqa_model(layers):
                 ],
                 [f"out.{layer}", f"present_key.{layer}", f"present_value.{layer}"],
                 domain="com.microsoft",
-                num_heads=NUM_HEADS,
-                kv_num_heads=NUM_KV_HEADS,
+                num_heads=shape.heads,
+                kv_num_heads=shape.kv_heads,
             )
         )
         query = f"out.{layer}"
-    outputs.insert(0, vi(query, F, ["B", "S", Q_WIDTH]))
+    outputs.insert(0, vi(query, F, ["B", "S", shape.q_width]))
     return _model(nodes, inputs, outputs)
 
 
-def session(model, threads):
+def session(model, threads, library=None):
+    """library: a build of the op library to time (default: the installed one)."""
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.intra_op_num_threads = threads
-    ortserve.ops.register(options)
+    options.register_custom_ops_library(library or ortserve.ops.library_path())
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def paged_binding(sess, rng, layers, seqs):
+def paged_binding(sess, rng, layers, seqs, shape=QWEN):
     """One call for the whole step; seqs = [(context, new tokens), ...], blocks scattered."""
     blocks = [-(-ctx // BLOCK_SIZE) for ctx, _ in seqs]
     num_blocks = sum(blocks)
@@ -150,9 +172,9 @@ def paged_binding(sess, rng, layers, seqs):
     b = sess.io_binding()
     b.bind_output(sess.get_outputs()[0].name, "cpu")
     feeds = dict(
-        query=rng.standard_normal((T, Q_WIDTH), np.float32),
-        key=rng.standard_normal((T, KV_WIDTH), np.float32),
-        value=rng.standard_normal((T, KV_WIDTH), np.float32),
+        query=rng.standard_normal((T, shape.q_width), np.float32),
+        key=rng.standard_normal((T, shape.kv_width), np.float32),
+        value=rng.standard_normal((T, shape.kv_width), np.float32),
         slot_mapping=np.concatenate(slots).astype(np.int64),
         block_tables=tables,
         context_lens=np.array([ctx for ctx, _ in seqs], np.int32),
@@ -164,7 +186,7 @@ def paged_binding(sess, rng, layers, seqs):
     for layer in range(layers):
         for kind in ("key", "value"):
             cache = ort.OrtValue.ortvalue_from_numpy(
-                rng.standard_normal((num_blocks, NUM_KV_HEADS, BLOCK_SIZE, HEAD_SIZE), np.float32)
+                rng.standard_normal((num_blocks, shape.kv_heads, BLOCK_SIZE, shape.head_size), np.float32)
             )
             b.bind_ortvalue_input(f"{kind}_cache.{layer}", cache)
             b.bind_ortvalue_output(f"{kind}_cache_out.{layer}", cache)
@@ -172,7 +194,7 @@ def paged_binding(sess, rng, layers, seqs):
     return [b], keep
 
 
-def gqa_bindings(sess, rng, layers, seqs):
+def gqa_bindings(sess, rng, layers, seqs, shape=QWEN):
     """GQA's best shape for the same step: all decodes in one padded batch ([B, kv, max_ctx, D]
     buffer shared by past and present), and each multi-token sequence as its own batch-1 call
     (GQA cannot batch those with past context)."""
@@ -184,9 +206,9 @@ def gqa_bindings(sess, rng, layers, seqs):
         b = sess.io_binding()
         b.bind_output(sess.get_outputs()[0].name, "cpu")
         feeds = dict(
-            query=rng.standard_normal((B, q_len, Q_WIDTH), np.float32),
-            key=rng.standard_normal((B, q_len, KV_WIDTH), np.float32),
-            value=rng.standard_normal((B, q_len, KV_WIDTH), np.float32),
+            query=rng.standard_normal((B, q_len, shape.q_width), np.float32),
+            key=rng.standard_normal((B, q_len, shape.kv_width), np.float32),
+            value=rng.standard_normal((B, q_len, shape.kv_width), np.float32),
             seqlens_k=np.array(contexts, np.int32) - 1,
             total_sequence_length=np.array(max_ctx, np.int32),
         )
@@ -195,7 +217,7 @@ def gqa_bindings(sess, rng, layers, seqs):
         for layer in range(layers):
             for kind in ("key", "value"):
                 cache = ort.OrtValue.ortvalue_from_numpy(
-                    rng.standard_normal((B, NUM_KV_HEADS, max_ctx, HEAD_SIZE), np.float32)
+                    rng.standard_normal((B, shape.kv_heads, max_ctx, shape.head_size), np.float32)
                 )
                 b.bind_ortvalue_input(f"past_{kind}.{layer}", cache)
                 b.bind_ortvalue_output(f"present_{kind}.{layer}", cache)
@@ -259,7 +281,7 @@ def main():
         del variants
 
     print(
-        f"\nPagedAttention vs GroupQueryAttention, {NUM_HEADS} q heads / {NUM_KV_HEADS} kv heads / head {HEAD_SIZE}, "
+        f"\nPagedAttention vs GroupQueryAttention, {QWEN.heads} q heads / {QWEN.kv_heads} kv heads / head {QWEN.head_size}, "
         f"fp32, per layer, median of {args.rounds} interleaved rounds; {os.cpu_count()} CPUs, load average "
         f"{load_before:.1f} before / {os.getloadavg()[0]:.1f} after (other processes skew 2-thread runs most)"
     )
