@@ -6,7 +6,9 @@
 // broadcast key/value element, and head_size needs no tail handling. A work item's lanes are one
 // register (AVX-512: 16, or 8 for small decode groups) or two (AVX2: 16 lanes in two 8-lane
 // registers, so each broadcast key or value element feeds two FMAs); the loops work register by
-// register, since GCC spills vector types wider than the registers.
+// register, since GCC spills vector types wider than the registers. One query row of a small GQA
+// group (decode with at most 4 query heads a kv head) runs with lanes over head_size instead
+// (paged_attention_few_heads.h).
 // Uses nothing from the C++ standard library, so no inline function is shared between builds.
 // The caches may hold float, half or int8 rows (CacheType): each 16-row chunk is read as floats,
 // converted into a scratch buffer first when the cache is not float.
@@ -267,13 +269,21 @@ void RunTileOf(const Problem& p, const WorkItem& w) {
   }
 }
 
+#include "paged_attention_few_heads.h"  // RunFewHeadsOf, FewHeads: one row of a small group
+
 }  // namespace
 
 int TileLanes() { return kRegisterLanes >= 8 ? 16 : 8; }  // 16 lanes: one or two registers
 
 void RunWorkItem(const Problem& p, const WorkItem& w) {
   const int64_t lanes = (w.row_end - w.row_begin) * (w.head_end - w.head_begin);
-  if (lanes <= 8) {
+  if (FewHeads(p, w)) {
+    switch (p.cache) {
+      case CacheType::kF16: return RunFewHeadsOf<CacheType::kF16>(p, w);
+      case CacheType::kI8: return RunFewHeadsOf<CacheType::kI8>(p, w);
+      default: return RunFewHeadsOf<CacheType::kF32>(p, w);
+    }
+  } else if (lanes <= 8) {
     RunTileOf<8>(p, w);  // decode with a small GQA group: 8-lane vectors waste fewer lanes
   } else {
     RunTileOf<16>(p, w);

@@ -1,0 +1,155 @@
+// PagedAttention's kernel for one query row of a small GQA group (decode with at most kFewHeads
+// query heads per kv head: SmolLM2's 3, Llama 3.2's and Gemma 3's 4). Lanes run over the head
+// dimension instead of over query vectors, where 3 or 4 query vectors would leave most lanes idle
+// and every multiply-add would need a broadcast of its own: here a key row is loaded once per
+// register and meets each head's query in one FMA, a score is one horizontal sum, and a weight is
+// splatted once per key and value register slice. Included INSIDE paged_attention_kernel.cc's ISA
+// namespace, after its shared helpers (RowCursor, ChunkRows, Exp, Softcap); no includes of its own.
+
+constexpr int kFewHeads = 4;
+
+// The sum of a vector's lanes, by halves.
+template <int L>
+ALWAYS_INLINE float LaneSum(typename V<L>::F x) {
+  if constexpr (L == 2) {
+    return x[0] + x[1];
+  } else {
+    typename V<L / 2>::F lo, hi;
+    __builtin_memcpy(&lo, &x, sizeof(lo));
+    __builtin_memcpy(&hi, reinterpret_cast<const char*>(&x) + sizeof(lo), sizeof(hi));
+    return LaneSum<L / 2>(lo + hi);
+  }
+}
+
+// A vector from a cache row, which need not be aligned to the vector's size (head_size 72: 288-byte rows).
+template <class R>
+ALWAYS_INLINE R LoadRow(const float* p) {
+  R r;
+  __builtin_memcpy(&r, p, sizeof(r));
+  return r;
+}
+
+// Whether the item runs here: one row, a small group, and head_size in whole registers.
+ALWAYS_INLINE bool FewHeads(const Problem& p, const WorkItem& w) {
+  return w.row_end - w.row_begin == 1 && w.head_end - w.head_begin <= kFewHeads && p.D % kRegisterLanes == 0;
+}
+
+template <CacheType C, int H>
+void RunFewHeads(const Problem& P, const WorkItem& w) {
+  // kSlice: value registers a pass over the chunk's rows keeps H x kSlice sums of (in 16 registers
+  // with AVX2: 12 sums, 3 weights and the row for 3 heads, 8 + 4 + 1 for 4)
+  constexpr int L = kRegisterLanes, kSlice = H <= 3 || L >= 16 ? 4 : 2;
+  typedef typename V<L>::F R;
+  alignas(64) float q[H][kMaxHeadSize], acc[H][kMaxHeadSize];
+  alignas(64) float scratch[2][C == CacheType::kF32 ? 1 : kChunk * kMaxHeadSize];
+  const int64_t D = P.D, NC = D / L, row_bytes = P.row_bytes;
+  for (int h = 0; h < H; ++h) {
+    const float* src = P.q + (w.row_begin * P.H + w.head_begin + h) * D;
+    for (int64_t d = 0; d < D; ++d) q[h][d] = src[d] * P.scale, acc[h][d] = 0.f;  // scale folded into q
+  }
+  float run_max[H], run_sum[H];
+  for (int h = 0; h < H; ++h) run_max[h] = kMasked, run_sum[h] = 0.f;
+
+  // Visible positions: the item's key range (PlanWork clips it to the row's window and causal end).
+  RowCursor cursor(P, P.block_tables + w.seq * P.max_blocks, w.kv_head, w.key_begin, w.key_end);
+  const unsigned char* raw[2][2][kChunk];  // [buffer][key, value][position], as RunTile's
+  const float* rows[2][kChunk];
+  cursor.Next(raw[0][0], raw[0][1]);
+  int cur = 0;
+  for (int64_t c = w.key_begin; c < w.key_end; c += kChunk, cur ^= 1) {
+    const int n = static_cast<int>(w.key_end - c < kChunk ? w.key_end - c : kChunk);
+    ChunkRows<C>(raw[cur][0], scratch[0], rows[0], n, D);
+    ChunkRows<C>(raw[cur][1], scratch[1], rows[1], n, D);
+    const bool more = c + kChunk < w.key_end;
+    if (more) cursor.Next(raw[cur ^ 1][0], raw[cur ^ 1][1]);
+    const unsigned char* const* next = raw[more ? cur ^ 1 : cur][0];
+    const unsigned char* const* next_v = raw[more ? cur ^ 1 : cur][1];
+
+    alignas(64) float s[H][kChunk];  // scores, then weights (0 past n)
+    for (int j = 0; j < n; ++j) {
+      for (int64_t line = 0; line < row_bytes; line += 64)
+        __builtin_prefetch(next[j] + line), __builtin_prefetch(next_v[j] + line);
+      const float* k = rows[0][j];
+      R part[H] = {};
+      for (int64_t i = 0; i < NC; ++i) {
+        const R kv = LoadRow<R>(k + i * L);
+        for (int h = 0; h < H; ++h) part[h] += *reinterpret_cast<const R*>(q[h] + i * L) * kv;
+      }
+      for (int h = 0; h < H; ++h) s[h][j] = LaneSum<L>(part[h]);
+    }
+    // Online softmax per head over the chunk's scores, kChunk / L registers each.
+    constexpr int kPieces = kChunk / L > 0 ? kChunk / L : 1, kPieceLanes = kChunk / kPieces;
+    typedef typename V<kPieceLanes>::F S;
+    typedef typename V<kPieceLanes>::I SI;
+    float alpha[H];
+    for (int h = 0; h < H; ++h) {
+      S piece[kPieces];
+      SI valid[kPieces];
+      S chunk_max = Splat<S>(kMasked);
+      for (int i = 0; i < kPieces; ++i) {
+        __builtin_memcpy(&piece[i], s[h] + i * kPieceLanes, sizeof(S));
+        SI pos{};
+        for (int l = 0; l < kPieceLanes; ++l) pos[l] = i * kPieceLanes + l;
+        valid[i] = pos < n;
+        if (P.softcap > 0.f) piece[i] = Softcap<S, SI>(piece[i], P.softcap);  // s = c tanh(s / c)
+        piece[i] = valid[i] ? piece[i] : Splat<S>(kMasked);
+        chunk_max = Max(chunk_max, piece[i]);
+      }
+      float m = run_max[h];
+      for (int l = 0; l < kPieceLanes; ++l) m = chunk_max[l] > m ? chunk_max[l] : m;
+      const S new_max = Splat<S>(m);
+      S chunk_sum{};
+      for (int i = 0; i < kPieces; ++i) {
+        const S p = valid[i] ? Exp<S, SI>(piece[i] - new_max) : S{};  // p_j = e^{s_j - m'}
+        __builtin_memcpy(s[h] + i * kPieceLanes, &p, sizeof(S));
+        chunk_sum += p;
+      }
+      alpha[h] = Exp<S, SI>(Splat<S>(run_max[h] - m))[0];
+      run_sum[h] = run_sum[h] * alpha[h] + LaneSum<kPieceLanes>(chunk_sum);
+      run_max[h] = m;
+    }
+    // acc_h = acc_h e^{m - m'} + sum_j p_hj v_j, kSlice value registers at a time.
+    for (int64_t i0 = 0; i0 < NC; i0 += kSlice) {
+      const int64_t slice = NC - i0 < kSlice ? NC - i0 : kSlice;
+      R sum[H][kSlice];
+      for (int h = 0; h < H; ++h)
+        for (int i = 0; i < kSlice; ++i)
+          sum[h][i] = i < slice ? *reinterpret_cast<const R*>(acc[h] + (i0 + i) * L) * alpha[h] : R{};
+      for (int j = 0; j < n; ++j) {
+        const float* v = rows[1][j] + i0 * L;
+        R p[H];
+        for (int h = 0; h < H; ++h) p[h] = Splat<R>(s[h][j]);
+        for (int i = 0; i < kSlice; ++i) {
+          if (i >= slice) break;
+          const R vv = LoadRow<R>(v + i * L);
+          for (int h = 0; h < H; ++h) sum[h][i] += p[h] * vv;
+        }
+      }
+      for (int h = 0; h < H; ++h)
+        for (int i = 0; i < slice; ++i) *reinterpret_cast<R*>(acc[h] + (i0 + i) * L) = sum[h][i];
+    }
+  }
+
+  if (w.partial) {  // split-K piece: (max, sum, unnormalised acc), merged by the op
+    for (int h = 0; h < H; ++h) {
+      w.partial[h] = run_max[h], w.partial[kMaxLanes + h] = run_sum[h];
+      for (int64_t d = 0; d < D; ++d) w.partial[2 * kMaxLanes + d * kMaxLanes + h] = acc[h][d];
+    }
+    return;
+  }
+  for (int h = 0; h < H; ++h) {
+    const float inv = 1.f / run_sum[h];  // out = acc / sum
+    float* out = P.out + (w.row_begin * P.H + w.head_begin + h) * D;
+    for (int64_t d = 0; d < D; ++d) out[d] = acc[h][d] * inv;
+  }
+}
+
+template <CacheType C>
+void RunFewHeadsOf(const Problem& p, const WorkItem& w) {
+  switch (w.head_end - w.head_begin) {
+    case 1: return RunFewHeads<C, 1>(p, w);
+    case 2: return RunFewHeads<C, 2>(p, w);
+    case 3: return RunFewHeads<C, 3>(p, w);
+    default: return RunFewHeads<C, 4>(p, w);
+  }
+}
