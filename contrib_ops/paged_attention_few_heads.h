@@ -4,7 +4,7 @@
 // and every multiply-add would need a broadcast of its own: here a key row is loaded once per
 // register and meets each head's query in one FMA, a score is one horizontal sum, and a weight is
 // splatted once per key and value register slice. Included INSIDE paged_attention_kernel.cc's ISA
-// namespace, after its shared helpers (RowCursor, ChunkRows, Exp, Softcap); no includes of its own.
+// namespace, after its shared helpers (ChunkWalk, Exp, Softcap); no includes of its own.
 
 constexpr int kFewHeads = 4;
 
@@ -41,7 +41,6 @@ void RunFewHeads(const Problem& P, const WorkItem& w) {
   constexpr int L = kRegisterLanes, kSlice = H <= 3 || L >= 16 ? 4 : 2;
   typedef typename V<L>::F R;
   alignas(64) float q[H][kMaxHeadSize], acc[H][kMaxHeadSize];
-  alignas(64) float scratch[2][C == CacheType::kF32 ? 1 : kChunk * kMaxHeadSize];
   const int64_t D = P.D, NC = D / L, row_bytes = P.row_bytes;
   for (int h = 0; h < H; ++h) {
     const float* src = P.q + (w.row_begin * P.H + w.head_begin + h) * D;
@@ -51,25 +50,14 @@ void RunFewHeads(const Problem& P, const WorkItem& w) {
   for (int h = 0; h < H; ++h) run_max[h] = kMasked, run_sum[h] = 0.f;
 
   // Visible positions: the item's key range (PlanWork clips it to the row's window and causal end).
-  RowCursor cursor(P, P.block_tables + w.seq * P.max_blocks, w.kv_head, w.key_begin, w.key_end);
-  const unsigned char* raw[2][2][kChunk];  // [buffer][key, value][position], as RunTile's
-  const float* rows[2][kChunk];
-  cursor.Next(raw[0][0], raw[0][1]);
-  int cur = 0;
-  for (int64_t c = w.key_begin; c < w.key_end; c += kChunk, cur ^= 1) {
-    const int n = static_cast<int>(w.key_end - c < kChunk ? w.key_end - c : kChunk);
-    ChunkRows<C>(raw[cur][0], scratch[0], rows[0], n, D);
-    ChunkRows<C>(raw[cur][1], scratch[1], rows[1], n, D);
-    const bool more = c + kChunk < w.key_end;
-    if (more) cursor.Next(raw[cur ^ 1][0], raw[cur ^ 1][1]);
-    const unsigned char* const* next = raw[more ? cur ^ 1 : cur][0];
-    const unsigned char* const* next_v = raw[more ? cur ^ 1 : cur][1];
-
+  ChunkWalk<C> walk(P, w);
+  for (int64_t c = w.key_begin; c < w.key_end; c += kChunk) {
+    const int n = walk.Load(c, D);
     alignas(64) float s[H][kChunk];  // scores, then weights (0 past n)
     for (int j = 0; j < n; ++j) {
       for (int64_t line = 0; line < row_bytes; line += 64)
-        __builtin_prefetch(next[j] + line), __builtin_prefetch(next_v[j] + line);
-      const float* k = rows[0][j];
+        __builtin_prefetch(walk.next_k[j] + line), __builtin_prefetch(walk.next_v[j] + line);
+      const float* k = walk.k[j];
       R part[H] = {};
       for (int64_t i = 0; i < NC; ++i) {
         const R kv = LoadRow<R>(k + i * L);
@@ -116,7 +104,7 @@ void RunFewHeads(const Problem& P, const WorkItem& w) {
         for (int i = 0; i < kSlice; ++i)
           sum[h][i] = i < slice ? *reinterpret_cast<const R*>(acc[h] + (i0 + i) * L) * alpha[h] : R{};
       for (int j = 0; j < n; ++j) {
-        const float* v = rows[1][j] + i0 * L;
+        const float* v = walk.v[j] + i0 * L;
         R p[H];
         for (int h = 0; h < H; ++h) p[h] = Splat<R>(s[h][j]);
         for (int i = 0; i < kSlice; ++i) {

@@ -164,14 +164,45 @@ ALWAYS_INLINE void ChunkRows(const unsigned char* const* raw, float* scratch, co
   }
 }
 
+// A work item's cached positions, one chunk of kChunk at a time: the chunk's K and V rows as floats
+// and the next chunk's raw rows. Raw row pointers are double-buffered so that the passes over a
+// chunk can prefetch the next chunk's rows: cache blocks are scattered and the hardware prefetcher
+// stops at every block edge. (The last chunk "prefetches" its own rows: cache hits.)
+template <CacheType C>
+struct ChunkWalk {
+  ChunkWalk(const Problem& P, const WorkItem& w)
+      : cursor(P, P.block_tables + w.seq * P.max_blocks, w.kv_head, w.key_begin, w.key_end), end(w.key_end) {
+    cursor.Next(raw[0][0], raw[0][1]);
+  }
+  // The chunk at position c, the one after the last call's: sets k, v (kChunk rows each; past the
+  // returned count of positions, repeats of the last, never weighed) and next_k, next_v.
+  ALWAYS_INLINE int Load(int64_t c, int64_t D) {
+    const int n = static_cast<int>(end - c < kChunk ? end - c : kChunk);
+    ChunkRows<C>(raw[cur][0], scratch[0], rows[0], n, D);
+    ChunkRows<C>(raw[cur][1], scratch[1], rows[1], n, D);
+    const bool more = c + kChunk < end;
+    if (more) cursor.Next(raw[cur ^ 1][0], raw[cur ^ 1][1]);
+    next_k = raw[more ? cur ^ 1 : cur][0], next_v = raw[more ? cur ^ 1 : cur][1];
+    cur ^= 1;
+    return n;
+  }
+  RowCursor cursor;
+  int64_t end;
+  int cur = 0;
+  const unsigned char* raw[2][2][kChunk];  // [buffer][key, value][position in chunk]
+  // converted K and V rows of the chunk (fp16 / int8 caches): 32 KiB at most
+  alignas(64) float scratch[2][C == CacheType::kF32 ? 1 : kChunk * kMaxHeadSize];
+  const float* rows[2][kChunk];  // float views of this chunk's [key, value] rows
+  const float *const *k = rows[0], *const *v = rows[1];
+  const unsigned char *const *next_k = nullptr, *const *next_v = nullptr;
+};
+
 template <int W, CacheType C>
 void RunTile(const Problem& P, const WorkItem& w) {
   constexpr int L = kPieceLanes<W>, NP = W / L, NK = kKeysPerPass<W>;
   typedef typename V<L>::F R;  // a register-wide piece of a lane vector
   typedef typename V<L>::I RI;
   alignas(64) float qt[kMaxHeadSize * W], acc[kMaxHeadSize * W];  // 32 KiB of stack at most
-  // converted K and V rows of the chunk (fp16 / int8 caches): 32 KiB more at most
-  alignas(64) float scratch[2][C == CacheType::kF32 ? 1 : kChunk * kMaxHeadSize];
   alignas(64) int32_t lo_lane[W], hi_lane[W];
   const int64_t D = P.D, heads = w.head_end - w.head_begin, row_bytes = P.row_bytes;
   const int64_t qs = P.qsl[w.seq], q_len = P.qsl[w.seq + 1] - qs, ctx = P.context_lens[w.seq];
@@ -192,23 +223,11 @@ void RunTile(const Problem& P, const WorkItem& w) {
 
   alignas(64) float run_max[W], run_sum[W];
   for (int m = 0; m < W; ++m) run_max[m] = kMasked, run_sum[m] = 0.f;
-  const int32_t* table = P.block_tables + w.seq * P.max_blocks;
-  // Raw row pointers are double-buffered so that the passes over a chunk can prefetch the next
-  // chunk's rows: cache blocks are scattered and the hardware prefetcher stops at every block
-  // edge. (The last chunk "prefetches" its own rows: cache hits.)
-  RowCursor cursor(P, table, w.kv_head, w.key_begin, w.key_end);
-  const unsigned char* raw[2][2][kChunk];  // [buffer][key, value][position in chunk]
-  const float* rows[2][kChunk];            // float views of this chunk's [key, value] rows
-  cursor.Next(raw[0][0], raw[0][1]);
-  int cur = 0;
-  for (int64_t c = w.key_begin; c < w.key_end; c += kChunk, cur ^= 1) {
-    const int n = static_cast<int>(w.key_end - c < kChunk ? w.key_end - c : kChunk);
-    ChunkRows<C>(raw[cur][0], scratch[0], rows[0], n, D);
-    ChunkRows<C>(raw[cur][1], scratch[1], rows[1], n, D);
-    const bool more = c + kChunk < w.key_end;
-    if (more) cursor.Next(raw[cur ^ 1][0], raw[cur ^ 1][1]);
-    const unsigned char *const *next_k = raw[more ? cur ^ 1 : cur][0], *const *next_v = raw[more ? cur ^ 1 : cur][1];
-    const float *const *k = rows[0], *const *v = rows[1];
+  ChunkWalk<C> walk(P, w);
+  for (int64_t c = w.key_begin; c < w.key_end; c += kChunk) {
+    const int n = walk.Load(c, D);
+    const float *const *k = walk.k, *const *v = walk.v;
+    const unsigned char *const *next_k = walk.next_k, *const *next_v = walk.next_v;
     alignas(64) float s[kChunk][W], p[kChunk][W], alpha[W];  // scores, then weights, by position and lane
     for (int j = 0; j < n; j += NK) Scores<W, NK>(qt, k + j, s + j, D, next_k + j, row_bytes);
     // Per piece of lanes: mask positions outside [lo, hi] (and the padding), then online softmax:
