@@ -1,6 +1,6 @@
 // MatMulQ's group kernel for AVX2 (see matmul_q_kernel.cc): kTileRows, BlockAmax, QuantizeAt,
-// QuantizePairAt and GroupRows (vpmaddubsw + vpmaddwd on 4-bit halves; 8-bit codes against 16-bit
-// pairs in vpmaddwd). Included INSIDE matmul_q_kernel.cc's ISA namespace, after its shared helpers;
+// QuantizePairAt and GroupRows (8-bit activations: vpmaddubsw + vpmaddwd on 4-bit halves; 16-bit
+// activations: int16 codes against codes widened to int16 in vpmaddwd). Included INSIDE matmul_q_kernel.cc's ISA namespace, after its shared helpers;
 // no includes of its own.
 
 constexpr int kTileRows = 8;
@@ -46,20 +46,37 @@ ALWAYS_INLINE int32_t QuantizeAt(const float* in, float inverse, int8_t* out) {
   return Store32(q, out);
 }
 
+// 16-bit activations (a pair of int8 rows, see matmul_q_kernel.h) are kept on AVX2 as one int16 code
+// a value, 256 * q + r (|.| <= 32639), in the pair's 2 x 32 bytes a block: the kernel multiplies them
+// with vpmaddwd against codes widened to int16, one pass where int8 needed two. The codes are
+// stored in the order of the int16 column pairs that masking a code vector yields (PairDot): per
+// block, dword 8 * half + 2 * place(c) + k holds the columns (16 * half + 4c + k, 16 * half + 4c + k
+// + 2), with place(c) = 0, 2, 1, 3 for c = 0..3 (the order vpackssdw leaves them in).
+ALWAYS_INLINE int PairDword(int half, int c, int k) { return 8 * half + 2 * ((c & 1) * 2 + (c >> 1)) + k; }
+
 // QuantizeAt, and in the same pass the codes of what it misses, x - dx * q rounded once, on the grid
-// kResidualSteps times finer (into fine_out; sums: both code sums).
-ALWAYS_INLINE void QuantizePairAt(const float* in, float inverse, float dx, int8_t* out, int8_t* fine_out,
-                                  int32_t* sums) {
+// kResidualSteps times finer, stored as 256 * q + r at block b of the pair's row (sums: both code sums).
+ALWAYS_INLINE void QuantizePairAt(const float* in, float inverse, float dx, int8_t* pair, int64_t /*KB*/,
+                                  int64_t b, int32_t* sums) {
   const __m256 id = _mm256_set1_ps(inverse), fine = _mm256_set1_ps(inverse * kResidualSteps);
   const __m256 step = _mm256_set1_ps(dx);
-  __m256i q[4], r[4];
+  __m256i q[4], r[4], code[4];
   for (int j = 0; j < 4; ++j) {
     const __m256 x = _mm256_loadu_ps(in + 8 * j);
     q[j] = Codes8(_mm256_mul_ps(x, id));
     r[j] = Codes8(_mm256_mul_ps(_mm256_fnmadd_ps(step, _mm256_cvtepi32_ps(q[j]), x), fine));
+    code[j] = _mm256_add_epi32(_mm256_slli_epi32(q[j], kResidualShift), r[j]);
   }
-  sums[0] = Store32(q, out);
-  sums[1] = Store32(r, fine_out);
+  // vpackssdw leaves columns 4c..4c+3 of the two inputs in the order c = 0, 2, 1, 3 (128-bit lanes);
+  // the shuffle orders each 4 as 0, 2, 1, 3
+  const __m256i pairs = _mm256_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15,
+                                         0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15);
+  for (int half = 0; half < 2; ++half) {
+    const __m256i packed = _mm256_packs_epi32(code[2 * half], code[2 * half + 1]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(pair + 2 * kQBlock * b + 32 * half), _mm256_shuffle_epi8(packed, pairs));
+  }
+  sums[0] = HorizontalSum(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+  sums[1] = HorizontalSum(_mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3])));
 }
 
 template <typename S>
@@ -77,61 +94,102 @@ ALWAYS_INLINE __m256i FifthBits(uint32_t bits) {
   return _mm256_and_si256(set, _mm256_set1_epi8(16));
 }
 
-// As the AVX-512 build, one half of the group (8 rows) at a time. vpmaddubsw's int16 pair sums stay
-// below 2^15 when the codes are 4-bit: 8 of them add at most 16 * 15 * 127 = 30480; 5-bit codes (the
-// nibbles with their fifth bits OR-ed in) go in two sums of 4 each, at most 8 * 31 * 127 = 31496.
-// 8-bit codes are taken as two 4-bit halves, hi * 16 + lo, each summed apart; with 16-bit activations
-// they meet the activations' 16-bit codes in vpmaddwd instead (WideDot), one pass for the pair.
+// 8-bit activations, as the AVX-512 build, one half of the group (8 rows) at a time. vpmaddubsw's int16
+// pair sums stay below 2^15 when the codes are 4-bit: 8 of them add at most 16 * 15 * 127 = 30480;
+// 5-bit codes (the nibbles with their fifth bits OR-ed in) go in two sums of 4 each, at most
+// 8 * 31 * 127 = 31496. 8-bit codes are taken as two 4-bit halves, hi * 16 + lo, each summed apart.
 // A block's codes are unpacked once, then each row of x streams past them in two short chains of
 // int16 sums: 4- and 5-bit codes as 8 vectors that stay in registers, 8-bit codes as 16 vectors of
 // nibbles that do not fit and are read back from L1 (GCC had scheduled the older loops, which kept
 // a pair of sums per row instead, into hundreds of stack spills). The int16 sums become int32 in
-// vpmaddwd against ``unit``: 1, or 256 for the first row of a pair.
+// vpmaddwd against ones.
 template <int Bits>
-ALWAYS_INLINE __m256i BlockDot(const __m256i* w, const int8_t* xb, __m256i unit) {
+ALWAYS_INLINE __m256i BlockDot(const __m256i* w, const int8_t* xb, __m256i ones) {
   __m256i s0 = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(Load32(xb)));
   __m256i s1 = _mm256_maddubs_epi16(w[4], _mm256_set1_epi32(Load32(xb + 16)));
   for (int q = 1; q < 4; ++q) {
     s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(w[q], _mm256_set1_epi32(Load32(xb + 4 * q))));
     s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(w[q + 4], _mm256_set1_epi32(Load32(xb + 16 + 4 * q))));
   }
-  if constexpr (Bits == 4) return _mm256_madd_epi16(_mm256_add_epi16(s0, s1), unit);
-  return _mm256_add_epi32(_mm256_madd_epi16(s0, unit), _mm256_madd_epi16(s1, unit));
+  if constexpr (Bits == 4) return _mm256_madd_epi16(_mm256_add_epi16(s0, s1), ones);
+  return _mm256_add_epi32(_mm256_madd_epi16(s0, ones), _mm256_madd_epi16(s1, ones));
 }
 
-// 8-bit codes against a pair's 16-bit activation codes 256 * hi + lo (|.| <= 32639, so a block's sums
-// stay below 32 * 255 * 32639 < 2^31). wide[p]: the half's 8 rows x columns 2p, 2p + 1 as int16, a
-// row a 32-bit lane (WideCodes), so vpmaddwd against a broadcast column pair leaves each row's sum in
-// its own lane. The pair's codes go through memory on purpose: a broadcast from memory is a load,
-// where GCC's broadcasts from a register took a shuffle each, on the port that vpshufb needs too.
-ALWAYS_INLINE void WideCodes(const uint8_t* c, __m256i* wide) {
-  // vpshufb picks bytes within 16-byte lanes; 0x80 (and 0x80 + the lane's offset) writes a zero
-  const __m256i lane = _mm256_setr_epi32(0, 0x04040404, 0x08080808, 0x0C0C0C0C, 0, 0x04040404, 0x08080808, 0x0C0C0C0C);
-  const __m256i lo = _mm256_add_epi8(_mm256_set1_epi32(static_cast<int32_t>(0x80018000u)), lane);  // bytes 0, 1
-  const __m256i hi = _mm256_add_epi8(_mm256_set1_epi32(static_cast<int32_t>(0x80038002u)), lane);  // bytes 2, 3
-  for (int q = 0; q < 8; ++q) {
-    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * q));
-    wide[2 * q] = _mm256_shuffle_epi8(raw, lo), wide[2 * q + 1] = _mm256_shuffle_epi8(raw, hi);
+// One group against pairs [0, MT / 2) of 16-bit activations (QuantizePairAt's int16 codes): the codes
+// of both halves are widened to int16 column pairs by a shift and a mask (4- and 5-bit codes from a
+// nibble vector: shifts 0 and 8 give columns (4c, 4c + 2) and (4c + 1, 4c + 3), 4 and 12 the high
+// nibbles' columns 16 + ...; 8-bit codes from each byte vector with shifts 0 and 8), and each
+// broadcast of a pair's two int16 codes meets both halves in vpmaddwd, int32 sums a row and half
+// (at most 32 * 255 * 32639 < 2^31).
+template <int Bits, typename S, int MT>
+ALWAYS_INLINE void GroupPairs(const uint8_t* codes, const S* scales, const int8_t* xq, int64_t xq_stride,
+                              const float* xs, int64_t xs_stride, const float* bias, float* y, int64_t y_stride,
+                              int64_t KB, int64_t valid) {
+  constexpr int kOut = MT / 2;
+  const __m256i mask = _mm256_set1_epi32(Bits == 8 ? 0x00FF00FF : 0x000F000F);
+  __m256 acc[kOut][2];
+  for (int o = 0; o < kOut; ++o) acc[o][0] = acc[o][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < KB; ++b) {
+    const uint8_t* c = codes + b * BlockBytes(Bits);
+    PrefetchAhead<Bits>(c, scales + b * 2 * kQGroup);
+    const int8_t* xb = xq + 2 * kQBlock * b;
+    __m256i sums[kOut][2];
+    for (int o = 0; o < kOut; ++o) sums[o][0] = sums[o][1] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int v = 0; v < 8; ++v) {  // columns 4v..4v+3 of the block
+      const int vector = Bits == 8 ? v : v % 4, nibble_shift = Bits == 8 ? 0 : 4 * (v / 4);
+      __m256i five[2];  // 5-bit codes: the nibbles with their fifth bits, a byte each
+      if constexpr (Bits == 5) {
+        for (int h = 0; h < 2; ++h) {
+          uint32_t bits;
+          __builtin_memcpy(&bits, c + kQ4BlockBytes + 8 * v + 4 * h, 4);
+          const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * vector + 32 * h));
+          const __m256i nibbles = _mm256_srli_epi16(raw, nibble_shift);
+          five[h] = _mm256_or_si256(_mm256_and_si256(nibbles, _mm256_set1_epi8(0x0F)), FifthBits(bits));
+        }
+      }
+#pragma GCC unroll 2
+      for (int k = 0; k < 2; ++k) {
+        const auto widened = [&](int h) {
+          if constexpr (Bits == 5) {
+            return _mm256_and_si256(k ? _mm256_srli_epi32(five[h], 8) : five[h], _mm256_set1_epi32(0x00FF00FF));
+          } else {
+            const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * vector + 32 * h));
+            const int shift = nibble_shift + 8 * k;
+            return _mm256_and_si256(shift ? _mm256_srli_epi32(raw, shift) : raw, mask);
+          }
+        };
+        const __m256i w0 = widened(0), w1 = widened(1);
+        const int dword = PairDword(v / 4, v % 4, k);
+#pragma GCC unroll 4
+        for (int o = 0; o < kOut; ++o) {
+          const __m256i x = _mm256_set1_epi32(Load32(xb + 2 * o * xq_stride + 4 * dword));
+          sums[o][0] = _mm256_add_epi32(sums[o][0], _mm256_madd_epi16(w0, x));
+          sums[o][1] = _mm256_add_epi32(sums[o][1], _mm256_madd_epi16(w1, x));
+          __asm__("" : "+x"(sums[o][0]), "+x"(sums[o][1]));  // GCC re-associated the chains into spills
+        }
+      }
+    }
+    const S* sb = scales + b * 2 * kQGroup;
+    for (int h = 0; h < 2; ++h) {
+      const __m256 d = Load8(sb + 8 * h), m = Load8(sb + kQGroup + 8 * h);
+      for (int o = 0; o < kOut; ++o) {
+        const float* sc = xs + 2 * o * xs_stride + 2 * b;  // the pair's scales: dx, dx * sum(q); dx / 256, ...
+        const float dx = sc[xs_stride], sum = sc[1] + sc[xs_stride + 1];
+        acc[o][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[o][h]), _mm256_mul_ps(d, _mm256_set1_ps(dx)), acc[o][h]);
+        acc[o][h] = _mm256_fmadd_ps(m, _mm256_set1_ps(sum), acc[o][h]);
+      }
+    }
   }
-}
-
-ALWAYS_INLINE __m256i WideDot(const __m256i* wide, const int8_t* hi, const int8_t* lo) {
-  alignas(32) int16_t x[kQBlock];
-  for (int j = 0; j < 2; ++j) {
-    const auto load = [&](const int8_t* p) {
-      return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * j)));
-    };
-    const __m256i code = _mm256_add_epi16(_mm256_slli_epi16(load(hi), kResidualShift), load(lo));
-    _mm256_store_si256(reinterpret_cast<__m256i*>(x + 16 * j), code);
+  for (int64_t h = 0; h < 2 && 8 * h < valid; ++h) {
+    const int64_t n = MinI(8, valid - 8 * h);
+    for (int o = 0; o < kOut; ++o) {
+      float out[8];
+      _mm256_storeu_ps(out, acc[o][h]);
+      float* row = y + o * y_stride + 8 * h;
+      for (int64_t r = 0; r < n; ++r) row[r] = out[r] + (bias ? bias[8 * h + r] : 0.f);
+    }
   }
-  __asm__ volatile("" : : "r"(x) : "memory");  // keep the broadcasts below as loads
-  __m256i even = _mm256_setzero_si256(), odd = _mm256_setzero_si256();
-  const int8_t* pairs = reinterpret_cast<const int8_t*>(x);  // column pair p: bytes 4p..4p+3
-  for (int p = 0; p < 16; p += 2) {
-    even = _mm256_add_epi32(even, _mm256_madd_epi16(wide[p], _mm256_set1_epi32(Load32(pairs + 4 * p))));
-    odd = _mm256_add_epi32(odd, _mm256_madd_epi16(wide[p + 1], _mm256_set1_epi32(Load32(pairs + 4 * p + 4))));
-  }
-  return _mm256_add_epi32(even, odd);
 }
 
 // Rows [0, MT) of x against one group, as the AVX-512 build's (Pairs: y[i / 2] from rows i and i + 1).
@@ -140,9 +198,11 @@ ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t
                              const float* xs, int64_t xs_stride, const float* bias, float* y, int64_t y_stride,
                              int64_t KB, int64_t valid) {
   static_assert(!Pairs || MT % 2 == 0, "a pair is two rows");
-  constexpr int kStep = Pairs ? 2 : 1, kOut = MT / kStep;
+  if constexpr (Pairs) {
+    return GroupPairs<Bits, S, MT>(codes, scales, xq, xq_stride, xs, xs_stride, bias, y, y_stride, KB, valid);
+  }
+  constexpr int kOut = MT;
   const __m256i nibble = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);
-  const __m256i coarse = _mm256_set1_epi16(1 << kResidualShift);
   for (int64_t h = 0; h < 2 && 8 * h < valid; ++h) {
     __m256 acc[kOut];
     for (int o = 0; o < kOut; ++o) acc[o] = _mm256_setzero_ps();
@@ -165,17 +225,7 @@ ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t
             w[q] = _mm256_or_si256(w[q], FifthBits(bits));
           }
         }
-        for (int o = 0; o < kOut; ++o) {
-          const int8_t* row = xb + o * kStep * xq_stride;
-          if constexpr (Pairs)
-            sums[o] = _mm256_add_epi32(BlockDot<Bits>(w, row, coarse), BlockDot<Bits>(w, row + xq_stride, ones));
-          else
-            sums[o] = BlockDot<Bits>(w, row, ones);
-        }
-      } else if constexpr (Pairs) {
-        __m256i wide[16];
-        WideCodes(c, wide);
-        for (int o = 0; o < kOut; ++o) sums[o] = WideDot(wide, xb + 2 * o * xq_stride, xb + (2 * o + 1) * xq_stride);
+        for (int o = 0; o < kOut; ++o) sums[o] = BlockDot<Bits>(w, xb + o * xq_stride, ones);
       } else {
         __m256i halves[16];  // [2j]: low nibbles of vector j (columns 4j..4j+3), [2j + 1]: high nibbles
         for (int j = 0; j < 8; ++j) {
@@ -197,9 +247,8 @@ ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t
       const S* sb = scales + b * 2 * kQGroup + 8 * h;
       const __m256 d = Load8(sb), m = Load8(sb + kQGroup);
       for (int o = 0; o < kOut; ++o) {
-        const float* sc = xs + o * kStep * xs_stride + 2 * b;
-        float dx = sc[0], sum = sc[1];
-        if constexpr (Pairs) dx = sc[xs_stride], sum += sc[xs_stride + 1];  // the residual's scale: dx / 256
+        const float* sc = xs + o * xs_stride + 2 * b;
+        const float dx = sc[0], sum = sc[1];
         acc[o] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[o]), _mm256_mul_ps(d, _mm256_set1_ps(dx)), acc[o]);
         acc[o] = _mm256_fmadd_ps(m, _mm256_set1_ps(sum), acc[o]);
       }

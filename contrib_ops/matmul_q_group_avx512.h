@@ -29,9 +29,10 @@ ALWAYS_INLINE int32_t QuantizeAt(const float* in, float inverse, int8_t* out) {
 }
 
 // QuantizeAt, and in the same pass the codes of what it misses, x - dx * q rounded once, on the grid
-// kResidualSteps times finer (into fine_out; sums: both code sums).
-ALWAYS_INLINE void QuantizePairAt(const float* in, float inverse, float dx, int8_t* out, int8_t* fine_out,
+// kResidualSteps times finer (block b of the pair's rows: codes, then the residual's; sums: both code sums).
+ALWAYS_INLINE void QuantizePairAt(const float* in, float inverse, float dx, int8_t* pair, int64_t KB, int64_t b,
                                   int32_t* sums) {
+  int8_t *out = pair + kQBlock * b, *fine_out = pair + kQBlock * (KB + b);  // the pair's two int8 rows
   const __m512 id = _mm512_set1_ps(inverse), fine = _mm512_set1_ps(inverse * kResidualSteps);
   const __m512 step = _mm512_set1_ps(dx);
   __m512i sum = _mm512_setzero_si512(), fine_sum = _mm512_setzero_si512();

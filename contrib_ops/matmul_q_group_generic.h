@@ -21,9 +21,10 @@ ALWAYS_INLINE int32_t QuantizeAt(const float* in, float inverse, int8_t* out) {
 }
 
 // QuantizeAt, and the codes of what it misses, x - dx * q rounded once, on the grid kResidualSteps
-// times finer (into fine_out; sums: both code sums).
-ALWAYS_INLINE void QuantizePairAt(const float* in, float inverse, float dx, int8_t* out, int8_t* fine_out,
+// times finer (block b of the pair's rows: codes, then the residual's; sums: both code sums).
+ALWAYS_INLINE void QuantizePairAt(const float* in, float inverse, float dx, int8_t* pair, int64_t KB, int64_t b,
                                   int32_t* sums) {
+  int8_t *out = pair + kQBlock * b, *fine_out = pair + kQBlock * (KB + b);  // the pair's two int8 rows
   float rest[kQBlock];
   sums[0] = QuantizeAt(in, inverse, out);
   for (int64_t i = 0; i < kQBlock; ++i) rest[i] = __builtin_fmaf(-dx, static_cast<float>(out[i]), in[i]);

@@ -152,7 +152,7 @@ void QuantizeRow(const float* x, int64_t K, int64_t KB, bool residual, int8_t* x
     }
     int32_t sums[2];
     const float dx = CodeStep(amax);
-    QuantizePairAt(in, inverse, dx, xq + k0, xq + KB * kQBlock + k0, sums);
+    QuantizePairAt(in, inverse, dx, xq, KB, b, sums);
     BlockScales(amax, sums[0], xs + 2 * b);
     const float fine = dx / kResidualSteps;
     xs[2 * KB + 2 * b] = fine;

@@ -33,7 +33,9 @@ constexpr int64_t kQBlockBytesOf = Bits == 4 ? kQ4BlockBytes : Bits == 5 ? kQ5Bl
 // misses, r = x - dx * xq (|r| <= dx / 2, rounded once), on a grid kResidualSteps times finer:
 // xq' = rint(r * (kResidualSteps * 127 / amax)) clamped to +-127, dx' = dx / kResidualSteps. So
 // x ~ dx' * (256 * xq + xq'), one 16-bit code per value, and a kernel may add a pair's integer dot
-// products before it scales them: dx' * (256 * dot(q, xq) + dot(q, xq')).
+// products before it scales them: dx' * (256 * dot(q, xq) + dot(q, xq')). The two rows' 2 * KB * 32
+// bytes are a build's own: the AVX2 build stores the 16-bit codes 256 * xq + xq' there instead, as int16
+// (matmul_q_group_avx2.h), so a build's QTile reads only its own build's QuantizeRows.
 // QTile: y[t, 16g + r] = sum_b xs[t,b,0] * d * dot(q, xq) + m * xs[t,b,1] (+ bias) for rows
 // [t0, t1) of xq and groups [g0, g1); only columns < N are written. pairs: y[t / 2] gets the sum of
 // rows t and t + 1 (t0, t1 even). bits: 4, 5 or 8; half: scales are fp16 (else f32).
