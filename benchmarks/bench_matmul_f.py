@@ -12,6 +12,7 @@ bytes over that time.
     python benchmarks/bench_matmul_f.py --model qwen2.5-0.5b-shape --rows 1 16
     python benchmarks/bench_matmul_f.py --as-matmul ARTIFACT OUT   # ARTIFACT's graph with MatMul instead
     python benchmarks/bench_matmul_f.py --model qwen2.5-0.5b-shape --interleave-membw 25
+    python benchmarks/bench_matmul_f.py --before /tmp/old/libortserve_ops.so   # and a build before a change
 
 --interleave-membw N: the decode linears' share of the read bandwidth, measured in the same minute. N
 rounds, each the one-row call (median of 12 runs) and then membw.py's read and read4 (2 threads, 2 GiB,
@@ -52,8 +53,11 @@ def linears(model: str) -> list[tuple[int, int]]:
     return layer * layers + [(hidden, vocab)]
 
 
-def build(shapes: list[tuple[int, int]], weights: list[np.ndarray], ours: bool, threads: int) -> ort.InferenceSession:
-    """Each linear reads the graph input of its width ("x576", ...); every result is an output."""
+def build(
+    shapes: list[tuple[int, int]], weights: list[np.ndarray], ours: bool, threads: int, library: str | None = None
+) -> ort.InferenceSession:
+    """Each linear reads the graph input of its width ("x576", ...); every result is an output. library: a
+    build of the op library (default: the installed one)."""
     widths = sorted({k for k, _ in shapes})
     nodes, inits, outputs = [], [], []
     for i, ((k, n), w) in enumerate(zip(shapes, weights)):
@@ -69,7 +73,7 @@ def build(shapes: list[tuple[int, int]], weights: list[np.ndarray], ours: bool, 
     opsets = [helper.make_opsetid("", 21), helper.make_opsetid(ortserve.ops.DOMAIN, ortserve.ops.OPSET_VERSION)]
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
-    ortserve.ops.register(options)
+    options.register_custom_ops_library(library or ortserve.ops.library_path())
     proto = helper.make_model(graph, opset_imports=opsets, ir_version=10).SerializeToString()
     with weights_on_huge_pages():
         return ort.InferenceSession(proto, options, providers=["CPUExecutionProvider"])
@@ -133,6 +137,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--as-matmul", type=Path, nargs=2, metavar=("ARTIFACT", "OUT"))
     parser.add_argument("--interleave-membw", type=int, metavar="ROUNDS", help="one-row calls beside membw.py")
+    parser.add_argument("--before", metavar="LIBRARY", help="also time MatMulF of this build of the op library")
     args = parser.parse_args()
     if args.as_matmul:
         return as_matmul(*args.as_matmul)
@@ -147,15 +152,19 @@ def main() -> None:
         "MatMul": build(shapes, weights, False, args.threads),
         "MatMulF": build(shapes, weights, True, args.threads),
     }
+    if args.before:
+        sessions["before"] = build(shapes, weights, True, args.threads, args.before)
     code = "AVX2 code" if os.environ.get("ORTSERVE_KERNEL_ISA") == "avx2" else "its own code"
     print(f"{args.model} fp32 linears ({nbytes / 1e6:,.0f} MB), {args.threads} threads, {kernel_isa()} CPU, {code}")
-    print("| rows | MatMul ms | MatMulF ms | MatMul GB/s | MatMulF GB/s | MatMulF / MatMul speed |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    before = " | MatMulF before ms | speed / before" if args.before else ""
+    print(f"| rows | MatMul ms | MatMulF ms | MatMul GB/s | MatMulF GB/s | MatMulF / MatMul speed{before} |")
+    print("|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if args.before else ""))
     for rows in args.rows:
         feed = {f"x{k}": rng.standard_normal((rows, k), dtype=np.float32) for k in sorted({k for k, _ in shapes})}
         first = {name: s.run(None, feed) for name, s in sessions.items()}  # warm-up, and the results agree
-        for a, b in zip(first["MatMul"], first["MatMulF"]):
-            np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3)
+        for name in sessions.keys() - {"MatMul"}:
+            for a, b in zip(first["MatMul"], first[name]):
+                np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3)
         best = {name: float("inf") for name in sessions}
         iters = args.iters if rows <= 64 else max(2, args.iters // 4)
         for _ in range(args.rounds):
@@ -167,9 +176,11 @@ def main() -> None:
                     times.append(time.perf_counter() - start)
                 best[name] = min(best[name], statistics.median(times))
         base, ours = best["MatMul"], best["MatMulF"]
+        old = f" {best['before'] * 1e3:.2f} | {best['before'] / ours:.2f} |" if args.before else ""
         print(
             f"| {rows} | {base * 1e3:.2f} | {ours * 1e3:.2f} | {nbytes / base / 1e9:.1f} | {nbytes / ours / 1e9:.1f} "
-            f"| {base / ours:.2f} |"
+            f"| {base / ours:.2f} |{old}",
+            flush=True,
         )
 
 

@@ -19,27 +19,20 @@ using namespace ortserve;
 using Ort::Custom::Tensor;
 using TileFn = void (*)(const float*, int64_t, const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t,
                         int64_t);
+using PackFn = void (*)(const float*, int64_t, int64_t, float*);
 
-TileFn PickTile() {
+struct Kernels {  // of one build: its panel layout is its own (matmul_f_kernel.h)
+  PackFn pack;
+  TileFn tile;
+};
+
+Kernels PickKernels() {
 #ifdef ORTSERVE_GENERIC_KERNEL_ONLY
-  return generic::FTile;
+  return {generic::FPack, generic::FTile};
 #else
-  return PickBuild<TileFn>(avx512::FTile, avx2::FTile, generic::FTile);
+  return {PickBuild<PackFn>(avx512::FPack, avx2::FPack, generic::FPack),
+          PickBuild<TileFn>(avx512::FTile, avx2::FTile, generic::FTile)};
 #endif
-}
-
-int64_t Panels(int64_t N) { return (N + kFPanel - 1) / kFPanel; }
-
-// Floats of W [N, K] packed (matmul_f_kernel.h).
-size_t PackedFloats(int64_t N, int64_t K) { return static_cast<size_t>(Panels(N) * K * kFPanel); }
-
-// W [N, K] into panels [P, K, 32] (matmul_f_kernel.h), the padding rows zero.
-void Pack(const float* w, int64_t N, int64_t K, float* panels) {
-  std::memset(panels, 0, PackedFloats(N, K) * sizeof(float));
-  for (int64_t n = 0; n < N; ++n) {
-    float* column = panels + n / kFPanel * K * kFPanel + n % kFPanel;
-    for (int64_t k = 0; k < K; ++k) column[k * kFPanel] = w[n * K + k];
-  }
 }
 
 struct Packed {
@@ -50,7 +43,7 @@ struct Packed {
 // The constant W of the node, packed into 64-byte aligned memory of the op's own (which the engine
 // collapses into huge pages, as MatMulQ's copies), onnxruntime's pages of it released
 // (ReleaseSourcePages); empty when W is not a constant.
-Packed PackConstant(const OrtKernelInfo* info) {
+Packed PackConstant(const OrtKernelInfo* info, PackFn pack) {
   try {
     int is_constant = 0;
     Ort::ConstValue value = Ort::ConstKernelInfo(info).GetTensorConstantInput(1, &is_constant);
@@ -59,10 +52,10 @@ Packed PackConstant(const OrtKernelInfo* info) {
     const std::vector<int64_t> shape = info_w.GetShape();
     if (info_w.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || shape.size() != 2) return {};
     const int64_t N = shape[0], K = shape[1];
-    const size_t bytes = PackedFloats(N, K) * sizeof(float);
+    const size_t bytes = static_cast<size_t>(PackedFloats(N, K)) * sizeof(float);
     void* memory = bytes ? std::aligned_alloc(64, (bytes + 63) / 64 * 64) : nullptr;
     if (memory == nullptr) return {};
-    Pack(value.GetTensorData<float>(), N, K, static_cast<float*>(memory));
+    pack(value.GetTensorData<float>(), N, K, static_cast<float*>(memory));
     ReleaseSourcePages(value.GetTensorData<float>(), static_cast<size_t>(N * K) * sizeof(float));
     return {{static_cast<const float*>(memory), [](const float* p) { std::free(const_cast<float*>(p)); }}, N, K};
   } catch (const Ort::Exception&) {
@@ -95,7 +88,7 @@ void RunTask(void* data, size_t task) {
 }
 
 struct MatMulF {
-  MatMulF(const OrtApi*, const OrtKernelInfo* info) : packed_(PackConstant(info)) {}
+  MatMulF(const OrtApi*, const OrtKernelInfo* info) : packed_(PackConstant(info, kernels_.pack)) {}
 
   Ort::Status Compute(OrtKernelContext* context, const Tensor<float>& x, const Tensor<float>& w,
                       std::optional<const Tensor<float>*> bias, Tensor<float>& y) {
@@ -116,13 +109,13 @@ struct MatMulF {
     const float* panels = packed_.panels.get();
     thread_local std::vector<float> per_call;  // a W that is not a constant
     if (panels == nullptr) {
-      per_call.resize(PackedFloats(N, K));
-      Pack(w.Data(), N, K, per_call.data());
+      per_call.resize(static_cast<size_t>(PackedFloats(N, K)));
+      kernels_.pack(w.Data(), N, K, per_call.data());
       panels = per_call.data();
     }
-    const int64_t P = Panels(N);
+    const int64_t P = FPanels(N);
     const int64_t panels_per_task = T <= kRowsPerTask ? std::max<int64_t>(1, P / (4 * CpuCount())) : kPanelsPerTask;
-    Job job{x.Data(), panels, bias_data, out, T, K, N, P, panels_per_task, tile_};
+    Job job{x.Data(), panels, bias_data, out, T, K, N, P, panels_per_task, kernels_.tile};
     const size_t tasks = job.Tasks();
     if (T * K * N < kSerialWork || tasks == 1) {
       for (size_t task = 0; task < tasks; ++task) RunTask(&job, task);
@@ -134,8 +127,8 @@ struct MatMulF {
 
   static Ort::Status Error(const std::string& msg) { return Ort::Status(("MatMulF: " + msg).c_str(), ORT_INVALID_ARGUMENT); }
 
+  Kernels kernels_ = PickKernels();  // before packed_, which packs with it
   Packed packed_;
-  TileFn tile_ = PickTile();
 };
 
 }  // namespace

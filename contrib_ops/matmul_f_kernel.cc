@@ -53,6 +53,7 @@ struct NextLines {
 #if defined(__AVX512F__)
 constexpr int kTileRows = 8;
 constexpr int kPassesPerTile = 1;  // passes over K per tile of rows
+constexpr bool kHalvesApart = false;  // the panel layout (matmul_f_kernel.h)
 
 ALWAYS_INLINE __mmask16 Mask(int64_t valid) { return valid >= 16 ? __mmask16(0xFFFF) : valid <= 0 ? 0 : __mmask16((1u << valid) - 1); }
 
@@ -112,6 +113,11 @@ ALWAYS_INLINE void PanelRow(const float* x, int64_t K, const float* w, const flo
 #elif defined(__AVX2__)
 constexpr int kTileRows = 6;  // 6 rows x 16 columns: 12 sums, 2 weight vectors and a broadcast in 16 registers
 constexpr int kPassesPerTile = 2;  // a tile is two passes over K, one per half of the panel
+// Each half of a panel is K x 16 apart from the other, so a pass reads one dense stream: in the [K, 32]
+// layout it read every other line, and the lines it skipped crowded the caches (prefill and 16-row
+// batches 1.05-1.4x, benchmarks/tables/avx2_zen3.md).
+constexpr bool kHalvesApart = true;
+constexpr int64_t kHalf = kFPanel / 2;
 
 // Stores 8 sums, bias added, the first `valid` only (a masked store: no scalar tail to keep GCC from
 // holding the sums in registers).
@@ -122,16 +128,16 @@ ALWAYS_INLINE void Store8(__m256 v, const float* bias, float* y, int64_t valid) 
   _mm256_maskstore_ps(y, mask, v);
 }
 
-// Rows [0, MR) of x against 16 columns of the panel (w: their first row; rows of the panel are
-// kFPanel apart). Its own function, sums and loop: with the two halves in one loop nest GCC 12 kept
-// the sums in registers but stored them to the stack at every step.
+// Rows [0, MR) of x against one half of the panel (w: its K x 16). Its own function, sums and loop:
+// with the two halves in one loop nest GCC 12 kept the sums in registers but stored them to the stack
+// at every step.
 template <int MR, bool Prefetch>
 ALWAYS_INLINE void HalfPanel(const float* x, int64_t K, const float* w, const float* bias, float* y, int64_t N,
                              int64_t valid, NextLines lines) {
   __m256 lo[MR], hi[MR];
   for (int i = 0; i < MR; ++i) lo[i] = hi[i] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < K; ++k, w += kFPanel) {
-    if constexpr (Prefetch) PrefetchRow(w);
+  for (int64_t k = 0; k < K; ++k, w += kHalf) {  // one 64-byte line a step
+    if constexpr (Prefetch) _mm_prefetch(reinterpret_cast<const char*>(w) + kPrefetchBytes, _MM_HINT_T0);
     lines.Step();
     const __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
     for (int i = 0; i < MR; ++i) {
@@ -146,37 +152,50 @@ ALWAYS_INLINE void HalfPanel(const float* x, int64_t K, const float* w, const fl
   }
 }
 
-// Rows [0, MR) of x against the panel, one half at a time; the second half finds the panel in cache.
+// Rows [0, MR) of x against the panel, one half at a time.
 template <int MR, bool Prefetch>
 ALWAYS_INLINE void PanelRows(const float* x, int64_t K, const float* panel, const float* bias, float* y, int64_t N,
                              int64_t valid, const NextLines* next) {
   HalfPanel<MR, Prefetch>(x, K, panel, bias, y, N, valid, next[0]);
-  if (valid > 16) HalfPanel<MR, false>(x, K, panel + 16, bias ? bias + 16 : nullptr, y + 16, N, valid - 16, next[1]);
+  if (valid > kHalf)
+    HalfPanel<MR, Prefetch>(x, K, panel + kHalf * K, bias ? bias + kHalf : nullptr, y + kHalf, N, valid - kHalf, next[1]);
 }
 
-// One row of x: the whole panel (4 vectors) as 2 streams of K / 2 steps each.
+// One row of x: the whole panel as 2 streams, its halves (2 vectors a step each), with two sums a
+// vector (even and odd steps) so that 8 chains of FMAs are in flight.
 ALWAYS_INLINE void PanelRow(const float* x, int64_t K, const float* w, const float* bias, float* y, int64_t valid) {
-  const int64_t half = K / 2;
-  __m256 a[2][4];
-  for (int s = 0; s < 2; ++s)
-    for (int v = 0; v < 4; ++v) a[s][v] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < half; ++k)
-    for (int s = 0; s < 2; ++s) {
-      const float* ws = w + (s * half + k) * kFPanel;
-      const __m256 xv = _mm256_broadcast_ss(x + s * half + k);
-      for (int v = 0; v < 4; ++v) a[s][v] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(ws + 8 * v), a[s][v]);
+  __m256 a[2][4];  // [half][even lo, even hi, odd lo, odd hi]
+  for (int h = 0; h < 2; ++h)
+    for (int v = 0; v < 4; ++v) a[h][v] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 2 <= K; k += 2)
+    for (int h = 0; h < 2; ++h) {
+      const float* wh = w + h * kHalf * K + k * kHalf;
+      for (int j = 0; j < 2; ++j) {
+        const __m256 xv = _mm256_broadcast_ss(x + k + j);
+        a[h][2 * j] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(wh + j * kHalf), a[h][2 * j]);
+        a[h][2 * j + 1] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(wh + j * kHalf + 8), a[h][2 * j + 1]);
+      }
     }
-  if (K % 2) {
-    const __m256 xv = _mm256_broadcast_ss(x + K - 1);
-    for (int v = 0; v < 4; ++v) a[0][v] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w + (K - 1) * kFPanel + 8 * v), a[0][v]);
+  if (k < K) {
+    const __m256 xv = _mm256_broadcast_ss(x + k);
+    for (int h = 0; h < 2; ++h) {
+      const float* wh = w + h * kHalf * K + k * kHalf;
+      a[h][0] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(wh), a[h][0]);
+      a[h][1] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(wh + 8), a[h][1]);
+    }
   }
-  for (int v = 0; v < 4; ++v)
-    Store8(_mm256_add_ps(a[0][v], a[1][v]), bias ? bias + 8 * v : nullptr, y + 8 * v, valid - 8 * v);
+  for (int h = 0; h < 2; ++h)
+    for (int v = 0; v < 2; ++v) {
+      const int64_t column = h * kHalf + 8 * v;
+      Store8(_mm256_add_ps(a[h][v], a[h][v + 2]), bias ? bias + column : nullptr, y + column, valid - column);
+    }
 }
 
 #else
 constexpr int kTileRows = 4;
 constexpr int kPassesPerTile = 1;
+constexpr bool kHalvesApart = false;
 
 template <int MR, bool>
 ALWAYS_INLINE void PanelRows(const float* x, int64_t K, const float* w, const float* bias, float* y, int64_t N,
@@ -214,6 +233,19 @@ void ShareNextPanel(const char* next, int64_t K, int64_t passes, NextLines* line
 }
 
 }  // namespace
+
+void FPack(const float* w, int64_t N, int64_t K, float* panels) {
+  for (int64_t i = 0; i < PackedFloats(N, K); ++i) panels[i] = 0.f;
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t j = n % kFPanel;
+    float* panel = panels + n / kFPanel * K * kFPanel;
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t at = kHalvesApart ? j / (kFPanel / 2) * (kFPanel / 2) * K + k * (kFPanel / 2) + j % (kFPanel / 2)
+                                      : k * kFPanel + j;
+      panel[at] = w[n * K + k];
+    }
+  }
+}
 
 void FTile(const float* x, int64_t K, const float* panels, const float* bias, float* y, int64_t N, int64_t t0,
            int64_t t1, int64_t p0, int64_t p1) {

@@ -3,10 +3,12 @@
 // between builds of different ISAs.
 //
 // The weight layout: W [N, K] (y = x @ W.T) in panels of 32 rows, each panel K x 32 with the 32 rows
-// side by side (N padded to whole panels with zeros):
-//   panels f32 [P = ceil(N / 32), K, 32]: panels[p, k, j] = W[32p + j, k].
-// A step along K is one contiguous 128-byte row of a panel, so every tile of the GEMM reads one
-// linear stream, and decode's whole call reads the weight front to back.
+// side by side (N padded to whole panels with zeros), P = ceil(N / 32) panels of K * 32 floats. Within
+// a panel the layout is a build's own (FPack writes it, FTile of the same build reads it):
+//   AVX-512, generic: [K, 32], panels[p, k, j] = W[32p + j, k]: a step along K is one 128-byte row;
+//   AVX2: [2, K, 16], the panel's two halves apart, panels[p, j / 16, k, j % 16] = W[32p + j, k]: its
+//     tiles take a panel a half (16 columns) at a time, and each half is then one dense stream.
+// Either way a panel is contiguous, and decode's whole call reads the weight front to back.
 #pragma once
 
 #include <cstdint>
@@ -15,9 +17,14 @@ namespace ortserve {
 
 constexpr int64_t kFPanel = 32;
 
+constexpr int64_t FPanels(int64_t N) { return (N + kFPanel - 1) / kFPanel; }
+constexpr int64_t PackedFloats(int64_t N, int64_t K) { return FPanels(N) * K * kFPanel; }
+
 // FTile: y[t, 32p + j] = sum_k x[t, k] * panels[p, k, j] (+ bias) for rows [t0, t1) of x [T, K] and
 // panels [p0, p1); only columns < N are written (y is [T, N]).
+// FPack: W [N, K] into the build's panels (PackedFloats(N, K) floats), the padding rows zero.
 #define ORTSERVE_F_KERNELS                                                                               \
+  void FPack(const float* w, int64_t N, int64_t K, float* panels);                                      \
   void FTile(const float* x, int64_t K, const float* panels, const float* bias, float* y, int64_t N, int64_t t0, \
              int64_t t1, int64_t p0, int64_t p1);
 
