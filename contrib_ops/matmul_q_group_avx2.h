@@ -115,18 +115,41 @@ ALWAYS_INLINE __m256i BlockDot(const __m256i* w, const int8_t* xb, __m256i ones)
   return _mm256_add_epi32(_mm256_madd_epi16(s0, ones), _mm256_madd_epi16(s1, ones));
 }
 
+// 5-bit codes: vector v's nibbles (low or high, as v / 4) with their fifth bits, a byte each, per half.
+ALWAYS_INLINE void FifthNibbles(const uint8_t* c, int v, __m256i* five) {
+  for (int h = 0; h < 2; ++h) {
+    uint32_t bits;
+    __builtin_memcpy(&bits, c + kQ4BlockBytes + 8 * v + 4 * h, 4);
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * (v % 4) + 32 * h));
+    const __m256i nibbles = _mm256_srli_epi16(raw, 4 * (v / 4));
+    five[h] = _mm256_or_si256(_mm256_and_si256(nibbles, _mm256_set1_epi8(0x0F)), FifthBits(bits));
+  }
+}
+
+// The codes of columns 4v..4v+3 of a block's half h (rows 8h..8h+7 of the group) widened to int16 column
+// pairs: k = 0 gives columns (4v, 4v + 2), k = 1 (4v + 1, 4v + 3); 4- and 5-bit codes from a nibble
+// vector (shifts 0 and 8 for the low nibbles, 4 and 12 for the high ones), 8-bit codes from a byte
+// vector (shifts 0 and 8). five: FifthNibbles of v (5-bit codes only).
+template <int Bits>
+ALWAYS_INLINE __m256i Widened(const uint8_t* c, int v, int k, int h, const __m256i* five) {
+  if constexpr (Bits == 5) {
+    return _mm256_and_si256(k ? _mm256_srli_epi32(five[h], 8) : five[h], _mm256_set1_epi32(0x00FF00FF));
+  } else {
+    const int vector = Bits == 8 ? v : v % 4, shift = (Bits == 8 ? 0 : 4 * (v / 4)) + 8 * k;
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * vector + 32 * h));
+    return _mm256_and_si256(shift ? _mm256_srli_epi32(raw, shift) : raw,
+                            _mm256_set1_epi32(Bits == 8 ? 0x00FF00FF : 0x000F000F));
+  }
+}
+
 // One group against pairs [0, MT / 2) of 16-bit activations (QuantizePairAt's int16 codes): the codes
-// of both halves are widened to int16 column pairs by a shift and a mask (4- and 5-bit codes from a
-// nibble vector: shifts 0 and 8 give columns (4c, 4c + 2) and (4c + 1, 4c + 3), 4 and 12 the high
-// nibbles' columns 16 + ...; 8-bit codes from each byte vector with shifts 0 and 8), and each
-// broadcast of a pair's two int16 codes meets both halves in vpmaddwd, int32 sums a row and half
-// (at most 32 * 255 * 32639 < 2^31).
+// of both halves are widened to int16 column pairs (Widened), and each broadcast of a pair's two int16
+// codes meets both halves in vpmaddwd, int32 sums a row and half (at most 32 * 255 * 32639 < 2^31).
 template <int Bits, typename S, int MT>
 ALWAYS_INLINE void GroupPairs(const uint8_t* codes, const S* scales, const int8_t* xq, int64_t xq_stride,
                               const float* xs, int64_t xs_stride, const float* bias, float* y, int64_t y_stride,
                               int64_t KB, int64_t valid) {
   constexpr int kOut = MT / 2;
-  const __m256i mask = _mm256_set1_epi32(Bits == 8 ? 0x00FF00FF : 0x000F000F);
   __m256 acc[kOut][2];
   for (int o = 0; o < kOut; ++o) acc[o][0] = acc[o][1] = _mm256_setzero_ps();
   for (int64_t b = 0; b < KB; ++b) {
@@ -136,30 +159,12 @@ ALWAYS_INLINE void GroupPairs(const uint8_t* codes, const S* scales, const int8_
     __m256i sums[kOut][2];
     for (int o = 0; o < kOut; ++o) sums[o][0] = sums[o][1] = _mm256_setzero_si256();
 #pragma GCC unroll 8
-    for (int v = 0; v < 8; ++v) {  // columns 4v..4v+3 of the block
-      const int vector = Bits == 8 ? v : v % 4, nibble_shift = Bits == 8 ? 0 : 4 * (v / 4);
-      __m256i five[2];  // 5-bit codes: the nibbles with their fifth bits, a byte each
-      if constexpr (Bits == 5) {
-        for (int h = 0; h < 2; ++h) {
-          uint32_t bits;
-          __builtin_memcpy(&bits, c + kQ4BlockBytes + 8 * v + 4 * h, 4);
-          const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * vector + 32 * h));
-          const __m256i nibbles = _mm256_srli_epi16(raw, nibble_shift);
-          five[h] = _mm256_or_si256(_mm256_and_si256(nibbles, _mm256_set1_epi8(0x0F)), FifthBits(bits));
-        }
-      }
+    for (int v = 0; v < 8; ++v) {
+      __m256i five[2];
+      if constexpr (Bits == 5) FifthNibbles(c, v, five);
 #pragma GCC unroll 2
       for (int k = 0; k < 2; ++k) {
-        const auto widened = [&](int h) {
-          if constexpr (Bits == 5) {
-            return _mm256_and_si256(k ? _mm256_srli_epi32(five[h], 8) : five[h], _mm256_set1_epi32(0x00FF00FF));
-          } else {
-            const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * vector + 32 * h));
-            const int shift = nibble_shift + 8 * k;
-            return _mm256_and_si256(shift ? _mm256_srli_epi32(raw, shift) : raw, mask);
-          }
-        };
-        const __m256i w0 = widened(0), w1 = widened(1);
+        const __m256i w0 = Widened<Bits>(c, v, k, 0, five), w1 = Widened<Bits>(c, v, k, 1, five);
         const int dword = PairDword(v / 4, v % 4, k);
 #pragma GCC unroll 4
         for (int o = 0; o < kOut; ++o) {
@@ -188,6 +193,37 @@ ALWAYS_INLINE void GroupPairs(const uint8_t* codes, const S* scales, const int8_
       _mm256_storeu_ps(out, acc[o][h]);
       float* row = y + o * y_stride + 8 * h;
       for (int64_t r = 0; r < n; ++r) row[r] = out[r] + (bias ? bias[8 * h + r] : 0.f);
+    }
+  }
+}
+
+// Pairs [0, R) against a block whose codes are already widened (wide[2v + k][h]), their scaled sums
+// added to acc[o] (16 floats a pair, in memory): GroupPairsWidenedOnce's tile.
+template <typename S, int R>
+ALWAYS_INLINE void BlockPairs(const __m256i (*wide)[2], const S* sb, const int8_t* xb, int64_t xq_stride,
+                              const float* sc, int64_t xs_stride, float (*acc)[kQGroup]) {
+  __m256i sums[R][2];
+  for (int o = 0; o < R; ++o) sums[o][0] = sums[o][1] = _mm256_setzero_si256();
+#pragma GCC unroll 16
+  for (int vk = 0; vk < 16; ++vk) {
+    const __m256i w0 = _mm256_load_si256(&wide[vk][0]), w1 = _mm256_load_si256(&wide[vk][1]);
+    const int dword = PairDword(vk / 8, vk / 2 % 4, vk % 2);
+#pragma GCC unroll 4
+    for (int o = 0; o < R; ++o) {
+      const __m256i x = _mm256_set1_epi32(Load32(xb + 2 * o * xq_stride + 4 * dword));
+      sums[o][0] = _mm256_add_epi32(sums[o][0], _mm256_madd_epi16(w0, x));
+      sums[o][1] = _mm256_add_epi32(sums[o][1], _mm256_madd_epi16(w1, x));
+      __asm__("" : "+x"(sums[o][0]), "+x"(sums[o][1]));
+    }
+  }
+  for (int h = 0; h < 2; ++h) {
+    const __m256 d = Load8(sb + 8 * h), m = Load8(sb + kQGroup + 8 * h);
+    for (int o = 0; o < R; ++o) {
+      const float* s = sc + 2 * o * xs_stride;
+      const float dx = s[xs_stride], sum = s[1] + s[xs_stride + 1];
+      __m256 a = _mm256_load_ps(acc[o] + 8 * h);
+      a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[o][h]), _mm256_mul_ps(d, _mm256_set1_ps(dx)), a);
+      _mm256_store_ps(acc[o] + 8 * h, _mm256_fmadd_ps(m, _mm256_set1_ps(sum), a));
     }
   }
 }
@@ -261,4 +297,39 @@ ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t
       for (int64_t r = 0; r < n; ++r) row[r] = out[r] + (bias ? bias[8 * h + r] : 0.f);
     }
   }
+}
+// Batched decode and prefill with 16-bit activations: GroupPairs widens each block's codes once a
+// tile of kTileRows / 2 pairs, a fifth of a tile's vector instructions. Here a block's codes are widened
+// once into L1 for every tile (BlockPairs), whose sums go through memory from block to block: a group
+// against `pairs` pairs (whole tiles, at most kWidenedMaxPairs: a task's rows). Only for K up to
+// kWidenedMaxBlocks blocks: with longer rows (2048, 4864) the tiles, each streaming every pair's row
+// of x past the codes, ran 0.86-0.94x GroupPairs' (benchmarks/tables/avx2_zen3.md).
+constexpr int64_t kWidenedMaxPairs = 32, kWidenedMaxBlocks = 40;
+
+template <int Bits, typename S>
+void GroupPairsWidenedOnce(const uint8_t* codes, const S* scales, const int8_t* xq, int64_t xq_stride,
+                           const float* xs, int64_t xs_stride, const float* bias, float* y, int64_t y_stride,
+                           int64_t KB, int64_t valid, int64_t pairs) {
+  constexpr int kPairs = kTileRows / 2;
+  alignas(32) __m256i wide[16][2];
+  alignas(32) float acc[kWidenedMaxPairs][kQGroup];
+  for (int64_t o = 0; o < pairs; ++o)
+    for (int64_t j = 0; j < kQGroup; ++j) acc[o][j] = 0.f;
+  for (int64_t b = 0; b < KB; ++b) {
+    const uint8_t* c = codes + b * BlockBytes(Bits);
+    const S* sb = scales + b * 2 * kQGroup;
+    PrefetchAhead<Bits>(c, sb);
+#pragma GCC unroll 8
+    for (int v = 0; v < 8; ++v) {
+      __m256i five[2];
+      if constexpr (Bits == 5) FifthNibbles(c, v, five);
+      for (int k = 0; k < 2; ++k)
+        for (int h = 0; h < 2; ++h) _mm256_store_si256(&wide[2 * v + k][h], Widened<Bits>(c, v, k, h, five));
+    }
+    for (int64_t o = 0; o < pairs; o += kPairs)
+      BlockPairs<S, kPairs>(wide, sb, xq + 2 * o * xq_stride + 2 * kQBlock * b, xq_stride,
+                            xs + 2 * o * xs_stride + 2 * b, xs_stride, acc + o);
+  }
+  for (int64_t o = 0; o < pairs; ++o)
+    for (int64_t j = 0; j < valid; ++j) y[o * y_stride + j] = acc[o][j] + (bias ? bias[j] : 0.f);
 }

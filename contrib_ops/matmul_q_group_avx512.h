@@ -4,6 +4,14 @@
 
 constexpr int kTileRows = 8;
 
+// Only the AVX2 build widens a block's codes once for many pairs (matmul_q_group_avx2.h); declared for
+// matmul_q_kernel.cc's Tile, which never calls it here.
+constexpr int64_t kWidenedMaxPairs = 0, kWidenedMaxBlocks = 0;
+template <int Bits, typename S>
+void GroupPairsWidenedOnce(const uint8_t* codes, const S* scales, const int8_t* xq, int64_t xq_stride,
+                           const float* xs, int64_t xs_stride, const float* bias, float* y, int64_t y_stride,
+                           int64_t KB, int64_t valid, int64_t pairs);
+
 ALWAYS_INLINE float BlockAmax(const float* in) {
   const __m512 a = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(in)), _mm512_abs_ps(_mm512_loadu_ps(in + 16)));
   return _mm512_reduce_max_ps(a);

@@ -4,6 +4,14 @@
 
 constexpr int kTileRows = 2;
 
+// Only the AVX2 build widens a block's codes once for many pairs (matmul_q_group_avx2.h); declared for
+// matmul_q_kernel.cc's Tile, which never calls it here.
+constexpr int64_t kWidenedMaxPairs = 0, kWidenedMaxBlocks = 0;
+template <int Bits, typename S>
+void GroupPairsWidenedOnce(const uint8_t* codes, const S* scales, const int8_t* xq, int64_t xq_stride,
+                           const float* xs, int64_t xs_stride, const float* bias, float* y, int64_t y_stride,
+                           int64_t KB, int64_t valid, int64_t pairs);
+
 ALWAYS_INLINE float BlockAmax(const float* in) {
   float amax = 0.f;
   for (int64_t i = 0; i < kQBlock; ++i) amax = __builtin_fmaxf(amax, __builtin_fabsf(in[i]));

@@ -113,6 +113,18 @@ void Tile(const uint8_t* codes, const S* scales, const int8_t* xq, const float* 
           int64_t KB, int64_t N, int64_t t0, int64_t t1, int64_t g0, int64_t g1) {
   for (int64_t g = g0; g < g1; ++g) {  // a group's codes stay in L1 while every tile of rows passes
     int64_t t = t0;
+    if constexpr (Pairs && kWidenedMaxBlocks > 0) {  // AVX2: whole tiles of pairs, each block widened once
+      const int64_t xq_stride = KB * kQBlock, xs_stride = 2 * KB, n0 = g * kQGroup;
+      const int64_t whole_end = t0 + (t1 - t0) / kTileRows * kTileRows;
+      while (KB <= kWidenedMaxBlocks && t1 - t0 >= 2 * kTileRows && t < whole_end) {
+        const int64_t rows = MinI(2 * kWidenedMaxPairs, whole_end - t);
+        GroupPairsWidenedOnce<Bits, S>(codes + g * KB * BlockBytes(Bits), scales + g * KB * 2 * kQGroup,
+                                       xq + t * xq_stride, xq_stride, xs + t * xs_stride, xs_stride,
+                                       bias ? bias + n0 : nullptr, y + t / 2 * N + n0, N, KB, MinI(kQGroup, N - n0),
+                                       rows / 2);
+        t += rows;
+      }
+    }
     for (; t + kTileRows <= t1; t += kTileRows)
       TileRows<Bits, S, kTileRows, Pairs>(codes, scales, xq, xs, bias, y, KB, N, t, g, g + 1);
     constexpr int kLast = kTileRows - (Pairs ? 2 : 1);  // the most rows a last tile can have
