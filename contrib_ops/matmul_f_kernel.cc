@@ -29,12 +29,6 @@ ALWAYS_INLINE int64_t MinI(int64_t a, int64_t b) { return a < b ? a : b; }
 // keep too few lines in flight, so ask for the panel's lines kPrefetchBytes ahead (past the panel's
 // end that is the next panel, which follows it). 4 KiB, as MatMulQ (benchmarks/tables/matmul_f.md).
 constexpr int64_t kPrefetchBytes = 4096;
-
-ALWAYS_INLINE void PrefetchRow(const float* w) {
-  const char* p = reinterpret_cast<const char*>(w) + kPrefetchBytes;
-  _mm_prefetch(p, _MM_HINT_T0);
-  _mm_prefetch(p + 64, _MM_HINT_T0);
-}
 #endif
 
 // One pass's share of the next panel's lines, brought into L2 one every `every` steps of K while this
@@ -54,6 +48,13 @@ struct NextLines {
 constexpr int kTileRows = 8;
 constexpr int kPassesPerTile = 1;  // passes over K per tile of rows
 constexpr bool kHalvesApart = false;  // the panel layout (matmul_f_kernel.h)
+
+// A step along K is one 128-byte row of the panel: two lines, kPrefetchBytes ahead.
+ALWAYS_INLINE void PrefetchRow(const float* w) {
+  const char* p = reinterpret_cast<const char*>(w) + kPrefetchBytes;
+  _mm_prefetch(p, _MM_HINT_T0);
+  _mm_prefetch(p + 64, _MM_HINT_T0);
+}
 
 ALWAYS_INLINE __mmask16 Mask(int64_t valid) { return valid >= 16 ? __mmask16(0xFFFF) : valid <= 0 ? 0 : __mmask16((1u << valid) - 1); }
 
