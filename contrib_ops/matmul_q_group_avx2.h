@@ -1,7 +1,8 @@
 // MatMulQ's group kernel for AVX2 (see matmul_q_kernel.cc): kTileRows, BlockAmax, QuantizeAt,
-// QuantizePairAt and GroupRows (8-bit activations: vpmaddubsw + vpmaddwd on 4-bit halves; 16-bit
-// activations: int16 codes against codes widened to int16 in vpmaddwd). Included INSIDE matmul_q_kernel.cc's ISA namespace, after its shared helpers;
-// no includes of its own.
+// QuantizePairAt, GroupRows (8-bit activations: vpmaddubsw + vpmaddwd on 4-bit halves; 16-bit
+// activations: int16 codes against codes widened to int16 in vpmaddwd) and GroupPairsWidenedOnce
+// (16-bit activations, several tiles of rows: each block's codes widened once for all of them).
+// Included INSIDE matmul_q_kernel.cc's ISA namespace, after its shared helpers; no includes of its own.
 
 constexpr int kTileRows = 8;
 
@@ -298,6 +299,7 @@ ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t
     }
   }
 }
+
 // Batched decode and prefill with 16-bit activations: GroupPairs widens each block's codes once a
 // tile of kTileRows / 2 pairs, a fifth of a tile's vector instructions. Here a block's codes are widened
 // once into L1 for every tile (BlockPairs), whose sums go through memory from block to block: a group
