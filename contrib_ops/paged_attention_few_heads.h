@@ -66,7 +66,8 @@ void RunFewHeads(const Problem& P, const WorkItem& w) {
       for (int h = 0; h < H; ++h) s[h][j] = LaneSum<L>(part[h]);
     }
     // Online softmax per head over the chunk's scores, kChunk / L registers each.
-    constexpr int kPieces = kChunk / L > 0 ? kChunk / L : 1, kPieceLanes = kChunk / kPieces;
+    static_assert(kChunk % L == 0, "a chunk is whole registers");
+    constexpr int kPieces = kChunk / L, kPieceLanes = L;
     typedef typename V<kPieceLanes>::F S;
     typedef typename V<kPieceLanes>::I SI;
     float alpha[H];
