@@ -91,6 +91,10 @@ def as_matmul(artifact: Path, out: Path) -> None:
             nodes.append(node)
             continue
         x, w, *bias = node.input
+        if len(bias) > 1 or any(a.name in ("gated", "norm_epsilon") for a in node.attribute):
+            raise SystemExit(
+                f"{node.name} runs an input stage (op_version 9): export the artifact with fold_inputs=False"
+            )
         y = node.output[0]
         nodes.append(helper.make_node("Transpose", [w], [f"{y}.wT"], name=f"{node.name}.transpose"))
         nodes.append(helper.make_node("MatMul", [x, f"{y}.wT"], [f"{y}.mm" if bias else y], name=node.name))

@@ -2,6 +2,7 @@
 #include "matmul_f.h"
 
 #include "isa.h"
+#include "linear_input.h"
 #include "matmul_f_kernel.h"
 #include "op_util.h"
 
@@ -87,21 +88,30 @@ void RunTask(void* data, size_t task) {
 }
 
 struct MatMulF {
-  MatMulF(const OrtApi*, const OrtKernelInfo* info) : packed_(PackConstant(info, kernels_.pack)) {}
+  MatMulF(const OrtApi* api, const OrtKernelInfo* info) : packed_(PackConstant(info, kernels_.pack)), input_(api, info) {}
 
   Ort::Status Compute(OrtKernelContext* context, const Tensor<float>& x, const Tensor<float>& w,
-                      std::optional<const Tensor<float>*> bias, Tensor<float>& y) {
+                      std::optional<const Tensor<float>*> bias, std::optional<const Tensor<float>*> norm_weight,
+                      std::optional<const Tensor<float>*> residual, Tensor<float>& y,
+                      std::optional<Tensor<float>*> sum) {
     const std::vector<int64_t>&xs = x.Shape(), &ws = w.Shape();
     if (ws.size() != 2 || ws[0] <= 0 || ws[1] <= 0) return Error("W must be [N, K] with N, K > 0, got " + ShapeText(ws));
-    const int64_t N = ws[0], K = ws[1];
-    if (xs.size() != 2 || xs[1] != K) return Error("x must be [T, K = " + std::to_string(K) + "], got " + ShapeText(xs));
+    const int64_t N = ws[0], K = ws[1], width = input_.Width(K);
+    if (xs.size() != 2 || xs[1] != width)
+      return Error("x must be [T, " + std::string(width == K ? "K" : "2K") + " = " + std::to_string(width) + "], got " +
+                   ShapeText(xs));
     const float* bias_data = nullptr;
-    if (bias.has_value() && *bias != nullptr) {
-      if ((*bias)->Shape() != std::vector<int64_t>{N})
-        return Error("bias must be [N] = [" + std::to_string(N) + "], got " + ShapeText((*bias)->Shape()));
-      bias_data = (*bias)->Data();
+    if (const Tensor<float>* b = Present(bias)) {
+      if (b->Shape() != std::vector<int64_t>{N})
+        return Error("bias must be [N] = [" + std::to_string(N) + "] (or [0]: none), got " + ShapeText(b->Shape()));
+      bias_data = b->Data();
     }
     const int64_t T = xs[0];
+    Ort::KernelContext ctx(context);
+    std::string error;
+    const float* rows = input_.Rows(ctx, x.Data(), T, K, Present(norm_weight), Present(residual),
+                                    sum.has_value() ? *sum : nullptr, error);
+    if (!error.empty()) return Error(error);
     float* out = y.Allocate({T, N});
     if (T == 0) return Ort::Status{nullptr};
 
@@ -114,12 +124,12 @@ struct MatMulF {
     }
     const int64_t P = FPanels(N);
     const int64_t panels_per_task = T <= kRowsPerTask ? std::max<int64_t>(1, P / (4 * CpuCount())) : kPanelsPerTask;
-    Job job{x.Data(), panels, bias_data, out, T, K, N, P, panels_per_task, kernels_.tile};
+    Job job{rows, panels, bias_data, out, T, K, N, P, panels_per_task, kernels_.tile};
     const size_t tasks = job.Tasks();
     if (T * K * N < kSerialWork || tasks == 1) {
       for (size_t task = 0; task < tasks; ++task) RunTask(&job, task);
     } else {
-      Ort::KernelContext(context).ParallelFor(RunTask, tasks, 0, &job);
+      ctx.ParallelFor(RunTask, tasks, 0, &job);
     }
     return Ort::Status{nullptr};
   }
@@ -128,6 +138,7 @@ struct MatMulF {
 
   Kernels kernels_ = PickKernels();  // before packed_, which packs with it
   Packed packed_;
+  LinearInput input_;  // the norm or gated activation before the product, if any
 };
 
 }  // namespace

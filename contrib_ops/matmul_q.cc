@@ -2,6 +2,7 @@
 #include "matmul_q.h"
 
 #include "isa.h"
+#include "linear_input.h"
 #include "op_util.h"
 
 #include <algorithm>
@@ -86,18 +87,22 @@ struct MatMulQ {
         K_(IntAttribute(api, info, "K", 0)),  // optional: checks x
         activation_bits_(IntAttribute(api, info, "activation_bits", 8)),
         codes_copy_(CopyOfConstantInput(info, 1)),
-        scales_copy_(CopyOfConstantInput(info, 2)) {}
+        scales_copy_(CopyOfConstantInput(info, 2)),
+        input_(api, info) {}
 
   Ort::Status Compute(OrtKernelContext* context, const Tensor<float>& x, const Tensor<uint8_t>& codes,
-                      const Tensor<ScaleT>& scales, std::optional<const Tensor<float>*> bias, Tensor<float>& y) {
+                      const Tensor<ScaleT>& scales, std::optional<const Tensor<float>*> bias,
+                      std::optional<const Tensor<float>*> norm_weight, std::optional<const Tensor<float>*> residual_input,
+                      Tensor<float>& y, std::optional<Tensor<float>*> sum) {
     if (N_ <= 0) return Error("attribute 'N' (the weight's rows) is required and must be > 0, got " + std::to_string(N_));
     if (activation_bits_ != 8 && activation_bits_ != 16)
       return Error("attribute 'activation_bits' must be 8 or 16, got " + std::to_string(activation_bits_));
     const std::vector<int64_t>&xs = x.Shape(), &cs = codes.Shape(), &ss = scales.Shape();
-    if (xs.size() != 2 || xs[1] <= 0 || (K_ > 0 && xs[1] != K_))
-      return Error("x must be [T, K" + (K_ > 0 ? " = " + std::to_string(K_) : std::string(" > 0")) + "], got " +
-                   ShapeText(xs));
-    const int64_t T = xs[0], K = xs[1], KB = (K + kQBlock - 1) / kQBlock, G = (N_ + kQGroup - 1) / kQGroup;
+    const int64_t wide = input_.Width(1);  // 2 when gated: x is [T, 2K]
+    if (xs.size() != 2 || xs[1] <= 0 || xs[1] % wide != 0 || (K_ > 0 && xs[1] != input_.Width(K_)))
+      return Error("x must be [T, " + std::string(wide == 1 ? "K" : "2K") +
+                   (K_ > 0 ? " = " + std::to_string(input_.Width(K_)) : std::string(" > 0")) + "], got " + ShapeText(xs));
+    const int64_t T = xs[0], K = xs[1] / wide, KB = (K + kQBlock - 1) / kQBlock, G = (N_ + kQGroup - 1) / kQGroup;
     if (cs != std::vector<int64_t>{G, KB, kBlockBytes})
       return Error("codes must be [ceil(N / 16), ceil(K / 32), " + std::to_string(kBlockBytes) +
                    "] = " + ShapeText({G, KB, kBlockBytes}) +
@@ -105,11 +110,16 @@ struct MatMulQ {
     if (ss != std::vector<int64_t>{G, KB, 2, kQGroup})
       return Error("scales must be " + ShapeText({G, KB, 2, kQGroup}) + ", got " + ShapeText(ss));
     const float* bias_data = nullptr;
-    if (bias.has_value() && *bias != nullptr) {
-      if ((*bias)->Shape() != std::vector<int64_t>{N_})
-        return Error("bias must be [N] = [" + std::to_string(N_) + "], got " + ShapeText((*bias)->Shape()));
-      bias_data = (*bias)->Data();
+    if (const Tensor<float>* b = Present(bias)) {
+      if (b->Shape() != std::vector<int64_t>{N_})
+        return Error("bias must be [N] = [" + std::to_string(N_) + "] (or [0]: none), got " + ShapeText(b->Shape()));
+      bias_data = b->Data();
     }
+    Ort::KernelContext ctx(context);
+    std::string error;
+    const float* rows_in = input_.Rows(ctx, x.Data(), T, K, Present(norm_weight), Present(residual_input),
+                                       sum.has_value() ? *sum : nullptr, error);
+    if (!error.empty()) return Error(error);
     float* out = y.Allocate({T, N_});
     if (T == 0) return Ort::Status{nullptr};
 
@@ -125,8 +135,7 @@ struct MatMulQ {
     const uint8_t* codes_data = codes_copy_ ? codes_copy_.get() : codes.Data();
     const void* scales_data = scales_copy_ ? static_cast<const void*>(scales_copy_.get()) : scales.Data();
     Job job{Bits, codes_data, scales_data, std::is_same_v<ScaleT, Ort::Float16_t>, residual, xq.data(), xscales.data(),
-            x.Data(), bias_data, out, T, K, KB, N_, G, decode ? rows : kRowsPerTask, groups_per_task, &kernels_};
-    Ort::KernelContext ctx(context);
+            rows_in, bias_data, out, T, K, KB, N_, G, decode ? rows : kRowsPerTask, groups_per_task, &kernels_};
     const bool serial = rows * G * KB * kBlockBytes < kSerialWork;
     const size_t row_tasks = static_cast<size_t>((T + kRowsPerTask - 1) / kRowsPerTask);
     if (serial || row_tasks == 1) {
@@ -150,6 +159,7 @@ struct MatMulQ {
   int64_t N_, K_, activation_bits_;
   // the weights in our own memory when they are initializers (CopyOfConstantInput), else read per call
   std::shared_ptr<const uint8_t> codes_copy_, scales_copy_;
+  LinearInput input_;  // the norm or gated activation before the product, if any
   Kernels kernels_ = PickKernels();
 };
 

@@ -3,8 +3,10 @@
 // quantised to int8 per block of 32 on the way in (as llama.cpp's Q4_1 x Q8_1 dot product), or with
 // activation_bits = 16 to int8 plus an int8 residual (two integer passes; x held to about 16 bits):
 //   x f32 [T, K], codes u8 [G, KB, 256 (Q4) or 512 (Q8)], scales f16 or f32 [G, KB, 2, 16],
-//   bias f32 [N] (optional) -> y f32 [T, N]; attributes N (the rows; G = ceil(N / 16),
-//   KB = ceil(K / 32)), optionally K (checks x) and activation_bits (8, the default, or 16).
+//   bias f32 [N] (optional; [0] = none) -> y f32 [T, N]; attributes N (the rows; G = ceil(N / 16),
+//   KB = ceil(K / 32)), optionally K (checks x) and activation_bits (8, the default, or 16). Since
+//   op_version 9 the norm or gated activation in front of the linear may run inside it: optional
+//   inputs norm_weight, residual, output sum, attributes norm_epsilon, gated (linear_input.h).
 // The layout is in matmul_q_kernel.h. GGUF's block-32 formats map onto it exactly (Q4_0: m = -8d;
 // Q4_1: d, m; Q4_K: d * scale, -dmin * min; Q8_0: q + 128, m = -128d; Q5_0, Q5_1, Q5_K likewise), so
 // one node replaces MatMulNBits and AddBlockOffsets. The numpy reference is matmul_q() in

@@ -1,6 +1,6 @@
 """Numpy references of ortserve's custom ops (domain ``ortserve``): PagedAttention,
 PackedPagedAttention, GatedActivation, MatMulQ4 / Q5 / Q8 and GatherQ4 / Q5 / Q8 (and their weight
-layout), AddBlockOffsets and AppendBlockSums.
+layout), the input stage of MatMulF and MatMulQ (``linear_input``), AddBlockOffsets and AppendBlockSums.
 
 This file is the specification: the C++ ops in ``contrib_ops/`` must match it.
 Shapes (T new tokens, B sequences, D = head_size):
@@ -188,6 +188,26 @@ def gated_activation(x, activation):
     else:
         raise ValueError(f"activation must be 'silu' or 'gelu_tanh', got {activation!r}")
     return (act * up).astype(np.float32)
+
+
+def linear_input(x, *, gated=None, norm_weight=None, residual=None, norm_epsilon=None):
+    """What MatMulF and MatMulQ4 / Q5 / Q8 compute on x before the product -> (input [T, K], sum):
+    with ``gated`` ("silu" | "gelu_tanh") x is [gate | up] [T, 2K] and the input is
+    ``gated_activation(x, gated)``; with ``norm_weight`` [K] it is x' / sqrt(mean(x'^2) + norm_epsilon)
+    * norm_weight, where x' = x + ``residual`` (returned as sum; else None) or x. The mean of the
+    squares is accumulated in float64, as onnxruntime's SkipSimplifiedLayerNormalization does."""
+    if gated is not None:
+        if norm_weight is not None:
+            raise ValueError("gated and norm_weight cannot both be set")
+        return gated_activation(x, gated), None
+    x = np.asarray(x, np.float32)
+    if norm_weight is None:
+        return x, None
+    total = (x + np.asarray(residual, np.float32)).astype(np.float32) if residual is not None else x
+    mean_square = (total.astype(np.float64) ** 2).mean(axis=-1, keepdims=True)
+    inv = (1.0 / np.sqrt(mean_square + norm_epsilon)).astype(np.float32)
+    normed = (total * inv * np.asarray(norm_weight, np.float32)).astype(np.float32)
+    return normed, (total if residual is not None else None)
 
 
 def add_block_offsets(x, y, offsets, block_size):

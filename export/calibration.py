@@ -125,6 +125,8 @@ def _instrumented(artifact: Path) -> Iterator[tuple[Path, dict[str, str]]]:
         outputs: dict[str, str] = {}
         for node in list(model.graph.node):
             if node.op_type == "MatMulF" and node.name.startswith(("layers.", "lm_head.")):
+                if any(a.name in ("gated", "norm_epsilon") for a in node.attribute):
+                    raise ValueError(f"{node.name}: an input stage hides its input; export with fold_inputs=False")
                 label = node.name.rsplit(".", 1)[0]
                 outputs[label] = f"calibration.{label}"
                 transposed = f"calibration.{label}.xT"

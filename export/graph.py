@@ -13,12 +13,13 @@ CPU-fast ORT contrib ops: SimplifiedLayerNormalization, SkipSimplifiedLayerNorma
 SkipLayerNormalization, MatMulNBits, GatherBlockQuantized; ours (domain ``ortserve``):
 PackedPagedAttention, GatedActivation, MatMulF, MatMulQ4 / MatMulQ8, GatherQ4 / GatherQ8. Every node
 is a kernel launch and a decode step of a small model is mostly launches, so each layer is as few
-nodes as we can make it. fp32 linears are ``MatMulF`` on the checkpoint's [out, in] weights, which
-the op repacks at load (a tied fp32 LM head passes the embedding itself); quantised ones
-``MatMulQ4`` / ``MatMulQ8`` (w = d * q + m per block of 32: GGUF codes kept exactly, float weights
-quantised, see ``qweight.py``), with 8- or 16-bit activations (``activation_bits``); only Q6_K's
-blocks of 16 stay ``MatMulNBits`` (int8 activations). A tied quantised LM head serves the embedding
-lookup too.
+nodes as we can make it: the norm or gated activation in front of a linear runs inside the linear's
+node (``linear_inputs``), so a Llama layer is five nodes. fp32 linears are ``MatMulF`` on the
+checkpoint's [out, in] weights, which the op repacks at load (a tied fp32 LM head passes the
+embedding itself); quantised ones ``MatMulQ4`` / ``MatMulQ8`` (w = d * q + m per block of 32: GGUF
+codes kept exactly, float weights quantised, see ``qweight.py``), with 8- or 16-bit activations
+(``activation_bits``); only Q6_K's blocks of 16 stay ``MatMulNBits`` (int8 activations). A tied
+quantised LM head serves the embedding lookup too.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from .config import ModelSpec
 from .errors import ExportError
 from .gptq import quantize_calibrated
 from .graph_io import MS, OURS, make_model
+from .linear_inputs import NO_BIAS, fuse_linear_inputs
 from .nbits import ACCURACY_LEVEL, concat_rows
 from .qweight import QWeight, concat_q, from_blocks, quantize_q
 from .rope import RopeTable, rope_frequencies, rope_step_nodes
@@ -62,16 +64,21 @@ class DecoderBuilder:
         activation_bits: int = 8,
         tensor_precision: tuple[storage.TensorPrecision, ...] = (),
         importance: Importance | None = None,
+        fold_inputs: bool = True,
     ):
         """``precision`` None: each tensor as the source stores it (a GGUF's codes, fp32 floats).
         ``activation_bits``: 8 (int8 activations in the quantised linears) or 16 (int8 + a residual).
         ``tensor_precision``: per-tensor exceptions to ``precision`` (``storage.TensorPrecision``).
-        ``importance``: calibration of the float weights this builder quantises (``calibration.capture``)."""
+        ``importance``: calibration of the float weights this builder quantises (``calibration.capture``).
+        ``fold_inputs``: each norm and gated activation in front of a linear runs inside the linear's
+        node (``linear_inputs``); False keeps them nodes of their own, so every linear's input is a
+        graph tensor (the calibration reads them)."""
         self.spec, self.arch, self.src = spec, arch, source
         self.activation_bits = activation_bits
         self.precision, self.lm_head_precision = precision, lm_head_precision
         self.tensor_precision = tensor_precision
         self.importance = importance
+        self.fold_inputs = fold_inputs
         self.max_model_len = max_model_len or spec.max_position_embeddings
         self.nodes: list[onnx.NodeProto] = []
         self.constants: dict[str, onnx.TensorProto] = {}
@@ -437,4 +444,7 @@ class DecoderBuilder:
             cap = self.scalar(s.final_softcap)
             logits = self.op("Mul", [self.op("Tanh", [self.op("Div", [logits, cap])[0]])[0], cap])[0]
         self.op("Identity", [logits], outputs=[LOGITS_OUTPUT])
-        return make_model(self.spec, self.nodes, list(self.constants.values())), self.jobs
+        nodes = fuse_linear_inputs(self.nodes) if self.fold_inputs else self.nodes
+        if any(NO_BIAS in node.input for node in nodes):
+            self.const(NO_BIAS, np.zeros(0, np.float32))
+        return make_model(self.spec, nodes, list(self.constants.values())), self.jobs

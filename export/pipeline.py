@@ -200,6 +200,7 @@ def export_model(
     calibrate: bool = True,
     calibration_text: str | os.PathLike | None = None,
     progress: bool = True,
+    fold_inputs: bool = True,
 ) -> ArtifactManifest:
     """Export a checkpoint directory, .gguf file or built-in model name to an artifact at ``out``.
     ``precision`` None keeps the source's own: fp32 for float tensors, a GGUF's quantised codes.
@@ -208,7 +209,9 @@ def export_model(
     ``pure``: int4 stays 4 bits in every layer linear even where it loses the model's answers
     (``int4_fallback``; llama-quantize's --pure).
     ``calibrate``: weight the quantiser's error by each input column's importance on text
-    (``calibration``; ``calibration_text`` a file of the user's own, else the built-in text)."""
+    (``calibration``; ``calibration_text`` a file of the user's own, else the built-in text).
+    ``fold_inputs`` False keeps each norm and gated activation a node of its own (the calibration's
+    fp32 reference, whose linears' inputs it reads; ``graph.DecoderBuilder``)."""
     started = time.perf_counter()
     if precision is not None and precision not in PRECISIONS:
         raise ExportError(f"--precision {precision!r} is not one of {', '.join(PRECISIONS)}")
@@ -241,6 +244,7 @@ def export_model(
         max_model_len=max_len,
         activation_bits=activation_bits,
         tensor_precision=rules,
+        fold_inputs=fold_inputs,
     )
     builder = make_builder()
     model, jobs = builder.build()  # checks every tensor's name and shape before any data moves
@@ -266,7 +270,9 @@ def export_model(
         if text or (quality_check and has_text):
             reference = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".fp32", dir=out.parent))
             with bars.stage("fp32 ref", 1) as bar:
-                export_model(src, reference, precision="fp32", max_model_len=max_model_len, progress=False)
+                export_model(
+                    src, reference, precision="fp32", max_model_len=max_model_len, progress=False, fold_inputs=False
+                )
                 bar.update()
         if text and reference:
             with bars.stage("calibrate", 1) as bar:

@@ -45,9 +45,32 @@ def transformers_importance(checkpoint: Path, sequences: list[list[int]]) -> dic
     return {name: (total / tokens).float().numpy() for name, total in sums.items()}
 
 
-def test_capture_equals_transformers_activations(tiny_llama_checkpoint, tiny_llama_artifact):
-    importance = capture(tiny_llama_artifact, CalibrationText.read(None))
-    sequences = CalibrationText.read(None).sequences(tiny_llama_artifact)
+@pytest.fixture(scope="module")
+def reference_artifact(tmp_path_factory):
+    """``reference_artifact(checkpoint)``: the fp32 export the calibration reads, as export makes it
+    for itself: norms and gated activations nodes of their own (``fold_inputs=False``), so that every
+    linear's input is a tensor of the graph."""
+    built: dict[Path, Path] = {}
+
+    def get(checkpoint: Path) -> Path:
+        if checkpoint not in built:
+            built[checkpoint] = tmp_path_factory.mktemp("reference") / "fp32"
+            export_model(checkpoint, built[checkpoint], precision="fp32", progress=False, fold_inputs=False)
+        return built[checkpoint]
+
+    return get
+
+
+def test_capture_needs_the_linears_inputs_in_the_graph(tiny_llama_artifact):
+    """A served artifact runs each norm inside its linear: the linear's input is no tensor to read."""
+    with pytest.raises(ValueError, match="an input stage hides its input; export with fold_inputs=False"):
+        capture(tiny_llama_artifact, CalibrationText.read(None))
+
+
+def test_capture_equals_transformers_activations(tiny_llama_checkpoint, reference_artifact):
+    artifact = reference_artifact(tiny_llama_checkpoint)
+    importance = capture(artifact, CalibrationText.read(None))
+    sequences = CalibrationText.read(None).sequences(artifact)
     assert len(sequences) > 3 and all(len(s) <= CHUNK_TOKENS for s in sequences)
     assert importance.tokens == sum(map(len, sequences)) and importance.text == "built-in text"
     reference = transformers_importance(tiny_llama_checkpoint, sequences)
@@ -70,11 +93,11 @@ def test_capture_equals_transformers_activations(tiny_llama_checkpoint, tiny_lla
 
 
 @pytest.mark.parametrize("case", ["gpt2_conv1d", "phi3_fused_partial_rotary", "gemma3_local_global"])
-def test_capture_finds_every_linear_of_fused_and_conv1d_families(case, tiny_checkpoint, tiny_artifact):
+def test_capture_finds_every_linear_of_fused_and_conv1d_families(case, tiny_checkpoint, reference_artifact):
     """Fused q/k/v and gate/up, GPT-2's Conv1D, Gemma's norms around each block: every linear input
     transformers sees is one of ours, and each of ours is one of transformers'."""
     sequences = random_sequences(320, [40, 23], seed=4)
-    ours = capture_ids(tiny_artifact(case), sequences, "random ids")
+    ours = capture_ids(reference_artifact(tiny_checkpoint(case)), sequences, "random ids")
     reference = list(transformers_importance(tiny_checkpoint(case), sequences).values())
     assert ours.tokens == 63 and len(ours.grams) == 4 * 2 + 1  # qkv, o, gate_up (or up), down x 2 layers; head
 

@@ -94,7 +94,7 @@ def test_no_rows_is_an_empty_result():
     [
         ((2, 9), (4, 8), None, "x must be [T, K = 8], got [2, 9]"),
         ((2, 3, 8), (4, 8), None, "x must be [T, K = 8], got [2, 3, 8]"),
-        ((2, 8), (4, 8), (5,), "bias must be [N] = [4], got [5]"),
+        ((2, 8), (4, 8), (5,), "bias must be [N] = [4] (or [0]: none), got [5]"),
         ((2, 8), (4, 8, 1), None, "W must be [N, K] with N, K > 0, got [4, 8, 1]"),
     ],
 )

@@ -283,7 +283,7 @@ def test_scales_for_another_shape_are_rejected():
 
 
 def test_a_bias_of_another_length_is_rejected():
-    with pytest.raises(Exception, match=r"bias must be \[N\] = \[20\], got \[19\]"):
+    with pytest.raises(Exception, match=r"bias must be \[N\] = \[20\] \(or \[0\]: none\), got \[19\]"):
         run(20, (1, 64), (2, 2, 256), (2, 2, 2, 16), (19,))
 
 
