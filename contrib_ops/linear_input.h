@@ -13,15 +13,16 @@
 #include "op_util.h"
 
 #include <cstdint>
-#include <optional>
 #include <string>
-#include <vector>
 
 namespace ortserve {
 
 class LinearInput {
  public:
   LinearInput(const OrtApi* api, const OrtKernelInfo* info);
+
+  // x is [T, 2K] = [gate | up] when gated, else [T, K].
+  bool Gated() const { return gated_; }
 
   // The width of x for a linear of K inputs.
   int64_t Width(int64_t K) const { return gated_ ? 2 * K : K; }
@@ -44,12 +45,5 @@ class LinearInput {
   float epsilon_ = -1.0f;  // unset
   std::string error_;      // of the attributes, reported by Rows
 };
-
-// An optional input, null when absent or of shape [0] (the stand-in that keeps later inputs in place).
-inline const Ort::Custom::Tensor<float>* Present(std::optional<const Ort::Custom::Tensor<float>*> input) {
-  if (!input.has_value() || *input == nullptr) return nullptr;
-  const std::vector<int64_t>& shape = (*input)->Shape();
-  return shape.size() == 1 && shape[0] == 0 ? nullptr : *input;
-}
 
 }  // namespace ortserve

@@ -98,7 +98,7 @@ struct MatMulF {
     if (ws.size() != 2 || ws[0] <= 0 || ws[1] <= 0) return Error("W must be [N, K] with N, K > 0, got " + ShapeText(ws));
     const int64_t N = ws[0], K = ws[1], width = input_.Width(K);
     if (xs.size() != 2 || xs[1] != width)
-      return Error("x must be [T, " + std::string(width == K ? "K" : "2K") + " = " + std::to_string(width) + "], got " +
+      return Error("x must be [T, " + std::string(input_.Gated() ? "2K" : "K") + " = " + std::to_string(width) + "], got " +
                    ShapeText(xs));
     const float* bias_data = nullptr;
     if (const Tensor<float>* b = Present(bias)) {

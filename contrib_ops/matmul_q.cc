@@ -98,9 +98,9 @@ struct MatMulQ {
     if (activation_bits_ != 8 && activation_bits_ != 16)
       return Error("attribute 'activation_bits' must be 8 or 16, got " + std::to_string(activation_bits_));
     const std::vector<int64_t>&xs = x.Shape(), &cs = codes.Shape(), &ss = scales.Shape();
-    const int64_t wide = input_.Width(1);  // 2 when gated: x is [T, 2K]
+    const int64_t wide = input_.Gated() ? 2 : 1;  // x is [T, 2K] when gated
     if (xs.size() != 2 || xs[1] <= 0 || xs[1] % wide != 0 || (K_ > 0 && xs[1] != input_.Width(K_)))
-      return Error("x must be [T, " + std::string(wide == 1 ? "K" : "2K") +
+      return Error("x must be [T, " + std::string(input_.Gated() ? "2K" : "K") +
                    (K_ > 0 ? " = " + std::to_string(input_.Width(K_)) : std::string(" > 0")) + "], got " + ShapeText(xs));
     const int64_t T = xs[0], K = xs[1] / wide, KB = (K + kQBlock - 1) / kQBlock, G = (N_ + kQGroup - 1) / kQGroup;
     if (cs != std::vector<int64_t>{G, KB, kBlockBytes})

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <sys/mman.h>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,6 +30,13 @@ inline std::string ShapeText(const std::vector<int64_t>& s) {
   std::string r = "[";
   for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
   return r + "]";
+}
+
+// An optional input, null when absent or of shape [0] (the stand-in that keeps later inputs in place).
+inline const Ort::Custom::Tensor<float>* Present(std::optional<const Ort::Custom::Tensor<float>*> input) {
+  if (!input.has_value() || *input == nullptr) return nullptr;
+  const std::vector<int64_t>& shape = (*input)->Shape();
+  return shape.size() == 1 && shape[0] == 0 ? nullptr : *input;
 }
 
 // An int attribute, or fallback when the node does not set it.
