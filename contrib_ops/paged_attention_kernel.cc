@@ -27,7 +27,7 @@ namespace {
 constexpr int kChunk = 16;         // positions per online-softmax step
 constexpr float kMasked = -1e30f;  // score of a masked position (finite, so max - max is 0)
 
-#include "simd_math.h"  // V<W>, Splat, Max, Min, Exp, Softcap, HalvesToFloats: in this ISA's namespace
+#include "simd_math.h"  // V<W>, Splat, Max, Min, Exp, Softcap, HalvesToFloats, CodesToFloats: in this ISA's namespace
 
 // Keys a pass over D takes at once: 8 when a lane vector is one register; 4 when it is two (16 lanes
 // with 256-bit registers), so the 2 x 4 sums, the query's two registers and a broadcast still fit in
@@ -133,18 +133,9 @@ ALWAYS_INLINE void RowToFloats(const unsigned char* row, float* out, int64_t D) 
   if constexpr (C == CacheType::kF16) {
     HalvesToFloats(row, out, D);
   } else {  // kI8: codes, then the row's scale
-    typedef int8_t C16 __attribute__((vector_size(16)));
-    typedef float F16 __attribute__((vector_size(64)));
     float scale;
     __builtin_memcpy(&scale, row + D, 4);
-    int64_t d = 0;
-    for (; d + 16 <= D; d += 16) {
-      C16 c;
-      __builtin_memcpy(&c, row + d, 16);
-      const F16 f = __builtin_convertvector(c, F16) * scale;
-      __builtin_memcpy(out + d, &f, 64);
-    }
-    for (; d < D; ++d) out[d] = static_cast<float>(static_cast<int8_t>(row[d])) * scale;
+    CodesToFloats(row, scale, out, D);
   }
 }
 

@@ -87,3 +87,34 @@ ALWAYS_INLINE void HalvesToFloats(const void* halves, float* out, int64_t n) {
     out[i] = HalfToFloat(h);
   }
 }
+
+// n int8 codes (raw bytes, any alignment) times scale -> n floats, with the ISA's sign extension
+// (vpmovsxbd) where the build has it: GCC turns __builtin_convertvector from int8 lanes into one
+// scalar conversion per lane, which made int8-cache attention twice as slow as the fp16 cache's.
+ALWAYS_INLINE void CodesToFloats(const void* codes, float scale, float* out, int64_t n) {
+  const unsigned char* in = static_cast<const unsigned char*>(codes);
+  typedef char Q16 __attribute__((vector_size(16)));
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) {
+    typedef int32_t I16 __attribute__((vector_size(64)));
+    typedef float F16 __attribute__((vector_size(64)));
+    Q16 q;
+    __builtin_memcpy(&q, in + i, 16);
+    const I16 wide = (I16)__builtin_ia32_pmovsxbd512_mask(q, I16{}, (unsigned short)0xffff);
+    const F16 f = __builtin_convertvector(wide, F16) * scale;
+    __builtin_memcpy(out + i, &f, 64);
+  }
+#endif
+#if defined(__AVX2__)
+  for (; i + 8 <= n; i += 8) {
+    typedef int32_t I8 __attribute__((vector_size(32)));
+    typedef float F8 __attribute__((vector_size(32)));
+    Q16 q{};
+    __builtin_memcpy(&q, in + i, 8);
+    const F8 f = __builtin_convertvector((I8)__builtin_ia32_pmovsxbd256(q), F8) * scale;
+    __builtin_memcpy(out + i, &f, 32);
+  }
+#endif
+  for (; i < n; ++i) out[i] = static_cast<float>(static_cast<int8_t>(in[i])) * scale;
+}
