@@ -107,12 +107,14 @@ ALWAYS_INLINE void CodesToFloats(const void* codes, float scale, float* out, int
   }
 #endif
 #if defined(__AVX2__)
-  for (; i + 8 <= n; i += 8) {
+  for (; i + 8 <= n; i += 8) {  // 8 codes as the low half of a register (vmovq): no trip through the stack
     typedef int32_t I8 __attribute__((vector_size(32)));
     typedef float F8 __attribute__((vector_size(32)));
-    Q16 q{};
-    __builtin_memcpy(&q, in + i, 8);
-    const F8 f = __builtin_convertvector((I8)__builtin_ia32_pmovsxbd256(q), F8) * scale;
+    typedef long long L2 __attribute__((vector_size(16)));
+    long long eight;
+    __builtin_memcpy(&eight, in + i, 8);
+    const L2 q = {eight, 0};
+    const F8 f = __builtin_convertvector((I8)__builtin_ia32_pmovsxbd256((Q16)q), F8) * scale;
     __builtin_memcpy(out + i, &f, 32);
   }
 #endif
