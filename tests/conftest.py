@@ -53,6 +53,17 @@ TINY_LLAMA = dict(
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Every suite's long-form flag lives here: pytest reads ``pytest_addoption`` only from the
+    conftest at the root of the test paths, not from ``tests/reliability`` or ``tests/deploy``."""
+    parser.addoption(
+        "--reliability-long",
+        action="store_true",
+        help="run the long reliability suite and write tests/reliability/REPORT.md",
+    )
+    parser.addoption("--ray-long", action="store_true", help="run the long form of the Ray Serve tests")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Each run gets its own temp root (unless --basetemp is given): pytest's shared default root
     keeps only the newest runs and deletes the rest, so two runs at once on one machine (two

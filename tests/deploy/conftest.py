@@ -20,13 +20,9 @@ from cluster_process import REPLICA_FLAGS, Cluster, free_port, our_processes, st
 from server_process import ServerProcess
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--ray-long", action="store_true", help="run the long form of the Ray Serve tests")
-
-
 @pytest.fixture(scope="session")
 def ray_long(request: pytest.FixtureRequest) -> bool:
-    return bool(request.config.getoption("--ray-long", default=False))
+    return bool(request.config.getoption("--ray-long"))
 
 
 @pytest.fixture(scope="module")

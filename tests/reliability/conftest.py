@@ -16,14 +16,6 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "server"))  # server_proce
 REPORT = Path(__file__).parent / "REPORT.md"
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption(
-        "--reliability-long",
-        action="store_true",
-        help="run the long reliability suite and write tests/reliability/REPORT.md",
-    )
-
-
 class Tally:
     """What the suite did, for the report: requests by outcome, faults, recoveries, leaks, latencies."""
 
