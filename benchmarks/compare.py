@@ -93,9 +93,10 @@ def machine(force: bool) -> dict:
     return info
 
 
-def write_run(started: str, failures: list[str], forced_all: bool) -> None:
+def write_run(started: str, failures: list[str], forced_all: bool, stopped: str | None) -> None:
     """Remember the commands that made the records, for RESULTS.md's *Reproduce* section: a run
-    that re-measured everything (--force over every part) starts the list afresh."""
+    that re-measured everything (--force over every part) starts the list afresh. A run stopped
+    with Ctrl-C (or SIGINT) is remembered with the round it reached: the records it wrote stay."""
     runs = [] if forced_all else recorded_runs()
     runs.append(
         {
@@ -103,6 +104,7 @@ def write_run(started: str, failures: list[str], forced_all: bool) -> None:
             "started": started,
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "failures": failures,
+            **({"stopped": stopped} if stopped else {}),
         }
     )
     (RECORDS / "run.json").write_text(json.dumps(runs, indent=1))
@@ -188,13 +190,18 @@ def main() -> int:
         if PEER_SYSTEMS & set(args.systems) and not PEERS_PY.exists():
             print(f"peers venv missing ({PEERS_PY}): run `bash benchmarks/peers/setup.sh`; skipping peers")
             args.systems = [s for s in args.systems if s not in PEER_SYSTEMS]
-        for round_ in range(args.repeat):
-            common.KEEP_BEST = round_ > 0
-            run_round(args, round_, failures)
+        stopped = None
+        try:
+            for round_ in range(args.repeat):
+                common.KEEP_BEST = round_ > 0
+                run_round(args, round_, failures)
+        except KeyboardInterrupt:
+            stopped = f"stopped in round {round_ + 1} of {args.repeat}"
+            print(f"\n{stopped}: the records written so far stay", flush=True)
         everything = all(
             set(getattr(args, f)) == set(p.get_default(f)) for f in ("systems", "models", "workloads", "precisions")
         )
-        write_run(started, failures, forced_all=args.force and everything)
+        write_run(started, failures, forced_all=args.force and everything and not stopped, stopped=stopped)
     parts = report.isa_runs()
     report.write(args.results_md, parts)
     print(f"wrote {args.results_md} ({', '.join(f'{p.label}: {len(p.records)} records' for p in parts)})")

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from roofline import gguf_weight_bytes, hf_weight_bytes, onnx_weight_bytes, roofline_tok_s
-from run_coverage import coverage, run_of
+from run_coverage import coverage, run_label, run_of
 from runners.common import (
     BENCH_DIR,
     COMPARE,
@@ -396,7 +396,7 @@ def reproduce_part(part: IsaRun) -> list[str]:
     lines = [f"### The runs on {part.label}", ""]
     if part.runs:
         lines += [
-            f"{i}. `{run['command']}`, {run['started']} to {run['finished']}"
+            f"{i}. {run_label(run)}"
             + (f"; failed parts: {'; '.join(run['failures'])}." if run.get("failures") else ", no part failed.")
             for i, run in enumerate(part.runs, 1)
         ] + [""]

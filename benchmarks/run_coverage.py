@@ -29,11 +29,11 @@ def coverage(records: list[dict], runs: list[dict]) -> str:
     run = one_run(records, runs)
     if missing and run:
         text = (
-            f"**One run, part of the comparison.** Every row below is from `{run['command']}` "
-            f"({run['started']} to {run['finished']}): its ratios compare like with like. " + text
+            f"**One run, part of the comparison.** Every row below is from {run_label(run)}: "
+            "its ratios compare like with like. " + text
         )
     elif missing and (parts := runs_behind(records, runs)):
-        listed = "; ".join(f"`{r['command']}` ({r['started']} to {r['finished']}): {n} rows" for r, n in parts)
+        listed = "; ".join(f"{run_label(r)}: {n} rows" for r, n in parts)
         text = (
             f"**{len(parts)} runs, part of the comparison.** A later run replaced the rows it re-measured: {listed}. "
             "A target whose two systems come from different runs says so. " + text
@@ -50,6 +50,13 @@ def coverage(records: list[dict], runs: list[dict]) -> str:
             + "."
         )
     return text
+
+
+def run_label(run: dict) -> str:
+    """A run's command and span, and where it was stopped if it did not finish (``--repeat 3``
+    stopped in round 3 keeps the best of 2)."""
+    stopped = f", {run['stopped']}" if run.get("stopped") else ""
+    return f"`{run['command']}` ({run['started']} to {run['finished']}{stopped})"
 
 
 def one_run(records: list[dict], runs: list[dict]) -> dict | None:
