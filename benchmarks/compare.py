@@ -93,7 +93,7 @@ def machine(force: bool) -> dict:
     return info
 
 
-def write_run(started: str, failures: list[str], forced_all: bool, stopped: str | None) -> None:
+def write_run(started: str, failures: list[str], forced_all: bool, stopped: str | None = None) -> None:
     """Remember the commands that made the records, for RESULTS.md's *Reproduce* section: a run
     that re-measured everything (--force over every part) starts the list afresh. A run stopped
     with Ctrl-C (or SIGINT) is remembered with the round it reached: the records it wrote stay."""

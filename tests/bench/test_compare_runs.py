@@ -18,19 +18,23 @@ def test_runs_are_listed_in_order_and_a_full_forced_run_starts_afresh(tmp_path, 
     monkeypatch.setattr(sys, "argv", ["compare.py", "--force"])
     compare.write_run("t0", [], forced_all=True)
     monkeypatch.setattr(sys, "argv", ["compare.py", "--force", "--models", "smollm2-135m"])
-    compare.write_run("t1", ["smollm2-135m / llama.cpp int4: boom"], forced_all=False)
+    compare.write_run(
+        "t1", ["smollm2-135m / llama.cpp int4: boom"], forced_all=False, stopped="stopped in round 2 of 3"
+    )
     runs = json.loads((tmp_path / "run.json").read_text())
     assert [r["command"] for r in runs] == [
         "python benchmarks/compare.py --force",
         "python benchmarks/compare.py --force --models smollm2-135m",
     ]
     assert runs[1]["failures"] == ["smollm2-135m / llama.cpp int4: boom"]
+    assert "stopped" not in runs[0] and runs[1]["stopped"] == "stopped in round 2 of 3"
 
     results = tmp_path / "RESULTS.md"
     report.write(results, [report.IsaRun("AVX2", [], {"membw": {}, "versions": {}}, runs)])
     text = results.read_text()
-    assert "1. `python benchmarks/compare.py --force`, t0 to " in text
-    assert "2. `python benchmarks/compare.py --force --models smollm2-135m`, t1 to " in text
+    assert "1. `python benchmarks/compare.py --force` (t0 to " in text
+    assert "2. `python benchmarks/compare.py --force --models smollm2-135m` (t1 to " in text
+    assert ", stopped in round 2 of 3); failed parts" in text
     assert "failed parts: smollm2-135m / llama.cpp int4: boom" in text
 
     monkeypatch.setattr(sys, "argv", ["compare.py", "--force", "--repeat", "2"])
