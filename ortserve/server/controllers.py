@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Protocol, TypeVar
 
 from litestar import Controller, Request, Response, get, post
 from litestar.openapi import ResponseSpec
@@ -37,6 +38,17 @@ from .sampling import as_bad_request
 from .settings import ServerSettings
 from .streams import EventStream
 
+T = TypeVar("T")
+
+
+class CheckedRequest(Protocol):
+    """A request body that names a model and refuses the fields it does not know (RequestModel)."""
+
+    model: str | None
+
+    def check_fields(self, allow_extra: bool) -> None: ...
+
+
 CLIENT_GONE = 499  # nginx's "client closed request": nobody reads this response
 
 ERROR_STATUSES = {
@@ -67,6 +79,17 @@ def generation_responses(body: type, chunk: type) -> dict[int, ResponseSpec]:
     }
 
 
+def check_request(settings: ServerSettings, data: CheckedRequest) -> None:
+    """What every request body's route checks first: the model it names, then its unknown fields."""
+    check_model(settings, data.model)
+    data.check_fields(settings.allow_extra_fields)
+
+
+def or_client_gone(result: T | None) -> T | Response[bytes]:
+    """A generation's result, or an empty 499 when the client left before it was ready (None)."""
+    return result if result is not None else Response(b"", status_code=CLIENT_GONE)
+
+
 def check_model(settings: ServerSettings, model: str | None) -> None:
     if model is not None and model not in settings.model_names():
         raise ModelNotFound(
@@ -91,10 +114,8 @@ class OpenAIController(Controller):
     async def create_completion(
         self, data: CompletionRequest, request: Request, completions: CompletionsService, settings: ServerSettings
     ) -> CompletionResponse | EventStream | Response[bytes]:
-        check_model(settings, data.model)
-        data.check_fields(settings.allow_extra_fields)
-        result = await completions.create(data, request)
-        return result if result is not None else Response(b"", status_code=CLIENT_GONE)
+        check_request(settings, data)
+        return or_client_gone(await completions.create(data, request))
 
     @post(
         "/chat/completions",
@@ -105,10 +126,8 @@ class OpenAIController(Controller):
     async def create_chat_completion(
         self, data: ChatCompletionRequest, request: Request, chat: ChatService, settings: ServerSettings
     ) -> ChatCompletionResponse | EventStream | Response[bytes]:
-        check_model(settings, data.model)
-        data.check_fields(settings.allow_extra_fields)
-        result = await chat.create(data, request)
-        return result if result is not None else Response(b"", status_code=CLIENT_GONE)
+        check_request(settings, data)
+        return or_client_gone(await chat.create(data, request))
 
     @post(
         "/responses",
@@ -119,10 +138,8 @@ class OpenAIController(Controller):
     async def create_response(
         self, data: ResponsesRequest, request: Request, responses: ResponsesService, settings: ServerSettings
     ) -> ResponseObject | EventStream | Response[bytes]:
-        check_model(settings, data.model)
-        data.check_fields(settings.allow_extra_fields)
-        result = await responses.create(data, request)
-        return result if result is not None else Response(b"", status_code=CLIENT_GONE)
+        check_request(settings, data)
+        return or_client_gone(await responses.create(data, request))
 
     @get("/models", summary="List the served models", responses=ERRORS)
     async def list_models(self, client: EngineClient, settings: ServerSettings) -> ModelList:
@@ -152,8 +169,7 @@ class TokenizerController(Controller):
 
     @post("/tokenize", status_code=200, summary="Token ids of a prompt or of chat messages", responses=ERRORS)
     async def tokenize(self, data: TokenizeRequest, client: EngineClient, settings: ServerSettings) -> TokenizeResponse:
-        check_model(settings, data.model)
-        data.check_fields(settings.allow_extra_fields)
+        check_request(settings, data)
         data.check()
         prompts, limits = client.check_ready()
         with as_bad_request(TokenizeRequest.model_fields):
@@ -172,8 +188,7 @@ class TokenizerController(Controller):
     async def detokenize(
         self, data: DetokenizeRequest, client: EngineClient, settings: ServerSettings
     ) -> DetokenizeResponse:
-        check_model(settings, data.model)
-        data.check_fields(settings.allow_extra_fields)
+        check_request(settings, data)
         prompts, limits = client.check_ready()
         with as_bad_request(DetokenizeRequest.model_fields):
             limits.check_token_ids(data.tokens, "tokens")
