@@ -38,6 +38,7 @@ from runners.common import (
     RECORDS,
     WORKLOADS,
     cpu_flags,
+    cpu_generation,
     load_model,
     record_path,
     wait_idle,
@@ -86,6 +87,7 @@ def machine(force: bool) -> dict:
     print("measuring memory bandwidth (benchmarks/membw.py)...", flush=True)
     info = {"membw": membw.measure(2.0, [1, 2], 5), "versions": versions(), "cpu_flags": cpu_flags()}
     info["cpu"] = report.cpu_lines()
+    info["generation"] = cpu_generation()
     info["ram"] = next(line.split(":")[1].strip() for line in open("/proc/meminfo") if line.startswith("MemTotal"))
     info["kernel"] = platform.release()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -275,13 +275,14 @@ class IsaRun:
 
     @property
     def label(self) -> str:
-        """The ISA and the CPU's model name: 'AVX-512+VNNI+BF16, AMD EPYC'."""
+        """The ISA, the CPU's model name and its generation: 'AVX-512+VNNI+BF16, AMD EPYC Zen 5'."""
         names = [
             re.sub(r"\((R|TM)\)", "", line.split(":", 1)[1]).strip()
             for line in self.machine.get("cpu", [])
             if line.startswith("Model name")
         ]
-        return f"{self.isa}, {names[0]}" if names else self.isa
+        name = " ".join(filter(None, [names[0] if names else "", self.machine.get("generation", "")]))
+        return f"{self.isa}, {name}" if name else self.isa
 
     @property
     def bandwidth(self) -> float | None:

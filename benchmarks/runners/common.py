@@ -21,7 +21,7 @@ from runners.neighbours import Meter
 
 BENCH_DIR = Path(__file__).resolve().parent.parent
 RESULTS = BENCH_DIR / "results"
-# One folder of records per kind of machine: compare/avx2-amd/, compare/avx-512-vnni-bf16-intel/.
+# One folder of records per kind of machine: compare/avx2-amd-zen3/, compare/avx-512-vnni-bf16-intel/.
 COMPARE = RESULTS / "compare"
 PEER_MODELS = RESULTS / "peer-models"
 PEERS_VENV = Path(os.environ.get("PEERS_VENV", BENCH_DIR / ".venv-peers"))
@@ -107,14 +107,31 @@ def cpu_vendor() -> str:
     return {"AuthenticAMD": "AMD", "GenuineIntel": "Intel"}.get(vendor[1] if vendor else "", "other")
 
 
-def machine_folder(isa: str, vendor: str) -> Path:
+# AMD's core generations by CPU family (and, in family 25, by AVX-512: Zen 4 has it, Zen 3 not).
+AMD_GENERATIONS = {23: "Zen 2", 25: "Zen 3", 26: "Zen 5"}
+
+
+def cpu_generation() -> str:
+    """An AMD CPU's core generation ('Zen 4'), empty for other vendors: two AVX-512 EPYCs of different
+    generations (Zen 4's 256-bit units, Zen 5's 512-bit ones) are two kinds of machine."""
+    info = open("/proc/cpuinfo").read()
+    family = re.search(r"cpu family\s*:\s*(\d+)", info)
+    if cpu_vendor() != "AMD" or family is None:
+        return ""
+    if int(family[1]) == 25 and "avx512f" in cpu_flags():
+        return "Zen 4"
+    return AMD_GENERATIONS.get(int(family[1]), f"family {family[1]}")
+
+
+def machine_folder(isa: str, vendor: str, generation: str = "") -> Path:
     """Where the records of runs on one kind of machine live: a run replaces only its own kind's."""
-    return COMPARE / f"{isa}-{vendor}".lower().replace("+", "-")
+    kind = f"{isa}-{vendor}" + (f"-{generation}" if generation else "")
+    return COMPARE / kind.lower().replace("+", "-").replace(" ", "")
 
 
 # $ORTSERVE_BENCH_RECORDS puts a run's records elsewhere: avx2_proxy.py's runs of AVX2 code on a
 # wider CPU must not replace that CPU's own records.
-RECORDS = Path(os.environ.get("ORTSERVE_BENCH_RECORDS") or machine_folder(kernel_isa(), cpu_vendor()))
+RECORDS = Path(os.environ.get("ORTSERVE_BENCH_RECORDS") or machine_folder(kernel_isa(), cpu_vendor(), cpu_generation()))
 
 
 def record_path(model: str, system: str, precision: str, workload: str) -> Path:
