@@ -9,6 +9,10 @@ enum class Isa { kGeneric, kAvx2, kAvx512 };
 
 Isa KernelIsa();
 
+// An AMD Zen 4 (family 25 with AVX-512): AVX-512 on 256-bit units, whose memory reads want other access
+// patterns than an Intel Xeon's or a Zen 5's with the same ISA.
+bool IsAmdZen4();
+
 // The build of a kernel for KernelIsa(): Pick(avx512::F, avx2::F, generic::F).
 template <typename Fn>
 Fn PickBuild([[maybe_unused]] Fn avx512, [[maybe_unused]] Fn avx2, Fn generic) {

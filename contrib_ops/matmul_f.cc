@@ -18,20 +18,30 @@ namespace {
 using namespace ortserve;
 using Ort::Custom::Tensor;
 using TileFn = void (*)(const float*, int64_t, const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t,
-                        int64_t);
+                        int64_t, int);
 using PackFn = void (*)(const float*, int64_t, int64_t, float*);
 
 struct Kernels {  // of one build: its panel layout is its own (matmul_f_kernel.h)
   PackFn pack;
   TileFn tile;
+  int row_streams;  // the AVX-512 build's streams a panel for one row of x
 };
+
+// A Zen 4 reads a decode step's weights fastest as one stream a panel (1.1-1.5x the 2, 4 or 8 streams
+// that an Intel Xeon's prefetchers want: benchmarks/tables/amd_epyc_zen4.md); $ORTSERVE_F_ROW_STREAMS=1|8
+// overrides the choice (the tests run both).
+int RowStreams() {
+  const char* want = std::getenv("ORTSERVE_F_ROW_STREAMS");
+  if (want && *want) return std::string(want) == "1" ? 1 : 8;
+  return IsAmdZen4() ? 1 : 8;
+}
 
 Kernels PickKernels() {
 #ifdef ORTSERVE_GENERIC_KERNEL_ONLY
-  return {generic::FPack, generic::FTile};
+  return {generic::FPack, generic::FTile, 1};
 #else
   return {PickBuild<PackFn>(avx512::FPack, avx2::FPack, generic::FPack),
-          PickBuild<TileFn>(avx512::FTile, avx2::FTile, generic::FTile)};
+          PickBuild<TileFn>(avx512::FTile, avx2::FTile, generic::FTile), RowStreams()};
 #endif
 }
 
@@ -74,6 +84,7 @@ struct Job {
   float* y;
   int64_t T, K, N, P, panels_per_task;
   TileFn tile;
+  int row_streams;
 
   int64_t PanelTiles() const { return (P + panels_per_task - 1) / panels_per_task; }
   size_t Tasks() const { return static_cast<size_t>(PanelTiles() * ((T + kRowsPerTask - 1) / kRowsPerTask)); }
@@ -84,7 +95,7 @@ void RunTask(void* data, size_t task) {
   const int64_t index = static_cast<int64_t>(task);
   const int64_t t0 = index / job->PanelTiles() * kRowsPerTask, t1 = std::min(t0 + kRowsPerTask, job->T);
   const int64_t p0 = index % job->PanelTiles() * job->panels_per_task, p1 = std::min(p0 + job->panels_per_task, job->P);
-  job->tile(job->x, job->K, job->panels, job->bias, job->y, job->N, t0, t1, p0, p1);
+  job->tile(job->x, job->K, job->panels, job->bias, job->y, job->N, t0, t1, p0, p1, job->row_streams);
 }
 
 struct MatMulF {
@@ -124,7 +135,7 @@ struct MatMulF {
     }
     const int64_t P = FPanels(N);
     const int64_t panels_per_task = T <= kRowsPerTask ? std::max<int64_t>(1, P / (4 * CpuCount())) : kPanelsPerTask;
-    Job job{rows, panels, bias_data, out, T, K, N, P, panels_per_task, kernels_.tile};
+    Job job{rows, panels, bias_data, out, T, K, N, P, panels_per_task, kernels_.tile, kernels_.row_streams};
     const size_t tasks = job.Tasks();
     if (T * K * N < kSerialWork || tasks == 1) {
       for (size_t task = 0; task < tasks; ++task) RunTask(&job, task);

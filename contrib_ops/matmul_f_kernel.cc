@@ -1,9 +1,10 @@
 // MatMulF kernels (see matmul_f_kernel.h), compiled once per ISA. A tile is up to kTileRows rows of x
 // against one panel of 32 weight rows, its sums in registers across the whole K: per step along K,
 // the panel's 128-byte row is loaded once and multiplied by each row's x[t, k] (broadcast). One row
-// of x (decode) has too little arithmetic to need registers, and one stream per core keeps too few
-// cache lines in flight to read at the memory's speed: it reads the panel as 8 (AVX2: 2) streams, an
-// eighth (half) of K each, whose sums are added at the end.
+// of x (decode) has too little arithmetic to need registers. On most CPUs one stream per core keeps too
+// few cache lines in flight to read at the memory's speed: it reads the panel as 8 (AVX2: 2) streams,
+// an eighth (half) of K each, whose sums are added at the end; a Zen 4 reads one stream a panel faster
+// (row_streams, chosen by the op: matmul_f.cc).
 #include "matmul_f_kernel.h"
 
 #ifndef ORTSERVE_ISA
@@ -88,10 +89,12 @@ ALWAYS_INLINE void PanelRows(const float* x, int64_t K, const float* w, const fl
   for (int i = 0; i < MR; ++i) StoreRow(lo[i], hi[i], bias, y + i * N, valid);
 }
 
-// One row of x: the panel as 8 streams of K / 8 steps each (the last K % 8 steps on the first). 8
-// streams read SmolLM2-135M's decode linears 4-6 % faster than 4 (benchmarks/tables/matmul_f.md).
-ALWAYS_INLINE void PanelRow(const float* x, int64_t K, const float* w, const float* bias, float* y, int64_t valid) {
-  constexpr int S = 8;
+// One row of x: the panel as S streams of K / S steps each (the last K % S steps on the first). On an
+// Intel Xeon 8 streams read SmolLM2-135M's decode linears 4-6 % faster than 4 (benchmarks/tables/
+// matmul_f.md); on a Zen 4 one stream reads them 1.1-1.5x faster than 2, 4 or 8
+// (benchmarks/tables/amd_epyc_zen4.md).
+template <int S>
+ALWAYS_INLINE void PanelRowOf(const float* x, int64_t K, const float* w, const float* bias, float* y, int64_t valid) {
   const int64_t q = K / S;
   __m512 lo[S], hi[S];
   for (int s = 0; s < S; ++s) lo[s] = hi[s] = _mm512_setzero_ps();
@@ -109,6 +112,12 @@ ALWAYS_INLINE void PanelRow(const float* x, int64_t K, const float* w, const flo
   }
   for (int s = 1; s < S; ++s) lo[0] = _mm512_add_ps(lo[0], lo[s]), hi[0] = _mm512_add_ps(hi[0], hi[s]);
   StoreRow(lo[0], hi[0], bias, y, valid);
+}
+
+ALWAYS_INLINE void PanelRow(const float* x, int64_t K, const float* w, const float* bias, float* y, int64_t valid,
+                            int row_streams) {
+  if (row_streams == 1) return PanelRowOf<1>(x, K, w, bias, y, valid);
+  PanelRowOf<8>(x, K, w, bias, y, valid);
 }
 
 #elif defined(__AVX2__)
@@ -163,8 +172,9 @@ ALWAYS_INLINE void PanelRows(const float* x, int64_t K, const float* panel, cons
 }
 
 // One row of x: the whole panel as 2 streams, its halves (2 vectors a step each), with two sums a
-// vector (even and odd steps) so that 8 chains of FMAs are in flight.
-ALWAYS_INLINE void PanelRow(const float* x, int64_t K, const float* w, const float* bias, float* y, int64_t valid) {
+// vector (even and odd steps) so that 8 chains of FMAs are in flight (whatever row_streams says).
+ALWAYS_INLINE void PanelRow(const float* x, int64_t K, const float* w, const float* bias, float* y, int64_t valid,
+                            int /*row_streams*/) {
   __m256 a[2][4];  // [half][even lo, even hi, odd lo, odd hi]
   for (int h = 0; h < 2; ++h)
     for (int v = 0; v < 4; ++v) a[h][v] = _mm256_setzero_ps();
@@ -209,7 +219,8 @@ ALWAYS_INLINE void PanelRows(const float* x, int64_t K, const float* w, const fl
     for (int64_t j = 0; j < valid; ++j) y[i * N + j] = acc[i][j] + (bias ? bias[j] : 0.f);
 }
 
-ALWAYS_INLINE void PanelRow(const float* x, int64_t K, const float* w, const float* bias, float* y, int64_t valid) {
+ALWAYS_INLINE void PanelRow(const float* x, int64_t K, const float* w, const float* bias, float* y, int64_t valid,
+                            int /*row_streams*/) {
   const NextLines none[kPassesPerTile];
   PanelRows<1, false>(x, K, w, bias, y, 0, valid, none);
 }
@@ -249,7 +260,7 @@ void FPack(const float* w, int64_t N, int64_t K, float* panels) {
 }
 
 void FTile(const float* x, int64_t K, const float* panels, const float* bias, float* y, int64_t N, int64_t t0,
-           int64_t t1, int64_t p0, int64_t p1) {
+           int64_t t1, int64_t p0, int64_t p1, int row_streams) {
   const int64_t tiles = (t1 - t0 + kTileRows - 1) / kTileRows;
   constexpr int64_t kMaxTiles = 64 / kTileRows + 1;  // MatMulF's tasks: 64 rows at most (more: no prefetch)
   NextLines lines[kMaxTiles * kPassesPerTile];
@@ -258,7 +269,7 @@ void FTile(const float* x, int64_t K, const float* panels, const float* bias, fl
     const int64_t n0 = p * kFPanel, valid = MinI(kFPanel, N - n0);
     const float* b = bias ? bias + n0 : nullptr;
     if (t1 - t0 == 1) {
-      PanelRow(x + t0 * K, K, w, b, y + t0 * N + n0, valid);
+      PanelRow(x + t0 * K, K, w, b, y + t0 * N + n0, valid, row_streams);
       continue;
     }
     // One tile of rows brings the panel in, prefetching it 4 KiB ahead. With several, the memory would

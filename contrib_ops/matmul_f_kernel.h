@@ -21,12 +21,13 @@ constexpr int64_t FPanels(int64_t N) { return (N + kFPanel - 1) / kFPanel; }
 constexpr int64_t PackedFloats(int64_t N, int64_t K) { return FPanels(N) * K * kFPanel; }
 
 // FTile: y[t, 32p + j] = sum_k x[t, k] * panels[p, k, j] (+ bias) for rows [t0, t1) of x [T, K] and
-// panels [p0, p1); only columns < N are written (y is [T, N]).
+// panels [p0, p1); only columns < N are written (y is [T, N]). row_streams: how many streams the
+// AVX-512 build reads a panel as for one row of x, 1 or 8 (the other builds have one form of their own).
 // FPack: W [N, K] into the build's panels (PackedFloats(N, K) floats), the padding rows zero.
 #define ORTSERVE_F_KERNELS                                                                               \
   void FPack(const float* w, int64_t N, int64_t K, float* panels);                                      \
   void FTile(const float* x, int64_t K, const float* panels, const float* bias, float* y, int64_t N, int64_t t0, \
-             int64_t t1, int64_t p0, int64_t p1);
+             int64_t t1, int64_t p0, int64_t p1, int row_streams);
 
 #ifndef ORTSERVE_GENERIC_KERNEL_ONLY
 namespace avx512 { ORTSERVE_F_KERNELS }

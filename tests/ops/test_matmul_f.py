@@ -61,6 +61,19 @@ def test_every_kernel_build_matches_numpy(isa, rows, n, k, monkeypatch):
     check(session(w).run(None, {"x": x})[0], x, w)
 
 
+@pytest.mark.parametrize("streams", ["1", "8"])
+@pytest.mark.parametrize("n, k", [(50, 100), (33, 7), (96, 576), (40, 1003)])
+def test_one_row_as_one_stream_or_eight_matches_numpy(streams, n, k, monkeypatch):
+    # one row of x (decode) reads a panel as 1 stream (Zen 4's choice) or 8 (every other AVX-512 CPU's),
+    # K % 8 steps on the first stream; each must be exact wherever it runs (the other builds ignore it)
+    monkeypatch.setenv("ORTSERVE_F_ROW_STREAMS", streams)
+    rng = np.random.default_rng(n * 7 + k)
+    w = rng.normal(size=(n, k)).astype(np.float32)
+    x = rng.normal(size=(1, k)).astype(np.float32)
+    bias = rng.normal(size=n).astype(np.float32)
+    check(session(w, bias=True).run(None, {"x": x, "bias": bias})[0], x, w, bias)
+
+
 @pytest.mark.parametrize("rows", [1, 3, 70])
 def test_a_weight_that_is_an_input_is_packed_per_call(rows):
     rng = np.random.default_rng(rows)
