@@ -50,10 +50,18 @@ BENCH_DIR = Path(__file__).resolve().parent
 PEER_NAMES = {"smollm2-135m-instruct": "smollm2-135m"}  # built-in model -> benchmarks/runners name
 
 
-def session_options(threads: int, spin: bool, profile_prefix: str | None = None) -> ort.SessionOptions:
+def session_options(
+    threads: int, spin: bool, profile_prefix: str | None = None, shared: bool = False
+) -> ort.SessionOptions:
+    """``shared``: other sessions run between this one's runs, so its pool threads stop spinning
+    when a run ends (``session.force_spinning_stop``). Left spinning, they take the cores from the
+    next session's run: SmolLM2 int4 decode timed beside a copy of itself ran at 88-92 tok/s, alone
+    at 140-153 (2 threads, AMD EPYC Zen 4, 2026-12-03)."""
     o = ort.SessionOptions()
     o.intra_op_num_threads = threads
     o.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    if shared:
+        o.add_session_config_entry("session.force_spinning_stop", "1")
     if profile_prefix:
         o.enable_profiling = True
         o.profile_file_prefix = profile_prefix
@@ -336,10 +344,12 @@ def main() -> int:
         else:
             makers = {label: (cls, path, args.threads[0]) for label, (cls, path) in makers.items()}
 
-        def make(label, prefix=None, makers=makers, batch=1):
+        shared = len(makers) * args.sessions > 1  # sessions interleaved in one process
+
+        def make(label, prefix=None, makers=makers, batch=1, shared=shared):
             cls, path, threads = makers[label]
             count, spin = int(threads.removesuffix("ns")), not (args.no_spin or threads.endswith("ns"))
-            return cls(label, path, session_options(count, spin, prefix), max_tokens * batch)
+            return cls(label, path, session_options(count, spin, prefix, shared), max_tokens * batch)
 
         # several sessions per graph: a session's own memory placement shifts its speed by a few %
         graphs = [make(label) for _ in range(args.sessions) for label in makers]
