@@ -37,7 +37,8 @@ Kernels PickKernels() {
 // A task is a tile of int8 activation rows (two per row of x with 16-bit activations) x weight groups.
 // Up to kWholeRows rows (decode batches) stay in one tile, so every weight is read once per call, and
 // the groups split over about 4 tasks a CPU; longer chunks (prefill) take tiles of kRowsPerTask rows x
-// kGroupsPerTask groups, whose codes stay in cache while the rows stream past. Below kSerialWork
+// kGroupsPerTask groups, whose codes stay in cache while the rows pass (in a build with kRowsOuter, a
+// tile of rows at a time stays in L1 while the task's groups pass). Below kSerialWork
 // weight bytes x rows the calling thread does it all: waking the pool costs more.
 constexpr int64_t kWholeRows = 32, kRowsPerTask = 64, kGroupsPerTask = 8, kSerialWork = 1 << 16;
 

@@ -1,10 +1,11 @@
-// MatMulQ's group kernel for AVX2 (see matmul_q_kernel.cc): kTileRows, BlockAmax, QuantizeAt,
+// MatMulQ's group kernel for AVX2 (see matmul_q_kernel.cc): kTileRows, kRowsOuter, BlockAmax, QuantizeAt,
 // QuantizePairAt, GroupRows (8-bit activations: vpmaddubsw + vpmaddwd on 4-bit halves; 16-bit
 // activations: int16 codes against codes widened to int16 in vpmaddwd) and GroupPairsWidenedOnce
 // (16-bit activations, several tiles of rows: each block's codes widened once for all of them).
 // Included INSIDE matmul_q_kernel.cc's ISA namespace, after its shared helpers; no includes of its own.
 
 constexpr int kTileRows = 8;
+constexpr bool kRowsOuter = false;  // groups outer, as the widened tiles need
 
 ALWAYS_INLINE float HorizontalMax(__m256 v) {
   __m128 r = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

@@ -1,8 +1,12 @@
-// MatMulQ's group kernel for AVX-512 VNNI (see matmul_q_kernel.cc): kTileRows, BlockAmax, QuantizeAt,
+// MatMulQ's group kernel for AVX-512 VNNI (see matmul_q_kernel.cc): kTileRows, kRowsOuter, BlockAmax, QuantizeAt,
 // QuantizePairAt and GroupRows, one int32 lane per weight row (vpdpbusd). Included INSIDE
 // matmul_q_kernel.cc's ISA namespace, after its shared helpers; no includes of its own.
 
-constexpr int kTileRows = 8;
+// 16 int8 rows (8 pairs) share each unpacked block; 8 rows was 5-20 % slower on a Zen 4 at 32-512 rows
+// (benchmarks/tables/amd_epyc_zen4.md). Prefill tasks take their tiles of rows outer (kRowsOuter): a
+// tile's activations stay in L1 while the task's groups' codes pass from L2.
+constexpr int kTileRows = 16;
+constexpr bool kRowsOuter = true;
 
 // Only the AVX2 build widens a block's codes once for many pairs (matmul_q_group_avx2.h); declared for
 // matmul_q_kernel.cc's Tile, which never calls it here.

@@ -1,8 +1,9 @@
-// MatMulQ's group kernel in plain C++ (see matmul_q_kernel.cc): kTileRows, BlockAmax, QuantizeAt,
+// MatMulQ's group kernel in plain C++ (see matmul_q_kernel.cc): kTileRows, kRowsOuter, BlockAmax, QuantizeAt,
 // QuantizePairAt and GroupRows, one code at a time: the reference the SIMD builds are tested against.
 // Included INSIDE matmul_q_kernel.cc's ISA namespace, after its shared helpers; no includes of its own.
 
 constexpr int kTileRows = 2;
+constexpr bool kRowsOuter = false;
 
 // Only the AVX2 build widens a block's codes once for many pairs (matmul_q_group_avx2.h); declared for
 // matmul_q_kernel.cc's Tile, which never calls it here.

@@ -111,6 +111,14 @@ void LastRows(const uint8_t* codes, const S* scales, const int8_t* xq, const flo
 template <int Bits, typename S, bool Pairs>
 void Tile(const uint8_t* codes, const S* scales, const int8_t* xq, const float* xs, const float* bias, float* y,
           int64_t KB, int64_t N, int64_t t0, int64_t t1, int64_t g0, int64_t g1) {
+  constexpr int kLast = kTileRows - (Pairs ? 2 : 1);  // the most rows a last tile can have
+  if (kRowsOuter && t1 - t0 > 2 * kTileRows) {  // a prefill task: its codes come from L2, not memory
+    int64_t t = t0;
+    for (; t + kTileRows <= t1; t += kTileRows)  // each tile of rows stays in L1 while its groups pass
+      TileRows<Bits, S, kTileRows, Pairs>(codes, scales, xq, xs, bias, y, KB, N, t, g0, g1);
+    if (t < t1) LastRows<Bits, S, kLast, Pairs>(codes, scales, xq, xs, bias, y, KB, N, t, t1 - t, g0, g1);
+    return;
+  }
   for (int64_t g = g0; g < g1; ++g) {  // a group's codes stay in L1 while every tile of rows passes
     int64_t t = t0;
     if constexpr (Pairs && kWidenedMaxBlocks > 0) {  // AVX2: whole tiles of pairs, each block widened once
@@ -127,7 +135,6 @@ void Tile(const uint8_t* codes, const S* scales, const int8_t* xq, const float* 
     }
     for (; t + kTileRows <= t1; t += kTileRows)
       TileRows<Bits, S, kTileRows, Pairs>(codes, scales, xq, xs, bias, y, KB, N, t, g, g + 1);
-    constexpr int kLast = kTileRows - (Pairs ? 2 : 1);  // the most rows a last tile can have
     if (t < t1) LastRows<Bits, S, kLast, Pairs>(codes, scales, xq, xs, bias, y, KB, N, t, t1 - t, g, g + 1);
   }
 }
