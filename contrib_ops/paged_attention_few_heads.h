@@ -34,14 +34,16 @@ ALWAYS_INLINE bool FewHeads(const Problem& p, const WorkItem& w) {
   return w.row_end - w.row_begin == 1 && w.head_end - w.head_begin <= kFewHeads && p.D % kRegisterLanes == 0;
 }
 
-template <CacheType C, int H>
+// kRegs: registers a row of head_size floats fills, when fixed at compile time (0: P.D / lanes): the
+// loops over a row unroll and each head's partial dot product stays in a register.
+template <CacheType C, int H, int kRegs>
 void RunFewHeads(const Problem& P, const WorkItem& w) {
   // kSlice: value registers a pass over the chunk's rows keeps H x kSlice sums of (in 16 registers
   // with AVX2: 12 sums, 3 weights and the row for 3 heads, 8 + 4 + 1 for 4)
   constexpr int L = kRegisterLanes, kSlice = H <= 3 || L >= 16 ? 4 : 2;
   typedef typename V<L>::F R;
   alignas(64) float q[H][kMaxHeadSize], acc[H][kMaxHeadSize];
-  const int64_t D = P.D, NC = D / L, row_bytes = P.row_bytes;
+  const int64_t D = P.D, NC = kRegs ? kRegs : D / L, row_bytes = P.row_bytes;
   for (int h = 0; h < H; ++h) {
     const float* src = P.q + (w.row_begin * P.H + w.head_begin + h) * D;
     for (int64_t d = 0; d < D; ++d) q[h][d] = src[d] * P.scale, acc[h][d] = 0.f;  // scale folded into q
@@ -55,10 +57,10 @@ void RunFewHeads(const Problem& P, const WorkItem& w) {
     const int n = walk.Load(c, D);
     alignas(64) float s[H][kChunk];  // scores, then weights (0 past n)
     for (int j = 0; j < n; ++j) {
-      for (int64_t line = 0; line < row_bytes; line += 64)
-        __builtin_prefetch(walk.next_k[j] + line), __builtin_prefetch(walk.next_v[j] + line);
+      for (int64_t line = 0; line < row_bytes; line += 64) PrefetchLine(walk.next_k[j] + line);  // keys here
       const float* k = walk.k[j];
       R part[H] = {};
+#pragma GCC unroll 16
       for (int64_t i = 0; i < NC; ++i) {
         const R kv = LoadRow<R>(k + i * L);
         for (int h = 0; h < H; ++h) part[h] += *reinterpret_cast<const R*>(q[h] + i * L) * kv;
@@ -105,6 +107,8 @@ void RunFewHeads(const Problem& P, const WorkItem& w) {
         for (int i = 0; i < kSlice; ++i)
           sum[h][i] = i < slice ? *reinterpret_cast<const R*>(acc[h] + (i0 + i) * L) * alpha[h] : R{};
       for (int j = 0; j < n; ++j) {
+        if (i0 == 0)  // values here, so the chunk's prefetches spread over both passes
+          for (int64_t line = 0; line < row_bytes; line += 64) PrefetchLine(walk.next_v[j] + line);
         const float* v = walk.v[j] + i0 * L;
         R p[H];
         for (int h = 0; h < H; ++h) p[h] = Splat<R>(s[h][j]);
@@ -133,12 +137,21 @@ void RunFewHeads(const Problem& P, const WorkItem& w) {
   }
 }
 
+template <CacheType C, int kRegs>
+void RunFewHeadsOfRegs(const Problem& p, const WorkItem& w) {
+  switch (w.head_end - w.head_begin) {
+    case 1: return RunFewHeads<C, 1, kRegs>(p, w);
+    case 2: return RunFewHeads<C, 2, kRegs>(p, w);
+    case 3: return RunFewHeads<C, 3, kRegs>(p, w);
+    default: return RunFewHeads<C, 4, kRegs>(p, w);
+  }
+}
+
 template <CacheType C>
 void RunFewHeadsOf(const Problem& p, const WorkItem& w) {
-  switch (w.head_end - w.head_begin) {
-    case 1: return RunFewHeads<C, 1>(p, w);
-    case 2: return RunFewHeads<C, 2>(p, w);
-    case 3: return RunFewHeads<C, 3>(p, w);
-    default: return RunFewHeads<C, 4>(p, w);
+  switch (p.D / kRegisterLanes) {  // head_size 64 or 128 in AVX-512 and AVX2 registers
+    case 4: return RunFewHeadsOfRegs<C, 4>(p, w);
+    case 8: return RunFewHeadsOfRegs<C, 8>(p, w);
+    default: return RunFewHeadsOfRegs<C, 0>(p, w);
   }
 }
