@@ -29,6 +29,37 @@ ALWAYS_INLINE R LoadRow(const float* p) {
   return r;
 }
 
+// Whether this build converts half rows register by register as it loads them (F16C), so that an
+// fp16 cache's chunks skip ChunkWalk's scratch buffer.
+#if defined(__F16C__)
+constexpr bool kHalfLoads = kRegisterLanes == 16 || kRegisterLanes == 8;
+#else
+constexpr bool kHalfLoads = false;
+#endif
+
+// Register i of a row of halves, as floats (R: this build's register of floats).
+template <class R>
+ALWAYS_INLINE R LoadHalves(const unsigned char* row, int64_t i) {
+  typedef short H8 __attribute__((vector_size(16)));
+  typedef short H16 __attribute__((vector_size(32)));
+#if defined(__AVX512F__)
+  if constexpr (sizeof(R) == 64) {
+    H16 h;
+    __builtin_memcpy(&h, row + i * 32, 32);
+    return __builtin_ia32_vcvtph2ps512_mask(h, R{}, (unsigned short)0xffff, 4);
+  }
+#endif
+#if defined(__F16C__)
+  if constexpr (sizeof(R) == 32) {
+    H8 h;
+    __builtin_memcpy(&h, row + i * 16, 16);
+    return __builtin_ia32_vcvtph2ps256(h);
+  }
+#endif
+  (void)row, (void)i;
+  return R{};  // not reached: kHalfLoads is false
+}
+
 // Whether the item runs here: one row, a small group, and head_size in whole registers.
 ALWAYS_INLINE bool FewHeads(const Problem& p, const WorkItem& w) {
   return w.row_end - w.row_begin == 1 && w.head_end - w.head_begin <= kFewHeads && p.D % kRegisterLanes == 0;
@@ -52,17 +83,18 @@ void RunFewHeads(const Problem& P, const WorkItem& w) {
   for (int h = 0; h < H; ++h) run_max[h] = kMasked, run_sum[h] = 0.f;
 
   // Visible positions: the item's key range (PlanWork clips it to the row's window and causal end).
-  ChunkWalk<C> walk(P, w);
+  constexpr bool kHalves = C == CacheType::kF16 && kHalfLoads;
+  ChunkWalk<C, !kHalves> walk(P, w);
   for (int64_t c = w.key_begin; c < w.key_end; c += kChunk) {
     const int n = walk.Load(c, D);
     alignas(64) float s[H][kChunk];  // scores, then weights (0 past n)
     for (int j = 0; j < n; ++j) {
       for (int64_t line = 0; line < row_bytes; line += 64) PrefetchLine(walk.next_k[j] + line);  // keys here
-      const float* k = walk.k[j];
+      const float* k = kHalves ? nullptr : walk.k[j];
       R part[H] = {};
 #pragma GCC unroll 16
       for (int64_t i = 0; i < NC; ++i) {
-        const R kv = LoadRow<R>(k + i * L);
+        const R kv = kHalves ? LoadHalves<R>(walk.raw_k[j], i) : LoadRow<R>(k + i * L);
         for (int h = 0; h < H; ++h) part[h] += *reinterpret_cast<const R*>(q[h] + i * L) * kv;
       }
       for (int h = 0; h < H; ++h) s[h][j] = LaneSum<L>(part[h]);
@@ -109,12 +141,12 @@ void RunFewHeads(const Problem& P, const WorkItem& w) {
       for (int j = 0; j < n; ++j) {
         if (i0 == 0)  // values here, so the chunk's prefetches spread over both passes
           for (int64_t line = 0; line < row_bytes; line += 64) PrefetchLine(walk.next_v[j] + line);
-        const float* v = walk.v[j] + i0 * L;
+        const float* v = kHalves ? nullptr : walk.v[j] + i0 * L;
         R p[H];
         for (int h = 0; h < H; ++h) p[h] = Splat<R>(s[h][j]);
         for (int i = 0; i < kSlice; ++i) {
           if (i >= slice) break;
-          const R vv = LoadRow<R>(v + i * L);
+          const R vv = kHalves ? LoadHalves<R>(walk.raw_v[j], i0 + i) : LoadRow<R>(v + i * L);
           for (int h = 0; h < H; ++h) sum[h][i] += p[h] * vv;
         }
       }

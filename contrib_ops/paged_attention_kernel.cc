@@ -11,7 +11,8 @@
 // (paged_attention_few_heads.h).
 // Uses nothing from the C++ standard library, so no inline function is shared between builds.
 // The caches may hold float, half or int8 rows (CacheType): each 16-row chunk is read as floats,
-// converted into a scratch buffer first when the cache is not float.
+// converted into a scratch buffer first when the cache is not float (but the few-heads kernel converts
+// half rows register by register as it loads them).
 #include "paged_attention_kernel.h"
 
 #ifndef ORTSERVE_ISA
@@ -164,7 +165,7 @@ ALWAYS_INLINE void ChunkRows(const unsigned char* const* raw, float* scratch, co
 // and the next chunk's raw rows. Raw row pointers are double-buffered so that the passes over a
 // chunk can prefetch the next chunk's rows: cache blocks are scattered and the hardware prefetcher
 // stops at every block edge. (The last chunk "prefetches" its own rows: cache hits.)
-template <CacheType C>
+template <CacheType C, bool kConvert = true>
 struct ChunkWalk {
   ChunkWalk(const Problem& P, const WorkItem& w)
       : cursor(P, P.block_tables + w.seq * P.max_blocks, w.kv_head, w.key_begin, w.key_end), end(w.key_end) {
@@ -174,8 +175,11 @@ struct ChunkWalk {
   // returned count of positions, repeats of the last, never weighed) and next_k, next_v.
   ALWAYS_INLINE int Load(int64_t c, int64_t D) {
     const int n = static_cast<int>(end - c < kChunk ? end - c : kChunk);
-    ChunkRows<C>(raw[cur][0], scratch[0], rows[0], n, D);
-    ChunkRows<C>(raw[cur][1], scratch[1], rows[1], n, D);
+    if constexpr (kConvert) {
+      ChunkRows<C>(raw[cur][0], scratch[0], rows[0], n, D);
+      ChunkRows<C>(raw[cur][1], scratch[1], rows[1], n, D);
+    }
+    raw_k = raw[cur][0], raw_v = raw[cur][1];
     const bool more = c + kChunk < end;
     if (more) cursor.Next(raw[cur ^ 1][0], raw[cur ^ 1][1]);
     next_k = raw[more ? cur ^ 1 : cur][0], next_v = raw[more ? cur ^ 1 : cur][1];
@@ -187,10 +191,11 @@ struct ChunkWalk {
   int cur = 0;
   const unsigned char* raw[2][2][kChunk];  // [buffer][key, value][position in chunk]
   // converted K and V rows of the chunk (fp16 / int8 caches): 32 KiB at most
-  alignas(64) float scratch[2][C == CacheType::kF32 ? 1 : kChunk * kMaxHeadSize];
+  alignas(64) float scratch[2][C == CacheType::kF32 || !kConvert ? 1 : kChunk * kMaxHeadSize];
   const float* rows[2][kChunk];  // float views of this chunk's [key, value] rows
   const float *const *k = rows[0], *const *v = rows[1];
   const unsigned char *const *next_k = nullptr, *const *next_v = nullptr;
+  const unsigned char *const *raw_k = nullptr, *const *raw_v = nullptr;  // this chunk's raw rows
 };
 
 template <int W, CacheType C>
