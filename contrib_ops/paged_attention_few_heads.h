@@ -29,13 +29,51 @@ ALWAYS_INLINE R LoadRow(const float* p) {
   return r;
 }
 
-// Whether this build converts half rows register by register as it loads them (F16C), so that an
-// fp16 cache's chunks skip ChunkWalk's scratch buffer.
+// Whether this build converts half rows (F16C) and int8 rows (AVX2's sign extension) register by
+// register as it loads them, so that compact caches' chunks skip ChunkWalk's scratch buffer.
 #if defined(__F16C__)
 constexpr bool kHalfLoads = kRegisterLanes == 16 || kRegisterLanes == 8;
 #else
 constexpr bool kHalfLoads = false;
 #endif
+#if defined(__AVX2__)
+constexpr bool kCodeLoads = kRegisterLanes == 16 || kRegisterLanes == 8;
+#else
+constexpr bool kCodeLoads = false;
+#endif
+
+// Register i of a row of int8 codes, as floats (unscaled).
+template <class R>
+ALWAYS_INLINE R LoadCodes(const unsigned char* row, int64_t i) {
+  typedef char Q16 __attribute__((vector_size(16)));
+#if defined(__AVX512F__)
+  if constexpr (sizeof(R) == 64) {
+    typedef int32_t I16 __attribute__((vector_size(64)));
+    Q16 q;
+    __builtin_memcpy(&q, row + i * 16, 16);
+    return __builtin_convertvector((I16)__builtin_ia32_pmovsxbd512_mask(q, I16{}, (unsigned short)0xffff), R);
+  }
+#endif
+#if defined(__AVX2__)
+  if constexpr (sizeof(R) == 32) {
+    typedef int32_t I8 __attribute__((vector_size(32)));
+    typedef long long L2 __attribute__((vector_size(16)));
+    long long eight;
+    __builtin_memcpy(&eight, row + i * 8, 8);
+    const L2 q = {eight, 0};
+    return __builtin_convertvector((I8)__builtin_ia32_pmovsxbd256((Q16)q), R);
+  }
+#endif
+  (void)row, (void)i;
+  return R{};  // not reached: kCodeLoads is false
+}
+
+// An int8 row's scale, stored after its D codes.
+ALWAYS_INLINE float RowScale(const unsigned char* row, int64_t D) {
+  float scale;
+  __builtin_memcpy(&scale, row + D, 4);
+  return scale;
+}
 
 // Register i of a row of halves, as floats (R: this build's register of floats).
 template <class R>
@@ -83,21 +121,25 @@ void RunFewHeads(const Problem& P, const WorkItem& w) {
   for (int h = 0; h < H; ++h) run_max[h] = kMasked, run_sum[h] = 0.f;
 
   // Visible positions: the item's key range (PlanWork clips it to the row's window and causal end).
-  constexpr bool kHalves = C == CacheType::kF16 && kHalfLoads;
-  ChunkWalk<C, !kHalves> walk(P, w);
+  constexpr bool kHalves = C == CacheType::kF16 && kHalfLoads, kCodes = C == CacheType::kI8 && kCodeLoads;
+  constexpr bool kRaw = kHalves || kCodes;  // rows read raw, converted register by register
+  ChunkWalk<C, !kRaw> walk(P, w);
   for (int64_t c = w.key_begin; c < w.key_end; c += kChunk) {
     const int n = walk.Load(c, D);
     alignas(64) float s[H][kChunk];  // scores, then weights (0 past n)
     for (int j = 0; j < n; ++j) {
       for (int64_t line = 0; line < row_bytes; line += 64) PrefetchLine(walk.next_k[j] + line);  // keys here
-      const float* k = kHalves ? nullptr : walk.k[j];
+      const float* k = kRaw ? nullptr : walk.k[j];
       R part[H] = {};
 #pragma GCC unroll 16
       for (int64_t i = 0; i < NC; ++i) {
-        const R kv = kHalves ? LoadHalves<R>(walk.raw_k[j], i) : LoadRow<R>(k + i * L);
+        const R kv = kHalves  ? LoadHalves<R>(walk.raw_k[j], i)
+                     : kCodes ? LoadCodes<R>(walk.raw_k[j], i)
+                              : LoadRow<R>(k + i * L);
         for (int h = 0; h < H; ++h) part[h] += *reinterpret_cast<const R*>(q[h] + i * L) * kv;
       }
-      for (int h = 0; h < H; ++h) s[h][j] = LaneSum<L>(part[h]);
+      const float k_scale = kCodes ? RowScale(walk.raw_k[j], D) : 1.f;  // s = scale * <q, codes>
+      for (int h = 0; h < H; ++h) s[h][j] = LaneSum<L>(part[h]) * k_scale;
     }
     // Online softmax per head over the chunk's scores, kChunk / L registers each.
     static_assert(kChunk % L == 0, "a chunk is whole registers");
@@ -141,12 +183,15 @@ void RunFewHeads(const Problem& P, const WorkItem& w) {
       for (int j = 0; j < n; ++j) {
         if (i0 == 0)  // values here, so the chunk's prefetches spread over both passes
           for (int64_t line = 0; line < row_bytes; line += 64) PrefetchLine(walk.next_v[j] + line);
-        const float* v = kHalves ? nullptr : walk.v[j] + i0 * L;
+        const float* v = kRaw ? nullptr : walk.v[j] + i0 * L;
+        const float v_scale = kCodes ? RowScale(walk.raw_v[j], D) : 1.f;  // folded into the weight
         R p[H];
-        for (int h = 0; h < H; ++h) p[h] = Splat<R>(s[h][j]);
+        for (int h = 0; h < H; ++h) p[h] = Splat<R>(s[h][j] * v_scale);
         for (int i = 0; i < kSlice; ++i) {
           if (i >= slice) break;
-          const R vv = kHalves ? LoadHalves<R>(walk.raw_v[j], i0 + i) : LoadRow<R>(v + i * L);
+          const R vv = kHalves  ? LoadHalves<R>(walk.raw_v[j], i0 + i)
+                       : kCodes ? LoadCodes<R>(walk.raw_v[j], i0 + i)
+                                : LoadRow<R>(v + i * L);
           for (int h = 0; h < H; ++h) sum[h][i] += p[h] * vv;
         }
       }

@@ -12,7 +12,7 @@
 // Uses nothing from the C++ standard library, so no inline function is shared between builds.
 // The caches may hold float, half or int8 rows (CacheType): each 16-row chunk is read as floats,
 // converted into a scratch buffer first when the cache is not float (but the few-heads kernel converts
-// half rows register by register as it loads them).
+// half and int8 rows register by register as it loads them).
 #include "paged_attention_kernel.h"
 
 #ifndef ORTSERVE_ISA
