@@ -3,7 +3,7 @@ top-1 agreement and the perplexity ratio over export/quality.py's built-in texts
 teacher-forced, each text prefilled in one step, so every position attends over compact rows), the
 largest logit difference, and greedy parity: identical 64-token chat completions.
 
-    python benchmarks/kv_cache_accuracy.py      # writes benchmarks/tables/kv_cache.md
+    python benchmarks/kv_cache_accuracy.py      # rewrites the table atop benchmarks/tables/kv_cache.md
 
 Deterministic (no timing), so it may run beside other work.
 """
@@ -65,6 +65,17 @@ def rows_for(label: str, artifact: Path) -> list[str]:
     return rows
 
 
+def notes_after_table(table: Path) -> str:
+    """What follows the generated table in `table` (the measured notes written beside it), kept as is."""
+    if not table.exists():
+        return ""
+    old = table.read_text().splitlines(keepends=True)
+    end = next((i for i, line in enumerate(old) if line.startswith("|")), len(old))
+    while end < len(old) and old[end].startswith("|"):
+        end += 1  # past the first table: the generated one
+    return "".join(old[end:])
+
+
 def main() -> int:
     from ortserve.models import resolve_model
 
@@ -86,8 +97,7 @@ def main() -> int:
     ]
     for label, artifact in artifacts.items():
         lines += rows_for(label, artifact)
-    TABLE.parent.mkdir(exist_ok=True)
-    TABLE.write_text("\n".join(lines) + "\n")
+    TABLE.write_text("\n".join(lines) + "\n" + notes_after_table(TABLE))
     print(f"wrote {TABLE}")
     return 0
 

@@ -29,75 +29,6 @@ ALWAYS_INLINE R LoadRow(const float* p) {
   return r;
 }
 
-// Whether this build converts half rows (F16C) and int8 rows (AVX2's sign extension) register by
-// register as it loads them, so that compact caches' chunks skip ChunkWalk's scratch buffer.
-#if defined(__F16C__)
-constexpr bool kHalfLoads = kRegisterLanes == 16 || kRegisterLanes == 8;
-#else
-constexpr bool kHalfLoads = false;
-#endif
-#if defined(__AVX2__)
-constexpr bool kCodeLoads = kRegisterLanes == 16 || kRegisterLanes == 8;
-#else
-constexpr bool kCodeLoads = false;
-#endif
-
-// Register i of a row of int8 codes, as floats (unscaled).
-template <class R>
-ALWAYS_INLINE R LoadCodes(const unsigned char* row, int64_t i) {
-  typedef char Q16 __attribute__((vector_size(16)));
-#if defined(__AVX512F__)
-  if constexpr (sizeof(R) == 64) {
-    typedef int32_t I16 __attribute__((vector_size(64)));
-    Q16 q;
-    __builtin_memcpy(&q, row + i * 16, 16);
-    return __builtin_convertvector((I16)__builtin_ia32_pmovsxbd512_mask(q, I16{}, (unsigned short)0xffff), R);
-  }
-#endif
-#if defined(__AVX2__)
-  if constexpr (sizeof(R) == 32) {
-    typedef int32_t I8 __attribute__((vector_size(32)));
-    typedef long long L2 __attribute__((vector_size(16)));
-    long long eight;
-    __builtin_memcpy(&eight, row + i * 8, 8);
-    const L2 q = {eight, 0};
-    return __builtin_convertvector((I8)__builtin_ia32_pmovsxbd256((Q16)q), R);
-  }
-#endif
-  (void)row, (void)i;
-  return R{};  // not reached: kCodeLoads is false
-}
-
-// An int8 row's scale, stored after its D codes.
-ALWAYS_INLINE float RowScale(const unsigned char* row, int64_t D) {
-  float scale;
-  __builtin_memcpy(&scale, row + D, 4);
-  return scale;
-}
-
-// Register i of a row of halves, as floats (R: this build's register of floats).
-template <class R>
-ALWAYS_INLINE R LoadHalves(const unsigned char* row, int64_t i) {
-  typedef short H8 __attribute__((vector_size(16)));
-  typedef short H16 __attribute__((vector_size(32)));
-#if defined(__AVX512F__)
-  if constexpr (sizeof(R) == 64) {
-    H16 h;
-    __builtin_memcpy(&h, row + i * 32, 32);
-    return __builtin_ia32_vcvtph2ps512_mask(h, R{}, (unsigned short)0xffff, 4);
-  }
-#endif
-#if defined(__F16C__)
-  if constexpr (sizeof(R) == 32) {
-    H8 h;
-    __builtin_memcpy(&h, row + i * 16, 16);
-    return __builtin_ia32_vcvtph2ps256(h);
-  }
-#endif
-  (void)row, (void)i;
-  return R{};  // not reached: kHalfLoads is false
-}
-
 // Whether the item runs here: one row, a small group, and head_size in whole registers.
 ALWAYS_INLINE bool FewHeads(const Problem& p, const WorkItem& w) {
   return w.row_end - w.row_begin == 1 && w.head_end - w.head_begin <= kFewHeads && p.D % kRegisterLanes == 0;
@@ -121,7 +52,7 @@ void RunFewHeads(const Problem& P, const WorkItem& w) {
   for (int h = 0; h < H; ++h) run_max[h] = kMasked, run_sum[h] = 0.f;
 
   // Visible positions: the item's key range (PlanWork clips it to the row's window and causal end).
-  constexpr bool kHalves = C == CacheType::kF16 && kHalfLoads, kCodes = C == CacheType::kI8 && kCodeLoads;
+  constexpr bool kHalves = C == CacheType::kF16 && kHalfRegisters, kCodes = C == CacheType::kI8 && kCodeRegisters;
   constexpr bool kRaw = kHalves || kCodes;  // rows read raw, converted register by register
   ChunkWalk<C, !kRaw> walk(P, w);
   for (int64_t c = w.key_begin; c < w.key_end; c += kChunk) {
@@ -133,8 +64,8 @@ void RunFewHeads(const Problem& P, const WorkItem& w) {
       R part[H] = {};
 #pragma GCC unroll 16
       for (int64_t i = 0; i < NC; ++i) {
-        const R kv = kHalves  ? LoadHalves<R>(walk.raw_k[j], i)
-                     : kCodes ? LoadCodes<R>(walk.raw_k[j], i)
+        const R kv = kHalves  ? HalvesRegister<R>(walk.raw_k[j] + i * sizeof(R) / 2)
+                     : kCodes ? CodesRegister<R>(walk.raw_k[j] + i * sizeof(R) / 4)
                               : LoadRow<R>(k + i * L);
         for (int h = 0; h < H; ++h) part[h] += *reinterpret_cast<const R*>(q[h] + i * L) * kv;
       }
@@ -189,8 +120,8 @@ void RunFewHeads(const Problem& P, const WorkItem& w) {
         for (int h = 0; h < H; ++h) p[h] = Splat<R>(s[h][j] * v_scale);
         for (int i = 0; i < kSlice; ++i) {
           if (i >= slice) break;
-          const R vv = kHalves  ? LoadHalves<R>(walk.raw_v[j], i0 + i)
-                       : kCodes ? LoadCodes<R>(walk.raw_v[j], i0 + i)
+          const R vv = kHalves  ? HalvesRegister<R>(walk.raw_v[j] + (i0 + i) * sizeof(R) / 2)
+                       : kCodes ? CodesRegister<R>(walk.raw_v[j] + (i0 + i) * sizeof(R) / 4)
                                 : LoadRow<R>(v + i * L);
           for (int h = 0; h < H; ++h) sum[h][i] += p[h] * vv;
         }

@@ -133,15 +133,20 @@ struct RowCursor {
   }
 };
 
+// An int8 row's scale, stored after its D codes.
+ALWAYS_INLINE float RowScale(const unsigned char* row, int64_t D) {
+  float scale;
+  __builtin_memcpy(&scale, row + D, 4);
+  return scale;
+}
+
 // One raw cache row -> D floats in `out`.
 template <CacheType C>
 ALWAYS_INLINE void RowToFloats(const unsigned char* row, float* out, int64_t D) {
   if constexpr (C == CacheType::kF16) {
     HalvesToFloats(row, out, D);
-  } else {  // kI8: codes, then the row's scale
-    float scale;
-    __builtin_memcpy(&scale, row + D, 4);
-    CodesToFloats(row, scale, out, D);
+  } else {  // kI8: codes times the row's scale
+    CodesToFloats(row, RowScale(row, D), out, D);
   }
 }
 

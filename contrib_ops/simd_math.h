@@ -67,18 +67,82 @@ ALWAYS_INLINE float HalfToFloat(uint16_t h) {
   return f;
 }
 
-// n half floats (raw bytes, any alignment) -> n floats: 8 at a time with F16C where the build has it.
+// Whether this build turns a register's worth of raw halves (F16C) or int8 codes (AVX2's sign
+// extension, vpmovsxbd) into floats in one step, for registers R of 16 (AVX-512) or 8 lanes.
+#if defined(__F16C__)
+constexpr bool kHalfRegisters = true;
+#else
+constexpr bool kHalfRegisters = false;
+#endif
+#if defined(__AVX2__)
+constexpr bool kCodeRegisters = true;
+#else
+constexpr bool kCodeRegisters = false;
+#endif
+
+// One register R of floats from the sizeof(R) / 4 halves at `in` (raw bytes, any alignment).
+template <class R>
+ALWAYS_INLINE R HalvesRegister(const unsigned char* in) {
+#if defined(__AVX512F__)
+  if constexpr (sizeof(R) == 64) {
+    typedef short H16 __attribute__((vector_size(32)));
+    H16 h;
+    __builtin_memcpy(&h, in, 32);
+    return __builtin_ia32_vcvtph2ps512_mask(h, R{}, (unsigned short)0xffff, 4);
+  }
+#endif
+#if defined(__F16C__)
+  if constexpr (sizeof(R) == 32) {
+    typedef short H8 __attribute__((vector_size(16)));
+    H8 h;
+    __builtin_memcpy(&h, in, 16);
+    return __builtin_ia32_vcvtph2ps256(h);
+  }
+#endif
+  (void)in;
+  return R{};  // not reached: callers check kHalfRegisters
+}
+
+// One register R of floats from the sizeof(R) / 4 int8 codes at `in` (unscaled). GCC turns
+// __builtin_convertvector from int8 lanes into one scalar conversion per lane, which made int8-cache
+// attention twice as slow as the fp16 cache's; so the codes are sign-extended first.
+template <class R>
+ALWAYS_INLINE R CodesRegister(const unsigned char* in) {
+  typedef char Q16 __attribute__((vector_size(16)));
+#if defined(__AVX512F__)
+  if constexpr (sizeof(R) == 64) {
+    typedef int32_t I16 __attribute__((vector_size(64)));
+    Q16 q;
+    __builtin_memcpy(&q, in, 16);
+    return __builtin_convertvector((I16)__builtin_ia32_pmovsxbd512_mask(q, I16{}, (unsigned short)0xffff), R);
+  }
+#endif
+#if defined(__AVX2__)
+  if constexpr (sizeof(R) == 32) {  // 8 codes as the low half of a register (vmovq): no trip through the stack
+    typedef int32_t I8 __attribute__((vector_size(32)));
+    typedef long long L2 __attribute__((vector_size(16)));
+    long long eight;
+    __builtin_memcpy(&eight, in, 8);
+    const L2 q = {eight, 0};
+    return __builtin_convertvector((I8)__builtin_ia32_pmovsxbd256((Q16)q), R);
+  }
+#endif
+  (void)in;
+  return R{};  // not reached: callers check kCodeRegisters
+}
+
+// n half floats (raw bytes, any alignment) -> n floats, a register at a time where the build can.
 ALWAYS_INLINE void HalvesToFloats(const void* halves, float* out, int64_t n) {
   const unsigned char* in = static_cast<const unsigned char*>(halves);
   int64_t i = 0;
-#if defined(__F16C__)
-  for (; i + 8 <= n; i += 8) {
-    typedef short H8 __attribute__((vector_size(16)));
-    typedef float F8 __attribute__((vector_size(32)));
-    H8 h;
-    __builtin_memcpy(&h, in + 2 * i, 16);
-    const F8 f = __builtin_ia32_vcvtph2ps256(h);
-    __builtin_memcpy(out + i, &f, 32);
+#if defined(__F16C__)  // kHalfRegisters
+  for (; i + kRegisterLanes <= n; i += kRegisterLanes) {
+    const typename V<kRegisterLanes>::F f = HalvesRegister<typename V<kRegisterLanes>::F>(in + 2 * i);
+    __builtin_memcpy(out + i, &f, sizeof(f));
+  }
+  for (; kRegisterLanes == 16 && i + 8 <= n; i += 8) {
+    const V<8>::F f = HalvesRegister<V<8>::F>(in + 2 * i);
+    __builtin_memcpy(out + i, &f, sizeof(f));
   }
 #endif
   for (; i < n; ++i) {
@@ -88,34 +152,18 @@ ALWAYS_INLINE void HalvesToFloats(const void* halves, float* out, int64_t n) {
   }
 }
 
-// n int8 codes (raw bytes, any alignment) times scale -> n floats, with the ISA's sign extension
-// (vpmovsxbd) where the build has it: GCC turns __builtin_convertvector from int8 lanes into one
-// scalar conversion per lane, which made int8-cache attention twice as slow as the fp16 cache's.
+// n int8 codes (raw bytes, any alignment) times scale -> n floats, a register at a time where the build can.
 ALWAYS_INLINE void CodesToFloats(const void* codes, float scale, float* out, int64_t n) {
   const unsigned char* in = static_cast<const unsigned char*>(codes);
-  typedef char Q16 __attribute__((vector_size(16)));
   int64_t i = 0;
-#if defined(__AVX512F__)
-  for (; i + 16 <= n; i += 16) {
-    typedef int32_t I16 __attribute__((vector_size(64)));
-    typedef float F16 __attribute__((vector_size(64)));
-    Q16 q;
-    __builtin_memcpy(&q, in + i, 16);
-    const I16 wide = (I16)__builtin_ia32_pmovsxbd512_mask(q, I16{}, (unsigned short)0xffff);
-    const F16 f = __builtin_convertvector(wide, F16) * scale;
-    __builtin_memcpy(out + i, &f, 64);
+#if defined(__AVX2__)  // kCodeRegisters
+  for (; i + kRegisterLanes <= n; i += kRegisterLanes) {
+    const typename V<kRegisterLanes>::F f = CodesRegister<typename V<kRegisterLanes>::F>(in + i) * scale;
+    __builtin_memcpy(out + i, &f, sizeof(f));
   }
-#endif
-#if defined(__AVX2__)
-  for (; i + 8 <= n; i += 8) {  // 8 codes as the low half of a register (vmovq): no trip through the stack
-    typedef int32_t I8 __attribute__((vector_size(32)));
-    typedef float F8 __attribute__((vector_size(32)));
-    typedef long long L2 __attribute__((vector_size(16)));
-    long long eight;
-    __builtin_memcpy(&eight, in + i, 8);
-    const L2 q = {eight, 0};
-    const F8 f = __builtin_convertvector((I8)__builtin_ia32_pmovsxbd256((Q16)q), F8) * scale;
-    __builtin_memcpy(out + i, &f, 32);
+  for (; kRegisterLanes == 16 && i + 8 <= n; i += 8) {
+    const V<8>::F f = CodesRegister<V<8>::F>(in + i) * scale;
+    __builtin_memcpy(out + i, &f, sizeof(f));
   }
 #endif
   for (; i < n; ++i) out[i] = static_cast<float>(static_cast<int8_t>(in[i])) * scale;
