@@ -32,14 +32,15 @@ SYSTEM_ORDER = {
     "ortserve-a8": 1,
     "ortserve-ngram": 2,
     "ortserve-draft": 3,
-    "ortserve-kv-fp16": 4,
-    "ortserve-kv-int8": 5,
-    "genai-static": 6,
-    "genai-engine": 7,
-    "llama.cpp": 8,
-    "llama.cpp-ngram": 9,
-    "llama.cpp-draft": 10,
-    "transformers": 11,
+    "ortserve-kv-fp32": 4,
+    "ortserve-kv-fp16": 5,
+    "ortserve-kv-int8": 6,
+    "genai-static": 7,
+    "genai-engine": 8,
+    "llama.cpp": 9,
+    "llama.cpp-ngram": 10,
+    "llama.cpp-draft": 11,
+    "transformers": 12,
 }
 
 
@@ -336,7 +337,8 @@ def write(path: Path, parts: list[IsaRun]) -> None:
         "- *-ngram* systems add n-gram speculative decoding (ortserve `--speculative ngram`, llama.cpp"
         " `--spec-type ngram-simple`); *-draft* systems add a draft model: the same checkpoint at int4 drafting for"
         " its fp32 self (ortserve `--draft-model` with its int4 artifact, 4 draft tokens; llama.cpp `--model-draft`"
-        " with its Q4_0 file, 3); *-kv-fp16* / *-kv-int8* are ortserve with `--kv-cache-dtype`; *ortserve-a8*"
+        " with its Q4_0 file, 3); *-kv-fp32* / *-kv-fp16* / *-kv-int8* are ortserve with `--kv-cache-dtype`"
+        " (plain ortserve has `auto`: fp16 from 2026-12-04, fp32 before); *ortserve-a8*"
         " is ortserve exported with `--activation-bits 8` (int8 activations in its quantised linears, as llama.cpp's;"
         " ortserve's default is 16).",
         "- onnxruntime-genai and transformers run in-process (no HTTP) with the same token counts and definitions;"

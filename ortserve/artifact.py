@@ -44,8 +44,8 @@ ActivationBits = Literal[8, 16]
 # Activations of the quantised linears: 16 (int8 codes plus an int8 residual: about 16 bits, answers as
 # with float activations; vLLM's w4a16 default) or 8 (int8 blocks, as llama.cpp's Q8_1: faster prefill).
 DEFAULT_ACTIVATION_BITS: ActivationBits = 16
-KVCacheDtype = Literal["fp32", "fp16", "int8"]
-KV_CACHE_DTYPES: tuple[str, ...] = get_args(KVCacheDtype)
+KVCacheDtype = Literal["auto", "fp32", "fp16", "int8"]  # auto: kv_cache_row_dtype picks
+KV_CACHE_DTYPES: tuple[str, ...] = tuple(d for d in get_args(KVCacheDtype) if d != "auto")  # the row types
 # One cached row (one position of one kv head) per KV cache dtype: its numpy type, and how many
 # elements follow the head's values (int8: its float32 scale, as 4 bytes). The op's layout:
 # contrib_ops/paged_attention_kernel.h CacheRowWidth; graphs from op_version 3 take all three.
@@ -119,6 +119,14 @@ class ArtifactManifest(BaseModel):
         """Bytes of K and V for one token across all layers."""
         itemsize = {"float32": 4, "float16": 2, "int8": 1}[KV_ROW[dtype][0]]
         return 2 * self.num_layers * self.num_kv_heads * self.kv_row_width(dtype) * itemsize
+
+    def kv_cache_row_dtype(self, requested: str) -> str:
+        """The cache rows for ``--kv-cache-dtype requested``: ``auto`` is fp16 (llama.cpp's default: half
+        the memory and bandwidth, the fp32 cache's answers; benchmarks/tables/kv_cache.md) where this
+        artifact's graph takes compact caches, else fp32."""
+        if requested != "auto":
+            return requested
+        return "fp16" if self.op_version >= COMPACT_KV_OP_VERSION else "fp32"
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,9 @@
   model, the same checkpoint at int4 drafting for its fp32 self (ortserve ``--draft-model`` with
   its int4 artifact, llama.cpp ``--model-draft`` with its Q4_0 file, each with its default number
   of draft tokens: 4 and 3);
-- ortserve with fp16 and int8 KV caches (``--kv-cache-dtype``), on the workloads where attention
-  matters (decode, many sequences, shared prefixes);
+- ortserve with each KV cache row type (``--kv-cache-dtype fp32|fp16|int8``; plain ortserve has
+  ``auto``, fp16 since 2026-12-04, fp32 before), on the workloads where attention matters (decode,
+  many sequences, shared prefixes);
 - ortserve with int8 activations in its quantised linears (``--activation-bits 8``, exported so):
   the same activation rounding as llama.cpp's, against ortserve's default of 16 bits.
 """
@@ -68,6 +69,12 @@ class LlamaCppDraft(Variant):
         return llamacpp.run(model, precision, workloads, cls.SYSTEM, flags)
 
 
+class OrtserveKvFp32(Variant):
+    SYSTEM = "ortserve-kv-fp32"
+    FLAGS = ("--kv-cache-dtype", "fp32")
+    WORKLOADS_SUPPORTED = ("decode", "serve-c16", "shared-prefix")
+
+
 class OrtserveKvFp16(Variant):
     SYSTEM = "ortserve-kv-fp16"
     FLAGS = ("--kv-cache-dtype", "fp16")
@@ -90,4 +97,13 @@ class OrtserveA8(Variant):
         return ortserve_runner.run(model, precision, workloads, cls.SYSTEM, export_flags=("--activation-bits", "8"))
 
 
-VARIANTS = (OrtserveNgram, LlamaCppNgram, OrtserveDraft, LlamaCppDraft, OrtserveKvFp16, OrtserveKvInt8, OrtserveA8)
+VARIANTS = (
+    OrtserveNgram,
+    LlamaCppNgram,
+    OrtserveDraft,
+    LlamaCppDraft,
+    OrtserveKvFp32,
+    OrtserveKvFp16,
+    OrtserveKvInt8,
+    OrtserveA8,
+)

@@ -86,9 +86,10 @@ class EngineConfig(BaseModel):
         json_schema_extra={"metavar": "GiB"},
     )
     kv_cache_dtype: KVCacheDtype = Field(
-        "fp32",
+        "auto",
         description="KV cache element type: fp32, fp16 (half the memory and bandwidth) or int8 (about a "
-        "quarter; one scale per row); fp16 and int8 need an artifact of op_version 3 or later",
+        "quarter; one scale per row); auto is fp16 where the artifact takes compact caches (op_version 3 "
+        "or later), else fp32",
     )
     max_num_seqs: int = Field(DEFAULT_MAX_NUM_SEQS, ge=1, description="most sequences in one step")
     speculative: Literal["off", "ngram", "draft"] = Field(

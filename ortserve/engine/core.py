@@ -54,7 +54,11 @@ class EngineCore:
         self.threads = plan_threads(config.threads_bind, config.reserved_cpus)
         self.memory_nodes = bind_memory(self.threads)  # before the weights and the KV cache are allocated
         self.kv_plan = plan_kv_cache(
-            manifest, config.block_size, config.kv_cache_space, DEFAULT_KV_CACHE_SPACE_GIB, dtype=config.kv_cache_dtype
+            manifest,
+            config.block_size,
+            config.kv_cache_space,
+            DEFAULT_KV_CACHE_SPACE_GIB,
+            dtype=manifest.kv_cache_row_dtype(config.kv_cache_dtype),
         )
         self.max_model_len = settle_max_model_len(config, manifest, self.kv_plan)
         self.limits = PromptLimits(self.max_model_len, manifest.vocab_size)

@@ -190,9 +190,10 @@ def load_draft_proposer(
     from ortserve.engine.memory import GIB, available_memory, plan_kv_cache
     from ortserve.engine.model_runner import ModelRunner
 
-    space = kv_plan.num_tokens * draft.kv_bytes_per_token(kv_plan.dtype) / GIB
+    dtype = draft.kv_cache_row_dtype(config.kv_cache_dtype)  # auto: as the draft artifact takes them
+    space = kv_plan.num_tokens * draft.kv_bytes_per_token(dtype) / GIB
     room = available_memory() - kv_plan.total_bytes  # the target's weights are loaded; its cache fills later
-    plan = plan_kv_cache(draft, kv_plan.block_size, space, space, available=room, dtype=kv_plan.dtype)
+    plan = plan_kv_cache(draft, kv_plan.block_size, space, space, available=room, dtype=dtype)
     runner = ModelRunner(draft_dir, draft, plan, threads, config.max_num_seqs, shares_cores=True)
     logger.info(
         "speculative decoding: draft model %s (%s weights), %d tokens a step",

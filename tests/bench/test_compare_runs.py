@@ -142,3 +142,12 @@ def test_a_decode_faster_than_the_measured_roofline_is_not_counted_as_met():
     assert "| fp32 decode / roofline | 0.90 | ≥ 0.85 | yes |" in targets.targets([fp32_decode(18.0)], None, one_gb)
     table = targets.targets([fp32_decode(22.0)], None, one_gb)
     assert "| fp32 decode / roofline | 1.10 | ≥ 0.85 | unclear: above 1, the bandwidth moved" in "\n".join(table)
+
+
+def test_a_miss_that_two_decimals_would_round_up_to_the_goal_shows_three():
+    import targets
+
+    metrics = {"decode_tok_s": 16.92, "bandwidth_GBps": 20.0}  # 0.846 of a 20 tok/s roofline
+    record = {"model": "m", "system": "ortserve", "precision": "fp32", "workload": "decode", "metrics": metrics}
+    table = targets.targets([record], None, lambda *a: 1_000_000_000)
+    assert "| fp32 decode / roofline | 0.846 | ≥ 0.85 | **no** |" in table

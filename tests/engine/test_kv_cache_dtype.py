@@ -62,3 +62,22 @@ def test_an_artifact_before_compact_caches_is_refused_naming_the_flag(tiny_llama
     (old / "ortserve.json").write_text(json.dumps(manifest))
     with pytest.raises(ArtifactError, match="--kv-cache-dtype fp16 needs an artifact of op_version 3"):
         PagedRunner(old, kv_cache_dtype="fp16")
+
+
+def test_auto_is_fp16_where_the_graph_takes_compact_caches_and_fp32_before(tiny_llama_artifact, tmp_path):
+    from ortserve.engine.config import EngineConfig
+    from ortserve.engine.core import EngineCore
+
+    assert EngineConfig().kv_cache_dtype == "auto"
+    engine = EngineCore(EngineConfig(model=str(tiny_llama_artifact), kv_cache_space=0.01, threads_bind="nobind"))
+    assert engine.kv_plan.dtype == "fp16"
+    assert engine.runner.kv_caches[0].dtype == np.float16
+    assert engine.kv_plan.bytes_per_block == load_manifest(tiny_llama_artifact).kv_bytes_per_token("fp16") * 16
+
+    old = tmp_path / "old"
+    shutil.copytree(tiny_llama_artifact, old)
+    manifest = json.loads((old / "ortserve.json").read_text())
+    manifest["op_version"] = 2
+    (old / "ortserve.json").write_text(json.dumps(manifest))
+    assert load_manifest(old).kv_cache_row_dtype("auto") == "fp32"
+    assert load_manifest(old).kv_cache_row_dtype("int8") == "int8"  # asked for: refused at load, naming the flag

@@ -11,6 +11,7 @@ import re
 import jsonschema
 import pytest
 
+from ortserve.artifact import load_manifest
 from ortserve.sampling_params import InvalidParameter, SamplingParams, StructuredOutputs
 
 PERSON = {
@@ -116,7 +117,8 @@ def test_a_grammar_survives_preemption(tiny_llama_artifact, llm):
     tokens and its matcher state is kept, so the outputs equal those of an unpressed run."""
     params = constrained(StructuredOutputs(json=PERSON), range(8), [1.0], max_tokens=64)
     roomy = [c.text for c in run(llm, params)]
-    tight = open_llm(tiny_llama_artifact, kv_cache_space=8 * 16 * 1024 / 2**30, max_num_seqs=8, block_size=16)
+    eight_blocks = 8 * 16 * load_manifest(tiny_llama_artifact).kv_bytes_per_token("fp16") / 2**30  # the default rows
+    tight = open_llm(tiny_llama_artifact, kv_cache_space=eight_blocks, max_num_seqs=8, block_size=16)
     texts = [c.text for c in run(tight, params)]
     assert tight.engine.core.scheduler.counters.num_preemptions > 0
     assert texts == roomy

@@ -1,6 +1,8 @@
 """Prompt logprobs over HTTP equal transformers' log-softmax (within 1e-4): /v1/completions with
 ``echo`` and ``logprobs`` (what lm-eval's loglikelihood tasks send), vLLM's ``prompt_logprobs`` on
-both endpoints, a prompt longer than one prefill chunk, and a prompt whose prefix is cached."""
+both endpoints, a prompt longer than one prefill chunk, and a prompt whose prefix is cached. The
+server keeps fp32 KV rows (the default fp16 rows move logprobs by up to 6e-4: tests/engine/test_kv_cache_dtype.py
+bounds that rounding on its own)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import httpx
 import numpy as np
 import openai
 import pytest
-from conftest import TINY_NAME
+from conftest import TINY_NAME, serve_tiny
 
 from ortserve.tokenizer import load_tokenizer
 
@@ -17,8 +19,13 @@ TEXT = "The quick brown fox jumps over the lazy dog, and then it rests in the wa
 
 
 @pytest.fixture(scope="module")
-def api(tiny_server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{tiny_server.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+def exact_server(tiny_llama_artifact):
+    yield from serve_tiny(tiny_llama_artifact, "--trust-request-chat-template", "--kv-cache-dtype", "fp32")
+
+
+@pytest.fixture(scope="module")
+def api(exact_server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{exact_server.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -65,13 +72,13 @@ def test_vllm_prompt_logprobs_on_completions_skips_the_prefix_cache(api, tokeniz
         assert len(row) in (2, 3)  # the top 2, and the prompt token when it is not among them
 
 
-def test_chat_prompt_logprobs_cover_the_rendered_prompt(api, tokenizer, tiny_llama_logprobs, tiny_server):
+def test_chat_prompt_logprobs_cover_the_rendered_prompt(api, tokenizer, tiny_llama_logprobs, exact_server):
     messages = [{"role": "user", "content": TEXT}]
     reply = api.chat.completions.create(
         model=TINY_NAME, messages=messages, max_tokens=2, extra_body={"prompt_logprobs": 0}
     )
     rows = reply.model_extra["prompt_logprobs"]
-    ids = httpx.post(f"{tiny_server.base_url}/tokenize", json={"messages": messages}).json()["tokens"]
+    ids = httpx.post(f"{exact_server.base_url}/tokenize", json={"messages": messages}).json()["tokens"]
     assert len(rows) == len(ids) == reply.usage.prompt_tokens
     expected = tiny_llama_logprobs(ids)
     got = [row[str(token)]["logprob"] for row, token in zip(rows[1:], ids[1:])]
