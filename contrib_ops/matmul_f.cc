@@ -74,7 +74,7 @@ Packed PackConstant(const OrtKernelInfo* info, PackFn pack) {
 }
 
 // A task is a tile of rows x panels. Up to kRowsPerTask rows (decode batches, short chunks) stay in one
-// tile, so every weight is read once per call, and the panels split over about 4 tasks a CPU; longer
+// tile, so every weight is read once per call, and the panels split evenly over about 4 tasks a CPU; longer
 // chunks (prefill) take tiles of kRowsPerTask rows x kPanelsPerTask panels, each panel reused from
 // cache by every row of its tile. Below kSerialWork multiply-adds the calling thread does it all.
 constexpr int64_t kRowsPerTask = 64, kPanelsPerTask = 8, kSerialWork = 1 << 16;
@@ -82,20 +82,21 @@ constexpr int64_t kRowsPerTask = 64, kPanelsPerTask = 8, kSerialWork = 1 << 16;
 struct Job {
   const float *x, *panels, *bias;
   float* y;
-  int64_t T, K, N, P, panels_per_task;
+  int64_t T, K, N;
+  EvenTiles panel_tiles;
   TileFn tile;
   int row_streams;
 
-  int64_t PanelTiles() const { return (P + panels_per_task - 1) / panels_per_task; }
-  size_t Tasks() const { return static_cast<size_t>(PanelTiles() * ((T + kRowsPerTask - 1) / kRowsPerTask)); }
+  size_t Tasks() const { return static_cast<size_t>(panel_tiles.count * ((T + kRowsPerTask - 1) / kRowsPerTask)); }
 };
 
 void RunTask(void* data, size_t task) {
   const auto* job = static_cast<const Job*>(data);
   const int64_t index = static_cast<int64_t>(task);
-  const int64_t t0 = index / job->PanelTiles() * kRowsPerTask, t1 = std::min(t0 + kRowsPerTask, job->T);
-  const int64_t p0 = index % job->PanelTiles() * job->panels_per_task, p1 = std::min(p0 + job->panels_per_task, job->P);
-  job->tile(job->x, job->K, job->panels, job->bias, job->y, job->N, t0, t1, p0, p1, job->row_streams);
+  const int64_t tiles = job->panel_tiles.count, panel_tile = index % tiles;
+  const int64_t t0 = index / tiles * kRowsPerTask, t1 = std::min(t0 + kRowsPerTask, job->T);
+  job->tile(job->x, job->K, job->panels, job->bias, job->y, job->N, t0, t1, job->panel_tiles.Begin(panel_tile),
+            job->panel_tiles.End(panel_tile), job->row_streams);
 }
 
 struct MatMulF {
@@ -134,8 +135,8 @@ struct MatMulF {
       panels = per_call.data();
     }
     const int64_t P = FPanels(N);
-    const int64_t panels_per_task = T <= kRowsPerTask ? std::max<int64_t>(1, P / (4 * CpuCount())) : kPanelsPerTask;
-    Job job{rows, panels, bias_data, out, T, K, N, P, panels_per_task, kernels_.tile, kernels_.row_streams};
+    Job job{rows, panels, bias_data, out, T, K, N, T <= kRowsPerTask ? DecodeTiles(P) : TilesOf(P, kPanelsPerTask),
+            kernels_.tile, kernels_.row_streams};
     const size_t tasks = job.Tasks();
     if (T * K * N < kSerialWork || tasks == 1) {
       for (size_t task = 0; task < tasks; ++task) RunTask(&job, task);

@@ -36,7 +36,7 @@ Kernels PickKernels() {
 
 // A task is a tile of int8 activation rows (two per row of x with 16-bit activations) x weight groups.
 // Up to kWholeRows rows (decode batches) stay in one tile, so every weight is read once per call, and
-// the groups split over about 4 tasks a CPU; longer chunks (prefill) take tiles of kRowsPerTask rows x
+// the groups split evenly over about 4 tasks a CPU; longer chunks (prefill) take tiles of kRowsPerTask rows x
 // kGroupsPerTask groups, whose codes stay in cache while the rows pass (in a build with kRowsOuter, a
 // tile of rows at a time stays in L1 while the task's groups pass). Below kSerialWork
 // weight bytes x rows the calling thread does it all: waking the pool costs more.
@@ -52,20 +52,20 @@ struct Job {
   const float *x, *bias;
   float* y;
   int64_t T, K, KB, N, G;
-  int64_t rows_per_task, groups_per_task;
+  int64_t rows_per_task;
+  EvenTiles group_tiles;
   const Kernels* kernels;
 
   int64_t Rows() const { return residual ? 2 * T : T; }  // int8 rows
-  int64_t GroupTiles() const { return (G + groups_per_task - 1) / groups_per_task; }
-  size_t Tasks() const { return static_cast<size_t>(GroupTiles() * ((Rows() + rows_per_task - 1) / rows_per_task)); }
+  size_t Tasks() const { return static_cast<size_t>(group_tiles.count * ((Rows() + rows_per_task - 1) / rows_per_task)); }
 };
 
 void RunTask(void* data, size_t task) {
   const auto* job = static_cast<const Job*>(data);
-  const int64_t tile = static_cast<int64_t>(task);
-  const int64_t t0 = tile / job->GroupTiles() * job->rows_per_task;
+  const int64_t tile = static_cast<int64_t>(task), group_tile = tile % job->group_tiles.count;
+  const int64_t t0 = tile / job->group_tiles.count * job->rows_per_task;
   const int64_t t1 = std::min(t0 + job->rows_per_task, job->Rows());
-  const int64_t g0 = tile % job->GroupTiles() * job->groups_per_task, g1 = std::min(g0 + job->groups_per_task, job->G);
+  const int64_t g0 = job->group_tiles.Begin(group_tile), g1 = job->group_tiles.End(group_tile);
   job->kernels->tile(job->bits, job->codes, job->scales, job->half, job->residual, job->xq, job->xs, job->bias, job->y, job->KB,
                      job->N, t0, t1, g0, g1);
 }
@@ -132,11 +132,11 @@ struct MatMulQ {
     xq.resize(static_cast<size_t>(rows * KB * kQBlock));
     xscales.resize(static_cast<size_t>(rows * KB * 2));
     const bool decode = rows <= kWholeRows;
-    const int64_t groups_per_task = decode ? std::max<int64_t>(1, G / (4 * CpuCount())) : kGroupsPerTask;
     const uint8_t* codes_data = codes_copy_ ? codes_copy_.get() : codes.Data();
     const void* scales_data = scales_copy_ ? static_cast<const void*>(scales_copy_.get()) : scales.Data();
     Job job{Bits, codes_data, scales_data, std::is_same_v<ScaleT, Ort::Float16_t>, residual, xq.data(), xscales.data(),
-            rows_in, bias_data, out, T, K, KB, N_, G, decode ? rows : kRowsPerTask, groups_per_task, &kernels_};
+            rows_in, bias_data, out, T, K, KB, N_, G, decode ? rows : kRowsPerTask,
+            decode ? DecodeTiles(G) : TilesOf(G, kGroupsPerTask), &kernels_};
     const bool serial = rows * G * KB * kBlockBytes < kSerialWork;
     const size_t row_tasks = static_cast<size_t>((T + kRowsPerTask - 1) / kRowsPerTask);
     if (serial || row_tasks == 1) {

@@ -25,6 +25,22 @@ inline int64_t CpuCount() {
   return count;
 }
 
+// [0, units) cut into `count` ranges whose sizes differ by one at most. A linear's decode call is a few
+// such tiles a thread, which the pool hands out as they finish: with tiles of a fixed size and a
+// smaller last one (9 of 2 panels and 1 for 18 panels), one thread ran alone at the end of each call
+// (SmolLM2-135M and Qwen2.5-0.5B fp32 decode 1.02x faster split evenly: benchmarks/tables/matmul_f.md).
+struct EvenTiles {
+  int64_t units, count;
+  int64_t Begin(int64_t tile) const { return units * tile / count; }
+  int64_t End(int64_t tile) const { return units * (tile + 1) / count; }
+};
+
+// A decode call's tiles of `units`: about 4 a CPU.
+inline EvenTiles DecodeTiles(int64_t units) { return {units, std::max<int64_t>(1, std::min(units, 4 * CpuCount()))}; }
+
+// Tiles of about `per_tile` units each (prefill chunks).
+inline EvenTiles TilesOf(int64_t units, int64_t per_tile) { return {units, std::max<int64_t>(1, (units + per_tile - 1) / per_tile)}; }
+
 // "[2, 3, 256]", for error messages.
 inline std::string ShapeText(const std::vector<int64_t>& s) {
   std::string r = "[";
