@@ -83,16 +83,6 @@ struct GatherQ {
 
 namespace ortserve {
 
-std::vector<Ort::Custom::OrtLiteCustomOp*> GatherQOps() {
-  using Ort::Custom::CreateLiteCustomOp;
-  using Op = std::unique_ptr<Ort::Custom::OrtLiteCustomOp>;
-  static Op q4_f16{CreateLiteCustomOp<GatherQ<4, Ort::Float16_t>>("GatherQ4", "CPUExecutionProvider", 1)};
-  static Op q4_f32{CreateLiteCustomOp<GatherQ<4, float>>("GatherQ4", "CPUExecutionProvider", 1)};
-  static Op q5_f16{CreateLiteCustomOp<GatherQ<5, Ort::Float16_t>>("GatherQ5", "CPUExecutionProvider", 1)};
-  static Op q5_f32{CreateLiteCustomOp<GatherQ<5, float>>("GatherQ5", "CPUExecutionProvider", 1)};
-  static Op q8_f16{CreateLiteCustomOp<GatherQ<8, Ort::Float16_t>>("GatherQ8", "CPUExecutionProvider", 1)};
-  static Op q8_f32{CreateLiteCustomOp<GatherQ<8, float>>("GatherQ8", "CPUExecutionProvider", 1)};
-  return {q4_f16.get(), q4_f32.get(), q5_f16.get(), q5_f32.get(), q8_f16.get(), q8_f32.get()};
-}
+std::vector<Ort::Custom::OrtLiteCustomOp*> GatherQOps() { return QuantizedKernels<GatherQ>("GatherQ"); }
 
 }  // namespace ortserve

@@ -168,16 +168,6 @@ struct MatMulQ {
 
 namespace ortserve {
 
-std::vector<Ort::Custom::OrtLiteCustomOp*> MatMulQOps() {
-  using Ort::Custom::CreateLiteCustomOp;
-  using Op = std::unique_ptr<Ort::Custom::OrtLiteCustomOp>;
-  static Op q4_f16{CreateLiteCustomOp<MatMulQ<4, Ort::Float16_t>>("MatMulQ4", "CPUExecutionProvider", 1)};
-  static Op q4_f32{CreateLiteCustomOp<MatMulQ<4, float>>("MatMulQ4", "CPUExecutionProvider", 1)};
-  static Op q5_f16{CreateLiteCustomOp<MatMulQ<5, Ort::Float16_t>>("MatMulQ5", "CPUExecutionProvider", 1)};
-  static Op q5_f32{CreateLiteCustomOp<MatMulQ<5, float>>("MatMulQ5", "CPUExecutionProvider", 1)};
-  static Op q8_f16{CreateLiteCustomOp<MatMulQ<8, Ort::Float16_t>>("MatMulQ8", "CPUExecutionProvider", 1)};
-  static Op q8_f32{CreateLiteCustomOp<MatMulQ<8, float>>("MatMulQ8", "CPUExecutionProvider", 1)};
-  return {q4_f16.get(), q4_f32.get(), q5_f16.get(), q5_f32.get(), q8_f16.get(), q8_f32.get()};
-}
+std::vector<Ort::Custom::OrtLiteCustomOp*> MatMulQOps() { return QuantizedKernels<MatMulQ>("MatMulQ"); }
 
 }  // namespace ortserve

@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace ortserve {
@@ -39,7 +40,33 @@ struct EvenTiles {
 inline EvenTiles DecodeTiles(int64_t units) { return {units, std::max<int64_t>(1, std::min(units, 4 * CpuCount()))}; }
 
 // Tiles of about `per_tile` units each (prefill chunks).
-inline EvenTiles TilesOf(int64_t units, int64_t per_tile) { return {units, std::max<int64_t>(1, (units + per_tile - 1) / per_tile)}; }
+inline EvenTiles TilesOf(int64_t units, int64_t per_tile) {
+  return {units, std::max<int64_t>(1, (units + per_tile - 1) / per_tile)};
+}
+
+// The six kernels of a quantised op, Op<bits, scale type>: 4, 5 and 8 bits, each with fp16 or fp32
+// scales, named base + bits ("MatMulQ4"); onnxruntime picks by the scales' type. Made once.
+template <template <int, typename> class Op>
+std::vector<Ort::Custom::OrtLiteCustomOp*> QuantizedKernels(const std::string& base) {
+  using Ort::Custom::CreateLiteCustomOp;
+  using Kernel = std::unique_ptr<Ort::Custom::OrtLiteCustomOp>;
+  static const std::vector<Kernel> kernels = [&] {
+    std::vector<Kernel> all;
+    const auto add = [&](auto bits, const char* suffix) {
+      constexpr int kBits = decltype(bits)::value;
+      const std::string name = base + suffix;
+      all.emplace_back(CreateLiteCustomOp<Op<kBits, Ort::Float16_t>>(name.c_str(), "CPUExecutionProvider", 1));
+      all.emplace_back(CreateLiteCustomOp<Op<kBits, float>>(name.c_str(), "CPUExecutionProvider", 1));
+    };
+    add(std::integral_constant<int, 4>{}, "4");
+    add(std::integral_constant<int, 5>{}, "5");
+    add(std::integral_constant<int, 8>{}, "8");
+    return all;
+  }();
+  std::vector<Ort::Custom::OrtLiteCustomOp*> out;
+  for (const Kernel& k : kernels) out.push_back(k.get());
+  return out;
+}
 
 // "[2, 3, 256]", for error messages.
 inline std::string ShapeText(const std::vector<int64_t>& s) {
