@@ -3,11 +3,7 @@
 // of the build (no reassociation needed: each lane is its own sum).
 #include "block_offsets_kernel.h"
 
-#ifndef ORTSERVE_ISA
-#error "compile with -DORTSERVE_ISA=avx512|avx2|generic"
-#endif
-
-#define ALWAYS_INLINE inline __attribute__((always_inline))
+#include "kernel_build.h"
 
 namespace ortserve {
 namespace ORTSERVE_ISA {

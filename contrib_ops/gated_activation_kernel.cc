@@ -4,11 +4,7 @@
 // arithmetic.
 #include "gated_activation_kernel.h"
 
-#ifndef ORTSERVE_ISA
-#error "compile with -DORTSERVE_ISA=avx512|avx2|generic"
-#endif
-
-#define ALWAYS_INLINE inline __attribute__((always_inline))
+#include "kernel_build.h"
 
 namespace ortserve {
 namespace ORTSERVE_ISA {

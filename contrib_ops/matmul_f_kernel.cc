@@ -7,16 +7,12 @@
 // (row_streams, chosen by the op: matmul_f.cc).
 #include "matmul_f_kernel.h"
 
-#ifndef ORTSERVE_ISA
-#error "compile with -DORTSERVE_ISA=avx512|avx2|generic"
-#endif
+#include "kernel_build.h"
 
 #if defined(__AVX2__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12's own AVX-512 headers; see matmul_q_kernel.cc
 #include <immintrin.h>
 #endif
-
-#define ALWAYS_INLINE inline __attribute__((always_inline))
 
 namespace ortserve {
 namespace ORTSERVE_ISA {

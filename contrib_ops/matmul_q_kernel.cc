@@ -11,9 +11,7 @@
 // kernel is in matmul_q_group_<isa>.h.
 #include "matmul_q_kernel.h"
 
-#ifndef ORTSERVE_ISA
-#error "compile with -DORTSERVE_ISA=avx512|avx2|generic"
-#endif
+#include "kernel_build.h"
 
 #if defined(__AVX2__)
 // GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -Wmaybe-uninitialized reports
@@ -21,8 +19,6 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #endif
-
-#define ALWAYS_INLINE inline __attribute__((always_inline))
 
 namespace ortserve {
 namespace ORTSERVE_ISA {

@@ -7,11 +7,7 @@
 // NaN for NaN; between, simd_math.h's polynomial (within 2 ulp of e^x).
 #include "sampling_kernel.h"
 
-#ifndef ORTSERVE_ISA
-#error "compile with -DORTSERVE_ISA=avx512|avx2|generic"
-#endif
-
-#define ALWAYS_INLINE inline __attribute__((always_inline))
+#include "kernel_build.h"
 
 namespace ortserve {
 namespace ORTSERVE_ISA {
