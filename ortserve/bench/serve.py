@@ -63,9 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 async def _first_model(client, base_url: str) -> str:
-    response = await client.get(f"{base_url}/v1/models", timeout=30.0)
-    response.raise_for_status()
-    data = response.json().get("data") or []
+    async with client.get(f"{base_url}/v1/models", raise_for_status=True) as response:
+        data = (await response.json()).get("data") or []
     if not data:
         raise SystemExit(f"{base_url}/v1/models lists no model: pass --model")
     return data[0]["id"]
@@ -113,7 +112,7 @@ async def _run_all(
 
 
 async def run_benchmark(args) -> dict:
-    import httpx
+    import aiohttp
 
     base_url = args.base_url.rstrip("/")
     tokenizer_dir = args.tokenizer or (args.model if args.model and Path(args.model).is_dir() else None)
@@ -124,10 +123,11 @@ async def run_benchmark(args) -> dict:
     count_tokens = tokenizer.count
     percentiles = [float(p) for p in args.percentiles.split(",") if p]
 
-    limits = httpx.Limits(max_connections=args.max_concurrency or None, max_keepalive_connections=None)
+    timeout = aiohttp.ClientTimeout(total=args.timeout, sock_connect=30.0)
+    connector = aiohttp.TCPConnector(limit=args.max_concurrency or 0, keepalive_timeout=60)  # 0: no cap
     async with (
-        httpx.AsyncClient(timeout=httpx.Timeout(args.timeout, connect=30.0), limits=limits) as client,
-        httpx.AsyncClient(timeout=30.0) as side,
+        aiohttp.ClientSession(timeout=timeout, connector=connector) as client,
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30.0)) as side,
     ):  # /metrics and /v1/models: off the request connections
         model = args.model or await _first_model(side, base_url)
         spec = lambda r: RequestSpec(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
+import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 
@@ -23,19 +23,19 @@ def parse_counters(text: str) -> dict[str, float]:
     return totals
 
 
-async def fetch_counters(client: httpx.AsyncClient, base_url: str) -> dict[str, float] | None:
+async def fetch_counters(client: aiohttp.ClientSession, base_url: str) -> dict[str, float] | None:
     """The counters at base_url/metrics, or None when the server has no such endpoint."""
     try:
-        response = await client.get(f"{base_url.rstrip('/')}/metrics", timeout=10.0)
-    except httpx.HTTPError:
+        async with client.get(f"{base_url.rstrip('/')}/metrics", timeout=aiohttp.ClientTimeout(total=10.0)) as response:
+            if response.status != 200:
+                return None
+            return parse_counters(await response.text())
+    except (aiohttp.ClientError, TimeoutError):
         return None
-    if response.status_code != 200:
-        return None
-    return parse_counters(response.text)
 
 
 async def settled_counters(
-    client: httpx.AsyncClient, base_url: str, wait: float = 0.5, limit: float = 10.0
+    client: aiohttp.ClientSession, base_url: str, wait: float = 0.5, limit: float = 10.0
 ) -> dict[str, float] | None:
     """The counters once two reads `wait` seconds apart agree: a server may publish its last
     step's statistics a moment after the last response ends."""

@@ -1,27 +1,50 @@
-"""One streamed request against a scripted SSE response (httpx.MockTransport): what is sent, and
-how chunks become TTFT, ITL, E2EL and token counts."""
+"""One streamed request against a scripted SSE server (aiohttp.web on 127.0.0.1): what is sent,
+and how chunks become TTFT, ITL, E2EL and token counts."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 
-import httpx
+import aiohttp
 import pytest
+from aiohttp import web
 
 from ortserve.bench.request import RequestSpec, payload, send
 
-SPEC = RequestSpec(url="http://bench.test/v1/completions", model="m", prompt="hi", prompt_len=2, output_len=3)
+SPEC = RequestSpec(url="http://127.0.0.1/v1/completions", model="m", prompt="hi", prompt_len=2, output_len=3)
 
 
-def sse(events: list[dict | str], delay: float = 0.0):
-    async def body():
-        for event in events:
-            await asyncio.sleep(delay)
-            data = event if isinstance(event, str) else json.dumps(event)
-            yield f"data: {data}\n\n".encode()
+async def sse(request: web.Request, events: list[dict | str], delay: float = 0.0) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+    await response.prepare(request)
+    for event in events:
+        await asyncio.sleep(delay)
+        data = event if isinstance(event, str) else json.dumps(event)
+        await response.write(f"data: {data}\n\n".encode())
+    await response.write_eof()
+    return response
 
-    return body()
+
+def serve(handler, count_tokens=None):
+    """send(SPEC) against `handler` served on a free 127.0.0.1 port."""
+
+    async def go():
+        app = web.Application()
+        app.router.add_post("/v1/completions", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        spec = RequestSpec(**{**SPEC.__dict__, "url": f"http://127.0.0.1:{port}/v1/completions"})
+        try:
+            async with aiohttp.ClientSession() as client:
+                return await send(client, spec, count_tokens)
+        finally:
+            await runner.cleanup()
+
+    return asyncio.run(go())
 
 
 def chunk(text: str) -> dict:
@@ -29,18 +52,14 @@ def chunk(text: str) -> dict:
 
 
 def run(events, delay=0.0, status=200, count_tokens=None, seen=None):
-    def handler(request: httpx.Request) -> httpx.Response:
+    async def handler(request: web.Request) -> web.StreamResponse:
         if seen is not None:
-            seen.append(json.loads(request.content))
+            seen.append(await request.json())
         if status != 200:
-            return httpx.Response(status, json={"error": {"message": "prompt too long"}})
-        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=sse(events, delay))
+            return web.json_response({"error": {"message": "prompt too long"}}, status=status)
+        return await sse(request, events, delay)
 
-    async def go():
-        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-            return await send(client, SPEC, count_tokens)
-
-    return asyncio.run(go())
+    return serve(handler, count_tokens)
 
 
 def test_payload_pins_the_output_length_every_way_servers_understand():
@@ -95,15 +114,27 @@ def test_the_sent_body_is_the_payload():
 def test_a_connection_closed_before_any_response_is_retried_once():
     calls = []
 
-    def handler(request: httpx.Request) -> httpx.Response:
+    async def handler(request: web.Request) -> web.StreamResponse:
         calls.append(1)
-        if len(calls) == 1:
-            raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
-        return httpx.Response(200, content=sse([chunk("a"), chunk("b")]))
+        if len(calls) == 1:  # close the socket with no response byte, as a keep-alive timeout does
+            request.transport.close()
+            await asyncio.sleep(0.05)
+        return await sse(request, [chunk("a"), chunk("b")])
 
-    async def go():
-        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-            return await send(client, SPEC)
+    out = serve(handler)
+    assert out.success and len(calls) == 2 and out.generated_text == "ab"
 
-    out = asyncio.run(go())
-    assert out.success and len(calls) == 2
+
+def test_a_stream_cut_after_its_first_chunk_fails_and_is_not_retried():
+    calls = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        calls.append(1)
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(f"data: {json.dumps(chunk('a'))}\n\n".encode())
+        request.transport.close()
+        return response
+
+    out = serve(handler)
+    assert not out.success and out.num_chunks == 1 and len(calls) == 1
