@@ -4,7 +4,9 @@ and how chunks become TTFT, ITL, E2EL and token counts."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import socket
 
 import aiohttp
 import pytest
@@ -34,10 +36,12 @@ def serve(handler, count_tokens=None):
         app.router.add_post("/v1/completions", handler)
         runner = web.AppRunner(app)
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))  # a free port, known before the site starts
+        site = web.SockSite(runner, sock)
         await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        spec = RequestSpec(**{**SPEC.__dict__, "url": f"http://127.0.0.1:{port}/v1/completions"})
+        port = sock.getsockname()[1]
+        spec = dataclasses.replace(SPEC, url=f"http://127.0.0.1:{port}/v1/completions")
         try:
             async with aiohttp.ClientSession() as client:
                 return await send(client, spec, count_tokens)
