@@ -13,12 +13,20 @@ bytes over that time.
     python benchmarks/bench_matmul_f.py --as-matmul ARTIFACT OUT   # ARTIFACT's graph with MatMul instead
     python benchmarks/bench_matmul_f.py --model qwen2.5-0.5b-shape --interleave-membw 25
     python benchmarks/bench_matmul_f.py --before /tmp/old/libortserve_ops.so   # and a build before a change
+    python benchmarks/bench_matmul_f.py --per-shape 8         # a call's fixed cost beside its bytes' time
 
 --interleave-membw N: the decode linears' share of the read bandwidth, measured in the same minute. N
 rounds, each the one-row call (median of 12 runs) and then membw.py's read and read4 (2 threads, 2 GiB,
 best of 3); the share is the call's bytes per second over read4's, round by round. On a shared host the
 bandwidth moves by 1.5x within minutes, so a share of a decode run and a bandwidth measured minutes
 apart says more about the host than the kernel; side by side, the two see the same neighbours.
+
+--per-shape N: where a decode call's time goes beyond its bytes. One graph per distinct shape of the
+model's linears, as many copies of it as fill about 540 MB (so every call reads from memory), timed in
+one-row calls; N rounds, each with membw.py's 2-thread read before and after it. Per round, a line
+through the layer shapes' (bytes, time a call) points, fitted in relative error (the LM head's one
+large call left out: its noise would set the line), gives the rate the bytes stream at and the fixed
+cost of a call (the intercept): the part a step of 120 small calls pays 120 times.
 
 --as-matmul writes the baseline of a whole-graph comparison (bench_graph.py --artifact ...): the same
 artifact, its MatMulF nodes rewritten as MatMul(x, Transpose(W)) (+ Add bias), which onnxruntime
@@ -132,6 +140,42 @@ def interleave_membw(session: ort.InferenceSession, shapes: list[tuple[int, int]
     print(f"\nshare of read4: median {statistics.median(shares):.2f}, quartiles {q[0]:.2f}-{q[2]:.2f}, {rounds} rounds")
 
 
+def per_shape(model: str, threads: int, rounds: int) -> None:
+    """One-row calls of each distinct shape, a graph of ~540 MB of copies each, beside membw.py's read."""
+    rng = np.random.default_rng(0)
+    graphs = {}
+    for k, n in dict.fromkeys(linears(model)):
+        copies = max(1, int(540e6 // (4 * k * n)))
+        weights = [rng.standard_normal((n, k), dtype=np.float32) * 0.05 for _ in range(copies)]
+        graphs[(k, n)] = (build([(k, n)] * copies, weights, True, threads), copies, 4 * k * n)
+    print(f"{model} fp32 linears, one-row MatMulF calls, {threads} threads, {kernel_isa()}")
+    head = " | ".join(f"{k} x {n}: us a call (GB/s)" for k, n in graphs)
+    print(f"| round | read GB/s before / after | {head} | layers' line: GB/s | us a call |")
+    print("|---:|---:|" + "---:|" * len(graphs) + "---:|---:|")
+    for r in range(rounds):
+        before = membw.measure(0.5, [threads], 3)["threads"][str(threads)]["read_GBps"]
+        cells, xs, ys = [], [], []
+        for (k, _), (session, copies, nbytes) in graphs.items():
+            feed = {f"x{k}": rng.standard_normal((1, k), dtype=np.float32)}
+            session.run(None, feed)
+            times = []
+            for _ in range(7):
+                start = time.perf_counter()
+                session.run(None, feed)
+                times.append(time.perf_counter() - start)
+            call = statistics.median(times) / copies
+            cells.append(f"{call * 1e6:,.1f} ({nbytes / call / 1e9:.1f})")
+            xs.append(nbytes)
+            ys.append(call)
+        after = membw.measure(0.5, [threads], 3)["threads"][str(threads)]["read_GBps"]
+        layer = np.argsort(xs)[:-1]  # all but the largest call (the LM head)
+        slope, intercept = np.polyfit(np.array(xs)[layer], np.array(ys)[layer], 1, w=1 / np.array(ys)[layer])
+        print(
+            f"| {r} | {before:.1f} / {after:.1f} | {' | '.join(cells)} | {1 / slope / 1e9:.1f} | {intercept * 1e6:.1f} |",
+            flush=True,
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=sorted(MODELS), default="smollm2-135m")
@@ -142,9 +186,12 @@ def main() -> None:
     parser.add_argument("--as-matmul", type=Path, nargs=2, metavar=("ARTIFACT", "OUT"))
     parser.add_argument("--interleave-membw", type=int, metavar="ROUNDS", help="one-row calls beside membw.py")
     parser.add_argument("--before", metavar="LIBRARY", help="also time MatMulF of this build of the op library")
+    parser.add_argument("--per-shape", type=int, metavar="ROUNDS", help="a call's fixed cost, shape by shape")
     args = parser.parse_args()
     if args.as_matmul:
         return as_matmul(*args.as_matmul)
+    if args.per_shape:
+        return per_shape(args.model, args.threads, args.per_shape)
     shapes = linears(args.model)
     rng = np.random.default_rng(0)
     weights = [(rng.standard_normal((n, k), dtype=np.float32) * 0.05) for k, n in shapes]
