@@ -1,7 +1,9 @@
 """Prometheus metrics: vLLM's set under the ``ortserve:`` prefix, in a registry of this app's own.
 
 After each step the engine reports its gauges, what its counters gained, and the latencies of
-requests finished during the step (``StatsUpdate``). Engine deaths and stalls are counted here.
+requests finished during the step (``StatsUpdate``). Engine deaths and stalls are counted here. Beyond
+vLLM's set: the engine's steps and their time, in all and inside the model (``engine_steps``,
+``engine_step_seconds``, ``model_run_seconds``).
 """
 
 from __future__ import annotations
@@ -55,6 +57,14 @@ COUNTERS = {
     "num_accepted_tokens": ("spec_decode_num_accepted_tokens", "Speculative draft tokens the model kept"),
     "prompt_tokens": ("prompt_tokens", "Prompt tokens processed (prefill)"),
     "generation_tokens": ("generation_tokens", "Tokens generated"),
+    # where the engine's time goes: a step's mean is engine_step_seconds / engine_steps, and the share
+    # of it outside the model (scheduling, sampling) 1 - model_run_seconds / engine_step_seconds
+    "num_steps": ("engine_steps", "Engine steps run"),
+    "step_seconds": (
+        "engine_step_seconds",
+        "Wall time inside engine steps (scheduling, the model, sampling; not detokenising)",
+    ),
+    "model_seconds": ("model_run_seconds", "Of engine_step_seconds, the time inside the model's onnxruntime run"),
 }
 # StatsUpdate latency list -> histogram.
 HISTOGRAMS = {
@@ -112,7 +122,8 @@ class ServerMetrics:
         self.waiting.set(stats.num_waiting)
         self.kv_usage.set(stats.kv_usage)
         for field, counter in self.counters.items():
-            counter.inc(getattr(stats, field))
+            if value := getattr(stats, field):  # most are 0 at most steps: skip their locks
+                counter.inc(value)
         for value in stats.ttft:
             self.histograms["ttft"].observe(value)
         for value in stats.tpot:
