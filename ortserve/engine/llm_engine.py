@@ -29,12 +29,13 @@ class LLMEngine:
         self.processor = OutputProcessor(tokenizer, stream_interval)
 
     @classmethod
-    def from_config(cls, config: Any) -> LLMEngine:
-        """The real engine for an ``EngineConfig`` (it resolves the model, exporting on first use)."""
+    def from_config(cls, config: Any, served: bool = False) -> LLMEngine:
+        """The real engine for an ``EngineConfig`` (it resolves the model, exporting on first use);
+        ``served``: in the server's engine process (EngineCore)."""
         from ortserve.engine.core import EngineCore
         from ortserve.tokenizer import load_tokenizer
 
-        core = EngineCore(config)
+        core = EngineCore(config, served=served)
         tokenizer = load_tokenizer(core.tokenizer_dir, config.chat_template)
         core.enable_structured_outputs(tokenizer)
         return cls(core, tokenizer, config.stream_interval)

@@ -2,11 +2,11 @@
 
 - One ``InferenceSession`` with the ortserve op library, ``ORT_ENABLE_ALL``, one intra-op thread
   per planned core (pool threads pinned through ``session.intra_op_thread_affinities``, the calling
-  thread pinned by the engine), and spinning on when the cores are ours. When a draft model's
-  session takes turns with it on the same cores, both stop spinning at the end of each run
-  (``session.force_spinning_stop``): a SmolLM2 fp32 step of 5 tokens took 56 ms with the int4
-  draft's threads spinning beside it and 34 ms without (plain decode keeps spinning: it is
-  5-10 % faster so).
+  thread pinned by the engine), and spinning on when the cores are ours. When other work takes turns
+  with it on the same cores, it stops spinning at the end of each run (``session.force_spinning_stop``;
+  the engine decides, ``core.pool_shares_cores``): a draft model's session (a SmolLM2 fp32 step of 5
+  tokens took 56 ms with the int4 draft's threads spinning beside it and 34 ms without), or the HTTP
+  process of a server with no core of its own. Offline, the pool keeps spinning between runs.
 - The per-layer KV caches are numpy arrays allocated once from the KV plan, wrapped as OrtValues
   and bound once, each as both the cache input and the cache output (the op writes them in place
   and checks the pointers are equal). The artifact's graph declares fp32 caches; for fp16 or int8
@@ -62,8 +62,8 @@ class ModelRunner:
         shares_cores: bool = False,
     ):
         """``options``: SessionOptions to use instead of the planned ones (profiling, in the
-        benchmarks); the op library is registered on them. ``shares_cores``: another session runs
-        on the same cores between this one's runs (a draft model's)."""
+        benchmarks); the op library is registered on them. ``shares_cores``: other work runs
+        on the same cores between this one's runs (a draft model's session, the HTTP process)."""
         self.manifest = manifest
         self.block_size = kv_plan.block_size
         self.num_blocks = kv_plan.num_blocks
@@ -255,6 +255,6 @@ def session_options(threads: ThreadPlan, shares_cores: bool = False) -> ort.Sess
     # Spin between parallel sections only when the cores are ours (pinned); with nobind the
     # threads share cores with other work and should sleep.
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if threads.bind else "0")
-    if shares_cores:  # and stop when a run ends: spinning threads would take the cores from the other session
+    if shares_cores:  # and stop when a run ends: spinning threads would take the cores from the other work
         options.add_session_config_entry("session.force_spinning_stop", "1")
     return options

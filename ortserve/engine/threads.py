@@ -54,6 +54,12 @@ class ThreadPlan:
         )
 
 
+def cores_left(engine_cores: Iterable[int]) -> list[int]:
+    """The cores this process may run on that the engine's pinned threads do not: the HTTP server's
+    (--reserved-cpus); [] = none left, so it streams on the engine's cores."""
+    return sorted(set(os.sched_getaffinity(0)) - set(engine_cores))
+
+
 def parse_cpu_list(text: str) -> list[int]:
     """'0-3,6,8-9' -> [0, 1, 2, 3, 6, 8, 9] (sorted, unique)."""
     cores: set[int] = set()

@@ -249,7 +249,9 @@ def keep_off_engine_cores(engine_cores: list[int]) -> list[int]:
     if any are left; returns the cores it now runs on ([] = none left, unchanged)."""
     import os
 
-    free = sorted(set(os.sched_getaffinity(0)) - set(engine_cores))
+    from ortserve.engine.threads import cores_left
+
+    free = cores_left(engine_cores)
     if not engine_cores or not free:
         return []
     for task in os.listdir("/proc/self/task"):  # every thread; new ones inherit the creator's

@@ -51,7 +51,7 @@ def build_llm_engine(config: EngineConfig) -> LLMEngine:
     """The real engine; it resolves MODEL itself (exporting a built-in on first run)."""
     from ortserve.engine.llm_engine import LLMEngine
 
-    return LLMEngine.from_config(config)
+    return LLMEngine.from_config(config, served=True)
 
 
 def run_engine_process(config: EngineConfig, inbox: Connection, outbox: Connection, factory: EngineFactory) -> None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 import pytest
 
 import ortserve.engine.threads as threads_module
 from ortserve.artifact import ArtifactManifest
 from ortserve.engine.config import EngineConfig, add_engine_arguments
+from ortserve.engine.core import EngineCore, pool_shares_cores
 from ortserve.engine.memory import GIB, MemoryCheckError, plan_kv_cache
 from ortserve.engine.threads import ThreadsBindError, format_cpu_list, parse_cpu_list, plan_threads
 
@@ -181,3 +183,34 @@ def test_a_bad_flag_is_named_with_its_value(flags, message):
 def test_no_room_even_for_the_weights_says_so():
     with pytest.raises(MemoryCheckError, match="only 0.50 GiB is available"):
         plan_kv_cache(MANIFEST, 16, kv_cache_space=None, default_space=4.0, available=GIB // 2)
+
+
+def test_the_pool_stops_spinning_where_other_work_shares_its_cores(eight_cpus_four_cores):
+    physical, every_cpu, nobind = plan_threads("auto"), plan_threads("0-7"), plan_threads("nobind")
+    served = EngineConfig()
+    assert not pool_shares_cores(served, physical, served=True)  # the HTTP process gets the SMT siblings 4-7
+    assert pool_shares_cores(served, every_cpu, served=True)  # the HTTP process streams on the engine's cores
+    assert not pool_shares_cores(served, every_cpu, served=False)  # offline: nothing else runs there
+    assert not pool_shares_cores(served, nobind, served=True)  # an unpinned pool never spins at all
+    draft = EngineConfig(draft_model="any-draft")  # implies --speculative draft
+    assert pool_shares_cores(draft, physical, served=False)  # the draft's session takes turns with it
+
+
+def test_a_served_engine_on_every_core_stops_its_pool_at_each_run_end(tiny_llama_artifact):
+    allowed = os.sched_getaffinity(0)
+    config = EngineConfig(
+        model=str(tiny_llama_artifact), kv_cache_space=0.01, threads_bind=format_cpu_list(sorted(allowed))
+    )
+
+    def options(served: bool):
+        try:
+            return EngineCore(config, served=served).runner.session.get_session_options()
+        finally:
+            os.sched_setaffinity(0, allowed)  # the engine pins its calling thread: this test's
+
+    key = "session.force_spinning_stop"
+    served = options(served=True)
+    assert served.get_session_config_entry("session.intra_op.allow_spinning") == "1"
+    assert served.get_session_config_entry(key) == "1"
+    with pytest.raises(Exception, match=f"does not have configuration with key: {key}"):  # ORT's own Fail type
+        options(served=False).get_session_config_entry(key)
