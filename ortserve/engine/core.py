@@ -74,7 +74,7 @@ class EngineCore:
             self.kv_plan,
             self.threads,
             config.max_num_seqs,
-            shares_cores=pool_shares_cores(config, self.threads, served),
+            shares_cores=pool_shares_cores(config, self.threads, served),  # reads the affinity: before pinning
         )
         pin_calling_thread(self.threads)
         self.block_manager = BlockManager(self.kv_plan.num_blocks, config.block_size, config.enable_prefix_caching)
