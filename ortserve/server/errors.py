@@ -93,22 +93,63 @@ def error_response(
     return Response(body, status_code=status, headers=headers)
 
 
+# Segments of a pydantic error location that name a branch of a union, not a field or an index:
+# "constrained-str", "list[TextPart]", "TextPart", "str", "function-after[...]".
+_PLAIN_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
+def _is_union_tag(segment: str) -> bool:
+    return "[" in segment or "-" in segment or segment[:1].isupper() or segment in _PLAIN_TYPE_TAGS
+
+
+def _branches_that_got_furthest(errors: list[tuple[list[str], str]]) -> list[tuple[list[str], str]]:
+    """Of a union's branches, only those whose errors reach deepest into the value: for a list of
+    content parts, the list branch's error about part 1, not the string branch's "Input should be a
+    valid string". Branches that reach as deep are all kept ("a valid string or a valid list")."""
+    depth: dict[tuple[str, ...], dict[str, int]] = {}  # fork (the path before a tag) -> tag -> depth
+    for segments, _ in errors:
+        for i, segment in enumerate(segments):
+            if _is_union_tag(segment):
+                tags = depth.setdefault(tuple(segments[:i]), {})
+                tags[segment] = max(tags.get(segment, 0), len(segments))
+    best = {fork: {t for t, d in tags.items() if d == max(tags.values())} for fork, tags in depth.items()}
+    return [
+        (segments, message)
+        for segments, message in errors
+        if all(segment in best[tuple(segments[:i])] for i, segment in enumerate(segments) if _is_union_tag(segment))
+    ]
+
+
+def _field_path(segments: list[str]) -> str:
+    """["messages", "0", "content", "list[TextPart]", "1"] -> "messages[0].content[1]"."""
+    path = ""
+    for segment in segments:
+        if segment.isdigit():
+            path += f"[{segment}]"
+        elif not _is_union_tag(segment):
+            path += f".{segment}" if path else segment
+    return path
+
+
 def _validation_message(exc: ValidationException) -> tuple[str, str | None]:
-    """One readable sentence from Litestar's list of pydantic errors, and the first field."""
-    problems: dict[str, list[str]] = {}
+    """One readable sentence from Litestar's list of pydantic errors, each named by its path in the
+    body (``messages[0].content[1]``), and the top-level field as the param."""
+    errors: list[tuple[list[str], str]] = []
     for item in exc.extra if isinstance(exc.extra, list) else []:
         key = str(item.get("key") or "") if isinstance(item, dict) else ""
         message = str(item.get("message", item)) if isinstance(item, dict) else str(item)
         if key == "data" or (not key and "valid dictionary" in message):
             return "The request body must be a JSON object", None
-        field = key.split(".")[0]  # "prompt.list[int]" is one branch of prompt's union
-        problems.setdefault(field, [])
-        if message not in problems[field]:
-            problems[field].append(message)
+        errors.append((key.split(".") if key else [], message.removeprefix("Value error, ")))
+    problems: dict[str, list[str]] = {}
+    for segments, message in _branches_that_got_furthest(errors):
+        messages = problems.setdefault(_field_path(segments), [])
+        if message not in messages:
+            messages.append(message)
     if not problems:
         return exc.detail, None
     parts = [f"'{f}': {' or '.join(m)}" if f else "; ".join(m) for f, m in problems.items()]
-    first = next(iter(problems)) or None
+    first = next(iter(problems)).split(".")[0].split("[")[0] or None
     return "Invalid request: " + "; ".join(parts), first
 
 

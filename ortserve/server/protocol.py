@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
 
 from ortserve.sampling_params import BOUNDS
 
@@ -272,11 +272,29 @@ class CompletionRequest(SamplingRequest):
         return p  # type: ignore[return-value]
 
 
+def check_text_part(part: Any, kinds: tuple[str, ...]) -> Any:
+    """A content part of another type (an image, audio, a file) is refused by saying that the model
+    reads text, rather than by pydantic's "Input should be 'text'"."""
+    kind = part.get("type") if isinstance(part, dict) else None
+    if isinstance(kind, str) and kind not in kinds:
+        example = f'{{"type": "{kinds[0]}", "text": ...}}'
+        raise ValueError(
+            f"content parts of type '{kind}' are not supported: the served model reads text only; "
+            f"send the content as a string or as parts of type '{kinds[0]}' ({example})"
+        )
+    return part
+
+
 class TextPart(BaseModel):
     model_config = STRICT
 
     type: Literal["text"]
     text: ContentText
+
+    @model_validator(mode="before")
+    @classmethod
+    def text_only(cls, part: Any) -> Any:
+        return check_text_part(part, ("text",))
 
 
 class ChatMessage(BaseModel):

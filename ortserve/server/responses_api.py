@@ -21,12 +21,20 @@ from typing import Annotated, Any, Literal
 
 from litestar import Request
 from litestar.response import ServerSentEventMessage
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, model_validator
 
 from .chat import ChatService, ChoiceStream, Prepared, assistant_message
 from .engine_client import RequestStream
 from .errors import BadRequest, error_event
-from .protocol import MAX_MESSAGES, ChatCompletionRequest, ContentText, RequestModel, TokenCount, bounded
+from .protocol import (
+    MAX_MESSAGES,
+    ChatCompletionRequest,
+    ContentText,
+    RequestModel,
+    TokenCount,
+    bounded,
+    check_text_part,
+)
 from .request_log import RequestLog
 from .response_items import ResponseEvents, ResponseObject, call_item, message_item
 from .responses import random_id
@@ -45,6 +53,11 @@ class InputText(BaseModel):
     model_config = STRICT
     type: Literal["input_text", "output_text"]
     text: ContentText
+
+    @model_validator(mode="before")
+    @classmethod
+    def text_only(cls, part: Any) -> Any:
+        return check_text_part(part, ("input_text", "output_text"))
 
 
 class MessageItem(BaseModel):

@@ -132,6 +132,47 @@ def test_bad_input_gets_a_4xx_naming_the_field(server, route, body, headers, sta
         assert error["param"] == field
 
 
+IMAGE_PART = {"type": "image_url", "image_url": {"url": "http://127.0.0.1/a.png"}}
+TEXT_AND_IMAGE = [{"role": "user", "content": [{"type": "text", "text": "hi"}, IMAGE_PART]}]
+AUDIO = [MESSAGES[0], {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "AAAA"}}]}]
+RESPONSES_IMAGE = [{"role": "user", "content": [{"type": "input_image", "image_url": "http://127.0.0.1/a.png"}]}]
+
+
+def post_json(server, route: str, body: dict) -> dict:
+    response = httpx.post(
+        f"{server.base_url}{route}", json=body, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60
+    )
+    assert response.status_code == 400, response.text
+    return response.json()["error"]
+
+
+@pytest.mark.parametrize(
+    "route, body, path, kind",
+    [
+        (CHAT, chat(messages=TEXT_AND_IMAGE), "messages[0].content[1]", "image_url"),
+        (CHAT, chat(messages=AUDIO), "messages[1].content[0]", "input_audio"),
+        ("/v1/responses", {"model": SERVED_NAME, "input": RESPONSES_IMAGE}, "input[0].content[0]", "input_image"),
+    ],
+    ids=["an image in chat", "audio in chat", "an image in responses"],
+)  # fmt: skip
+def test_a_content_part_that_is_not_text_is_refused_by_its_path_and_type(server, route, body, path, kind):
+    error = post_json(server, route, body)
+    assert error["param"] == path.split("[")[0]
+    assert f"'{path}'" in error["message"] and f"'{kind}'" in error["message"]
+    assert "reads text only" in error["message"]
+    assert "Input should be" not in error["message"]  # not every branch of the content union
+
+
+def test_an_error_inside_a_message_names_its_path_and_the_branch_that_fits(server):
+    missing_text = post_json(server, CHAT, chat(messages=[{"role": "user", "content": [{"type": "text"}]}]))
+    assert missing_text["message"] == "Invalid request: 'messages[0].content[0].text': Field required"
+    neither = post_json(server, CHAT, chat(messages=[{"role": "user", "content": 5}]))
+    assert "'messages[0].content'" in neither["message"]
+    assert "a valid string" in neither["message"] and "a valid list" in neither["message"]
+    role = post_json(server, CHAT, chat(messages=[MESSAGES[0], {"role": "robot", "content": "hi"}]))
+    assert role["message"].startswith("Invalid request: 'messages[1].role': Input should be 'system'")
+
+
 def test_the_openai_client_raises_its_own_error_types(server):
     api = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=API_KEY, max_retries=0)
     with pytest.raises(openai.BadRequestError) as bad:
