@@ -102,22 +102,37 @@ def _is_union_tag(segment: str) -> bool:
     return "[" in segment or "-" in segment or segment[:1].isupper() or segment in _PLAIN_TYPE_TAGS
 
 
-def _branches_that_got_furthest(errors: list[tuple[list[str], str]]) -> list[tuple[list[str], str]]:
-    """Of a union's branches, only those whose errors reach deepest into the value: for a list of
-    content parts, the list branch's error about part 1, not the string branch's "Input should be a
-    valid string". Branches that reach as deep are all kept ("a valid string or a valid list")."""
-    depth: dict[tuple[str, ...], dict[str, int]] = {}  # fork (the path before a tag) -> tag -> depth
-    for segments, _ in errors:
+def _branches_that_fit(errors: list[tuple[list[str], str]]) -> list[tuple[list[str], str]]:
+    """Of a union's branches, only those that fit the value best: a branch that took the value's type
+    (its errors are more than "Input should be a valid ...") over one that did not, then the branch
+    whose errors reach deepest. So a list of content parts gets the list branch's error about part 1,
+    not the string branch's "Input should be a valid string"; branches that fit as well are all
+    kept ("a valid string or a valid list")."""
+    fit: dict[tuple[str, ...], dict[str, tuple[bool, int]]] = {}  # fork (path before a tag) -> tag -> fit
+    for segments, message in errors:
+        took_type = not message.startswith("Input should be a valid ")
         for i, segment in enumerate(segments):
             if _is_union_tag(segment):
-                tags = depth.setdefault(tuple(segments[:i]), {})
-                tags[segment] = max(tags.get(segment, 0), len(segments))
-    best = {fork: {t for t, d in tags.items() if d == max(tags.values())} for fork, tags in depth.items()}
+                tags = fit.setdefault(tuple(segments[:i]), {})
+                took, depth = tags.get(segment, (False, 0))
+                tags[segment] = (took or took_type, max(depth, len(segments)))
+    best = {fork: {t for t, f in tags.items() if f == max(tags.values())} for fork, tags in fit.items()}
     return [
         (segments, message)
         for segments, message in errors
         if all(segment in best[tuple(segments[:i])] for i, segment in enumerate(segments) if _is_union_tag(segment))
     ]
+
+
+def _key_segments(key: str) -> list[str]:
+    """Litestar's "."-joined error location, split again; dots inside a union tag's brackets stay."""
+    segments, depth, start = [], 0, 0
+    for i, char in enumerate(key):
+        depth += (char == "[") - (char == "]")
+        if char == "." and depth == 0:
+            segments.append(key[start:i])
+            start = i + 1
+    return [*segments, key[start:]] if key else []
 
 
 def _field_path(segments: list[str]) -> str:
@@ -140,9 +155,9 @@ def _validation_message(exc: ValidationException) -> tuple[str, str | None]:
         message = str(item.get("message", item)) if isinstance(item, dict) else str(item)
         if key == "data" or (not key and "valid dictionary" in message):
             return "The request body must be a JSON object", None
-        errors.append((key.split(".") if key else [], message.removeprefix("Value error, ")))
+        errors.append((_key_segments(key), message.removeprefix("Value error, ")))
     problems: dict[str, list[str]] = {}
-    for segments, message in _branches_that_got_furthest(errors):
+    for segments, message in _branches_that_fit(errors):
         messages = problems.setdefault(_field_path(segments), [])
         if message not in messages:
             messages.append(message)

@@ -171,6 +171,11 @@ def test_an_error_inside_a_message_names_its_path_and_the_branch_that_fits(serve
     assert "a valid string" in neither["message"] and "a valid list" in neither["message"]
     role = post_json(server, CHAT, chat(messages=[MESSAGES[0], {"role": "robot", "content": "hi"}]))
     assert role["message"].startswith("Invalid request: 'messages[1].role': Input should be 'system'")
+    no_prompts = post_json(server, COMPLETIONS, completion(prompt=[]))  # a list: not the string branch's error
+    assert no_prompts["message"].startswith("Invalid request: 'prompt': List should have at least 1 item")
+    assert "valid string" not in no_prompts["message"]
+    mixed = post_json(server, COMPLETIONS, completion(prompt=[[1, "a"]]))
+    assert mixed["message"] == "Invalid request: 'prompt[0][1]': Input should be a valid integer"
 
 
 def test_the_openai_client_raises_its_own_error_types(server):
