@@ -130,7 +130,8 @@ def requested(body: Any) -> list[tuple[str, StructuredOutputs]]:
         found.append(("response_format", StructuredOutputs(json_object=True)))
     elif isinstance(fmt, JsonSchemaFormat):
         schema = fmt.json_schema.schema_
-        spec = StructuredOutputs(json=schema) if schema is not None else StructuredOutputs(json_object=True)
+        with as_field_error("response_format"):
+            spec = StructuredOutputs(json=schema) if schema is not None else StructuredOutputs(json_object=True)
         found.append(("response_format", spec))
     if body.structured_outputs is not None:
         with as_field_error("structured_outputs"):

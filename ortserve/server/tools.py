@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ortserve.sampling_params import StructuredOutputs
+from ortserve.sampling_params import MAX_GRAMMAR_CHARS, StructuredOutputs
 
 from .errors import BadRequest
 from .structured import JsonSchemaObject
@@ -90,7 +90,16 @@ class ToolPlan:
         chosen = [t for t in self.tools if self.choice in ("required", t.name)]
         specs = [{"name": t.name, "parameters": t.parameters} for t in chosen]
         parallel = self.parallel and self.choice == "required"
-        return StructuredOutputs(grammar=self.fmt.grammar(specs, parallel, start_token))
+        grammar = self.fmt.grammar(specs, parallel, start_token)
+        if len(grammar) > MAX_GRAMMAR_CHARS:
+            field = "functions" if self.legacy else "tools"
+            raise BadRequest(
+                f"forcing a call ({self.choice!r}) makes the chosen tools' parameter schemas a grammar of "
+                f"{len(grammar)} characters; at most {MAX_GRAMMAR_CHARS} are allowed: send smaller schemas "
+                "or fewer tools",
+                field,
+            )
+        return StructuredOutputs(grammar=grammar)
 
 
 def plan_tools(body: Any, template: str | None, parser: str) -> ToolPlan | None:

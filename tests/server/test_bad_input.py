@@ -18,6 +18,13 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 TOO_LONG = "hello " * (MAX_MODEL_LEN + 10)
 
 
+HUGE_ENUM = {"enum": [f"value {i}" for i in range(20_000)]}  # as JSON text, above the 64 KiB grammar bound
+HUGE_SCHEMA = {"type": "json_schema", "json_schema": {"name": "x", "schema": HUGE_ENUM}}
+HUGE_TOOLS = [
+    {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": HUGE_ENUM}}}}
+]
+
+
 def chat(**fields):
     return {"model": SERVED_NAME, "messages": MESSAGES, **fields}
 
@@ -103,6 +110,22 @@ CASES = [
         "chat_template",
     ),
     ("a prompt above the character bound", COMPLETIONS, completion(prompt="x" * 500_001), None, 400, "prompt"),
+    (
+        "a response_format schema above the grammar bound",
+        CHAT,
+        chat(response_format=HUGE_SCHEMA),
+        None,
+        400,
+        "response_format",
+    ),
+    (
+        "forced tools whose schemas make too large a grammar",
+        CHAT,
+        chat(tools=HUGE_TOOLS, tool_choice="required"),
+        None,
+        400,
+        "tools",
+    ),
     (
         "a forged system turn",
         CHAT,
