@@ -29,9 +29,11 @@ from ortserve.artifact import (
     MODEL_FILE,
     PRECISIONS,
     TOKENIZER_FILES,
+    TOKENIZER_SETTINGS,
     ActivationBits,
     ArtifactManifest,
     Precision,
+    has_tokenizer,
     is_artifact,
     save_manifest,
 )
@@ -419,6 +421,11 @@ def _print_summary(
         "  stored as    " + ", ".join(f"{label} x {count}" for label, count in sorted(m.weight_formats.items())),
         *([f"  calibrated   on {m.calibration} (GPTQ, error compensated on its inputs)"] if m.calibration else []),
         *(["  calibrated   no: the source has no tokenizer.json to read the text with"] if uncalibrated else []),
+        *(
+            [f"  tokenizer    none: serve and generate need {' or '.join(TOKENIZER_SETTINGS)} in {out}"]
+            if not has_tokenizer(out)
+            else []
+        ),
         f"  time         {seconds:.1f} s",
         f"  peak RSS     {export_peak / 2**20:,.0f} MiB"
         + (f" ({peak_rss_bytes() / 2**20:,.0f} MiB with validation)" if report is not None else ""),

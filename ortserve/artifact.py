@@ -38,6 +38,13 @@ TOKENIZER_FILES = (
     "chat_template.json",
     "generation_config.json",
 )
+TOKENIZER_SETTINGS = ("tokenizer.json", "tokenizer_config.json")  # a fast tokenizer, or a slow one's settings
+
+
+def has_tokenizer(folder: str | Path) -> bool:
+    """Whether ``folder`` holds a tokenizer to load: one of TOKENIZER_SETTINGS."""
+    return any((Path(folder) / name).is_file() for name in TOKENIZER_SETTINGS)
+
 
 Precision = Literal["fp32", "int8", "int5", "int4"]
 ActivationBits = Literal[8, 16]

@@ -54,7 +54,18 @@ def load_tokenizer(artifact_dir: str | Path, chat_template: str | None = None) -
     or template text) replacing the artifact's own when given."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(artifact_dir), local_files_only=True)
+    from ortserve.artifact import TOKENIZER_SETTINGS, has_tokenizer
+
+    folder = Path(artifact_dir)
+    if not has_tokenizer(folder):
+        raise ValueError(
+            f"{folder} has no tokenizer ({' or '.join(TOKENIZER_SETTINGS)}): copy the checkpoint's tokenizer files "
+            "into it (or export from a checkpoint directory that holds them)"
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{folder}: its tokenizer could not be loaded: {exc}") from exc
     if chat_template is not None:
         tokenizer.chat_template = read_chat_template(chat_template)
     return tokenizer

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ortserve.artifact import is_artifact, load_manifest
+from ortserve.artifact import has_tokenizer, is_artifact, load_manifest
 
 
 def ortserve_export(*args: str) -> subprocess.CompletedProcess:
@@ -142,6 +142,19 @@ def test_export_writes_an_artifact_and_a_summary(tiny_checkpoint, tmp_path):
     assert (manifest.weight_precision, manifest.lm_head_precision, manifest.max_model_len) == ("int4", "int8", 64)
 
 
+def test_a_checkpoint_without_a_tokenizer_exports_and_says_that_serving_needs_one(broken, tmp_path):
+    from ortserve.tokenizer import load_tokenizer
+
+    assert not has_tokenizer(broken)  # the tiny checkpoints are weights and config only
+    out = tmp_path / "artifact"
+    result = ortserve_export(str(broken), "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    needs = f"tokenizer    none: serve and generate need tokenizer.json or tokenizer_config.json in {out}"
+    assert needs in result.stderr
+    with pytest.raises(ValueError, match="has no tokenizer .*: copy the checkpoint's tokenizer files into it"):
+        load_tokenizer(out)
+
+
 def test_tensor_precision_reaches_export_from_the_command_line(tiny_checkpoint, tmp_path):
     good, bad = tmp_path / "good", tmp_path / "bad"
     source = str(tiny_checkpoint("llama2"))
@@ -172,6 +185,7 @@ def test_int4_export_reports_the_quality_check_against_fp32(tiny_llama_checkpoin
 
     result = ortserve_export(str(tiny_llama_checkpoint), "-o", str(tmp_path / "int4"), "--precision", "int4")
     assert result.returncode == 0, result.stderr
+    assert "tokenizer    none" not in result.stderr  # SmolLM2's tokenizer came with it
     line = next(x for x in result.stderr.splitlines() if x.strip().startswith("quality") and "agreement" in x)
     top1, ratio = re.search(r"agreement with fp32 ([\d.]+)%.*\(ratio ([\d.]+)\)", line).groups()  # type: ignore[union-attr]
     sequences = quality.text_ids(tmp_path / "int4")
