@@ -1,4 +1,7 @@
-"""`ortserve generate "prompt"`: a quick try of the offline engine from the shell.
+"""`ortserve generate [MODEL] "prompt"`: a quick try of the offline engine from the shell.
+
+MODEL is what every command takes (an artifact, checkpoint or .gguf path, or a built-in name), as
+the first word or as --model; without either, the default model answers.
 
 The answer streams to stdout as it is generated; the engine's start-up block and a one-line
 summary (tokens, time, tokens/s) go to stderr. A sampling flag left out takes the model's
@@ -21,7 +24,13 @@ SAMPLING_FLAGS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repet
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ortserve.engine.config import add_engine_arguments
 
-    parser.add_argument("prompt", nargs="+", help="the prompt (several words are joined with spaces)")
+    parser.add_argument(
+        "prompt",
+        nargs="+",
+        metavar="[MODEL] PROMPT",
+        help="the prompt (several words are joined with spaces); a first word that names a model (an "
+        "artifact, checkpoint or .gguf path, or a built-in name) is the model, unless --model is given",
+    )
     # Left out, these come from the model's generation_config.json (--generation-config auto), else
     # from CLI_DEFAULTS: a quick try is greedy unless the model's creator chose its sampling.
     parser.add_argument("--max-tokens", type=int, default=None, help="most tokens to generate (default 256)")
@@ -42,6 +51,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_arguments(parser)
 
 
+def split_model_argument(model: str | None, words: list[str]) -> tuple[str | None, list[str]]:
+    """(model, prompt words) of `generate MODEL PROMPT...` as of `generate --model MODEL PROMPT...`:
+    without --model, a first word that names a model is the model when a prompt follows it."""
+    from ortserve.models.source import ModelSourceError, find_source
+
+    if model is not None or len(words) < 2:
+        return model, words
+    try:
+        find_source(words[0])
+    except ModelSourceError:
+        return None, words  # a prompt's first word
+    return words[0], words[1:]
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     from ortserve.engine.config import EngineConfig
@@ -49,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
     from ortserve.sampling_params import SamplingParams, model_sampling_defaults
     from ortserve.tokenizer import ChatPrompts
 
-    prompt = " ".join(args.prompt)
+    args.model, words = split_model_argument(args.model, args.prompt)
+    prompt = " ".join(words)
     typed = {name: getattr(args, name) for name in SAMPLING_FLAGS if getattr(args, name) is not None}
     try:
         SamplingParams(**{**CLI_DEFAULTS, **typed}, seed=args.seed, stop=args.stop)  # a bad flag fails before the load

@@ -160,6 +160,24 @@ def test_generate_cli_streams_an_answer(smollm2_artifact):
     assert "KV cache" in result.stderr and "maximum concurrency" in result.stderr  # the start-up block
 
 
+def test_generate_cli_takes_the_model_as_its_first_word(smollm2_artifact, tmp_path):
+    argv = [sys.executable, "-m", "ortserve.cli", "generate", str(smollm2_artifact), "What is the capital of France?"]
+    result = subprocess.run([*argv, "--max-tokens", "16", "--kv-cache-space", "0.1"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout and str(smollm2_artifact) in result.stderr  # this artifact, not the default's
+
+
+def test_a_first_word_that_names_no_model_is_the_prompt_s(tmp_path):
+    from ortserve.generate_cli import split_model_argument
+
+    assert split_model_argument(None, ["smollm2-135m-instruct", "hi"]) == ("smollm2-135m-instruct", ["hi"])
+    assert split_model_argument(None, ["hello", "world"]) == (None, ["hello", "world"])
+    assert split_model_argument(None, [str(tmp_path), "hi"]) == (None, [str(tmp_path), "hi"])  # a path, no model
+    named = ["smollm2-135m-instruct", "hi"]
+    assert split_model_argument("x.gguf", named) == ("x.gguf", named)  # --model given: every word is the prompt
+    assert split_model_argument(None, ["smollm2-135m-instruct"]) == (None, ["smollm2-135m-instruct"])  # no prompt after
+
+
 def test_generate_cli_reports_a_kv_budget_that_does_not_fit(smollm2_artifact):
     result = subprocess.run(
         [
