@@ -78,7 +78,8 @@ class ChatService:
         self, body: ChatCompletionRequest, request: Request
     ) -> ChatCompletionResponse | EventStream | None:
         prepared = await self.prepare(body)
-        log = RequestLog(random_id("chatcmpl"), "chat", prompt_tokens=len(prepared.token_ids), user=body.user)
+        end_user = body.user or body.safety_identifier
+        log = RequestLog(random_id("chatcmpl"), "chat", prompt_tokens=len(prepared.token_ids), user=end_user)
         stream = self.client.submit(log.request_id, prepared.token_ids, prepared.params)
         if body.stream:
             return EventStream(self._stream(log, body, prepared, stream))

@@ -126,6 +126,26 @@ class RequestModel(BaseModel):
             )
 
 
+ONLY_FALSE = WithJsonSchema({"anyOf": [{"const": False}, {"type": "null"}], "description": "Only false"})
+EndUserId = Annotated[str, Field(max_length=256)]
+
+
+class CallerFields(BaseModel):
+    """What OpenAI's newer clients send about the caller rather than the generation (chat and
+    responses), honoured as a server with one service tier that stores nothing."""
+
+    safety_identifier: EndUserId | None = Field(None, description="End-user id (after 'user'), in the request log")
+    prompt_cache_key: Annotated[str, Field(max_length=256)] | None = Field(
+        None, description="Accepted: every request shares one prefix cache, with no key needed"
+    )
+    service_tier: Literal["auto", "default"] | None = Field(None, description="Only 'auto' or 'default': one tier")
+    store: Annotated[bool | None, ONLY_FALSE] = Field(None, description="Only false: nothing is stored")
+
+    def check_nothing_stored(self, what: str) -> None:
+        if self.store:
+            raise BadRequest(f"'store' is not supported: this server stores no {what}; omit it or send false", "store")
+
+
 class SamplingRequest(RequestModel):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
@@ -161,7 +181,7 @@ class SamplingRequest(RequestModel):
     skip_special_tokens: bool = True
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: Annotated[str, Field(max_length=256)] | None = Field(None, description="End-user id, in the request log")
+    user: EndUserId | None = Field(None, description="End-user id, in the request log")
     prompt_logprobs: LogprobCount | None = Field(
         None, description="Logprobs of each prompt token and its top k alternatives (vLLM); the prompt is recomputed"
     )
@@ -340,7 +360,7 @@ class ChatMessage(BaseModel):
         return entry
 
 
-class ChatCompletionRequest(SamplingRequest):
+class ChatCompletionRequest(SamplingRequest, CallerFields):
     """POST /v1/chat/completions."""
 
     model_config = ConfigDict(
@@ -385,6 +405,7 @@ class ChatCompletionRequest(SamplingRequest):
 
     def check(self) -> None:
         super().check()
+        self.check_nothing_stored("completions")
         if self.prediction is not None:
             raise BadRequest("'prediction' (predicted outputs) is not supported: omit it", "prediction")
         if self.top_logprobs and not self.logprobs:

@@ -28,8 +28,10 @@ from .engine_client import RequestStream
 from .errors import BadRequest, error_event
 from .protocol import (
     MAX_MESSAGES,
+    CallerFields,
     ChatCompletionRequest,
     ContentText,
+    EndUserId,
     RequestModel,
     TokenCount,
     bounded,
@@ -45,7 +47,6 @@ from .tools import FunctionName
 
 STRICT = ConfigDict(extra="ignore", strict=True)
 FORBID = ConfigDict(extra="forbid", strict=True)
-ONLY_FALSE = WithJsonSchema({"anyOf": [{"const": False}, {"type": "null"}], "description": "Only false"})
 NOT_SUPPORTED = WithJsonSchema({"type": "null", "description": "Not supported (nothing is stored): omit it"})
 
 
@@ -118,7 +119,7 @@ JSON_TEXT = {
 }
 
 
-class ResponsesRequest(RequestModel):
+class ResponsesRequest(RequestModel, CallerFields):
     """POST /v1/responses."""
 
     model_config = ConfigDict(
@@ -154,19 +155,15 @@ class ResponsesRequest(RequestModel):
     top_p: float = bounded("top_p", 1.0)
     stream: bool = False
     metadata: Annotated[dict[str, Annotated[str, Field(max_length=512)]], Field(max_length=16)] | None = None
-    user: Annotated[str, Field(max_length=256)] | None = None
+    user: EndUserId | None = None
     truncation: Literal["disabled"] | None = Field(None, description="Only 'disabled': a prompt too long is a 400")
-    store: Annotated[bool | None, ONLY_FALSE] = Field(None, description="Only false: nothing is stored")
     previous_response_id: Annotated[Any, NOT_SUPPORTED] = None
     include: Annotated[list[str], Field(max_length=0)] | None = Field(
         None, description="Only empty: no extra output (logprobs, reasoning) is available to include"
     )
 
     def check(self) -> None:
-        if self.store:
-            raise BadRequest(
-                "'store' is not supported: this server stores no responses; omit it or send false", "store"
-            )
+        self.check_nothing_stored("responses")
         if self.previous_response_id is not None:
             raise BadRequest(
                 "'previous_response_id' is not supported: this server stores no responses; send the "
@@ -242,7 +239,8 @@ class ResponsesService:
             if field is None:
                 raise
             raise BadRequest(exc.message.replace(f"'{exc.param}'", f"'{field}'"), field) from exc
-        log = RequestLog(random_id("resp"), "responses", prompt_tokens=len(prepared.token_ids), user=body.user)
+        end_user = body.user or body.safety_identifier
+        log = RequestLog(random_id("resp"), "responses", prompt_tokens=len(prepared.token_ids), user=end_user)
         stream = self.chat.client.submit(log.request_id, prepared.token_ids, prepared.params)
         if body.stream:
             return EventStream(self._stream(log, body, prepared, stream))

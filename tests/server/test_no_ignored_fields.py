@@ -98,7 +98,13 @@ TABLE = [
     ("prompt_logprobs", CHAT, chat(prompt_logprobs=1), lambda s, b: b["prompt_logprobs"][0] is None),
     ("user", CHAT, chat(user="user-4711"), lambda s, b: s.wait_output("user='user-4711'")),
     ("suffix", COMPLETIONS, completion(suffix="The end."), "suffix"),
-    ("an unknown field", CHAT, chat(service_tier="flex"), "service_tier"),
+    ("safety_identifier", CHAT, chat(safety_identifier="sid-4712"), lambda s, b: s.wait_output("user='sid-4712'")),
+    ("prompt_cache_key", CHAT, chat(prompt_cache_key="k1"), lambda s, b: text_of(b)),
+    ("service_tier: auto", CHAT, chat(service_tier="auto"), lambda s, b: text_of(b)),
+    ("service_tier: flex", CHAT, chat(service_tier="flex"), "service_tier"),
+    ("store: false", CHAT, chat(store=False), lambda s, b: text_of(b)),
+    ("store: true", CHAT, chat(store=True), "store"),
+    ("an unknown field", CHAT, chat(verbosity="low"), "verbosity"),
 ]  # fmt: skip
 
 
@@ -127,7 +133,7 @@ def test_the_schema_declares_that_unknown_fields_are_refused(tiny_server):
 
 def test_allow_extra_fields_ignores_unknown_fields(start_fake):
     server = start_fake("--allow-extra-fields")
-    body = {"model": "fake", "messages": MESSAGES, "max_tokens": 2, "service_tier": "flex", "store": False}
+    body = {"model": "fake", "messages": MESSAGES, "max_tokens": 2, "verbosity": "low", "web_search_options": {}}
     assert post(server, CHAT, body).status_code == 200
     schema = httpx.get(f"{server.base_url}/schema/openapi.json").json()["components"]["schemas"]
     assert schema["ChatCompletionRequest"]["additionalProperties"] is True
