@@ -238,7 +238,8 @@ class ResponsesService:
             field = RESPONSES_FIELDS.get(exc.param or "")
             if field is None:
                 raise
-            raise BadRequest(exc.message.replace(f"'{exc.param}'", f"'{field}'"), field) from exc
+            message = exc.message.replace(f"'{exc.param}'", f"'{field}'").replace("response_format.", "text.format.")
+            raise BadRequest(message, field) from exc
         end_user = body.user or body.safety_identifier
         log = RequestLog(random_id("resp"), "responses", prompt_tokens=len(prepared.token_ids), user=end_user)
         stream = self.chat.client.submit(log.request_id, prepared.token_ids, prepared.params)

@@ -138,3 +138,11 @@ def test_what_a_stateless_server_cannot_do_is_a_400_naming_it(api, fields, param
     with pytest.raises(openai.BadRequestError) as info:
         api.responses.create(model=TINY_NAME, input="hi", max_output_tokens=4, extra_body=fields)
     assert info.value.body["param"] == param
+
+
+def test_an_invalid_text_format_is_named_as_the_responses_api_names_it(api):
+    bad = {"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "foo"}}}}
+    with pytest.raises(openai.BadRequestError) as info:
+        api.responses.create(model=TINY_NAME, input="hi", max_output_tokens=4, extra_body=bad)
+    message = info.value.body["message"]
+    assert message.startswith("Invalid 'text': text.format.json is invalid") and "response_format" not in message
