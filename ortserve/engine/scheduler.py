@@ -9,8 +9,13 @@ last token. Each step fills a token budget (``max_num_batched_tokens``) under a 
    when blocks run out the newest running sequence is preempted (its blocks freed, recomputed
    later from its tokens, often from its own cached-idle blocks);
 2. then waiting sequences, oldest first, with their prompt chunked to the budget left, unless
-   this step preempted (no point admitting what was just evicted). A waiting sequence holds no
-   blocks; on admission it takes the blocks of its longest cached prefix.
+   this step preempted for blocks (no point admitting what was just evicted). A waiting sequence
+   holds no blocks; on admission it takes the blocks of its longest cached prefix.
+
+Sequence slots are shared by request: when every slot is taken and a request waits with none
+running, the request holding the most slots gives its newest one back (recomputed later, mostly from
+its cached blocks) and the waiting request goes first. So one request's many samples (n, best_of)
+cannot hold every other client back until they all end.
 
 Samples 1..n-1 of a request enter the waiting queue when sample 0 has its prompt in the cache,
 and share its prompt blocks.
@@ -27,7 +32,7 @@ tokens, and are dropped rather than preempt another sequence.
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from ortserve.engine.block_manager import BlockManager
@@ -104,6 +109,7 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
+        self._share_slots()
         block_manager, running = self.block_manager, self.running
         preemptions = self.counters.num_preemptions
         i = 0
@@ -284,6 +290,24 @@ class Scheduler:
             budget -= len(drafts)
             self.counters.num_draft_tokens += len(drafts)
         return budget
+
+    def _share_slots(self) -> None:
+        """With every slot taken, a waiting request that has none running gets one from the request
+        that holds the most (if it holds more than one) and goes to the head of the queue."""
+        if len(self.running) < self.max_num_seqs or not self.waiting:
+            return
+        held = Counter(seq.request.request_id for seq in self.running)
+        newcomer = next((seq for seq in self.waiting if seq.request.request_id not in held), None)
+        if newcomer is None:
+            return
+        hog, slots = held.most_common(1)[0]
+        if slots < 2:
+            return
+        victim = next(seq for seq in reversed(self.running) if seq.request.request_id == hog)
+        self.running.remove(victim)
+        self._preempt(victim)
+        self.waiting.remove(newcomer)
+        self.waiting.appendleft(newcomer)
 
     def _allocate_or_preempt(self, seq: Sequence, num_new: int) -> bool:
         """Blocks for the next ``num_new`` tokens of a running ``seq``, preempting the newest

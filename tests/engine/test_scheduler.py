@@ -95,6 +95,26 @@ def test_block_shortage_preempts_the_newest_and_recomputes_to_the_same_tokens():
     scheduler.block_manager.check_idle()
 
 
+def test_a_request_that_holds_every_slot_gives_one_to_a_request_that_waits():
+    scheduler = make_scheduler(num_blocks=256, block_size=4, max_num_batched_tokens=64, max_num_seqs=4)
+    hog = make_request(range(10), n=8, max_tokens=40)
+    scheduler.add(hog)
+    for _ in range(3):
+        step(scheduler)
+    assert len(scheduler.running) == 4 and {s.request for s in scheduler.running} == {hog}
+    short = make_request(range(100, 105), max_tokens=3)
+    scheduler.add(short)
+    finished = []
+    outputs = run_to_completion(scheduler, on_step=lambda batch: finished.append(short.sequences[0].finish_reason is not None))
+    short_steps = finished.index(True) if True in finished else len(finished)
+    assert short_steps <= 4  # admitted at once, done in its 3 tokens' steps; not after the hog's 40
+    assert scheduler.counters.num_preemptions >= 1
+    assert outputs[(short.request_id, 0)] == solo_outputs(list(range(100, 105)), 3)
+    for seq in hog.sequences:  # the hog's preempted sample recomputes to the same tokens
+        assert list(seq.token_ids[10:]) == solo_outputs(list(range(10)), 40)
+    scheduler.block_manager.check_idle()
+
+
 def test_prefix_hit_skips_prefill_of_shared_blocks():
     scheduler = make_scheduler(num_blocks=64, block_size=4, max_num_batched_tokens=64)
     shared = list(range(12))  # 3 blocks
