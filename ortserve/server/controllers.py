@@ -19,8 +19,6 @@ from .metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from .protocol import (
     ChatCompletionRequest,
     CompletionRequest,
-    DetokenizeRequest,
-    TokenizeRequest,
 )
 from .response_items import ResponseObject
 from .responses import (
@@ -37,6 +35,7 @@ from .responses_api import ResponsesRequest, ResponsesService
 from .sampling import as_bad_request
 from .settings import ServerSettings
 from .streams import EventStream
+from .tokenize_requests import DetokenizeRequest, TokenizeRequest
 
 T = TypeVar("T")
 

@@ -19,10 +19,9 @@ from .protocol import (
     TOKEN_ID_MARK,
     ChatCompletionRequest,
     CompletionRequest,
-    DetokenizeRequest,
-    TokenizeRequest,
 )
 from .responses_api import ResponsesRequest
+from .tokenize_requests import DetokenizeRequest, TokenizeRequest
 
 REQUEST_MODELS: tuple[type[BaseModel], ...] = (
     CompletionRequest,

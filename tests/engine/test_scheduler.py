@@ -105,7 +105,8 @@ def test_a_request_that_holds_every_slot_gives_one_to_a_request_that_waits():
     short = make_request(range(100, 105), max_tokens=3)
     scheduler.add(short)
     finished = []
-    outputs = run_to_completion(scheduler, on_step=lambda batch: finished.append(short.sequences[0].finish_reason is not None))
+    short_seq = short.sequences[0]
+    outputs = run_to_completion(scheduler, on_step=lambda batch: finished.append(short_seq.finish_reason is not None))
     short_steps = finished.index(True) if True in finished else len(finished)
     assert short_steps <= 4  # admitted at once, done in its 3 tokens' steps; not after the hog's 40
     assert scheduler.counters.num_preemptions >= 1
