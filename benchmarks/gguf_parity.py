@@ -2,7 +2,7 @@
 
 For each of the nine families, a tiny random Hugging Face checkpoint (peers/gguf_peer.py) goes
 through llama.cpp's own convert_hf_to_gguf.py (f32), then llama-quantize to Q8_0, Q4_0 and
-Q4_K_M. ortserve exports each file (its codes imported exactly) and computes the logits at every
+Q4_K_M (and IQ4_NL, IQ4_XS). ortserve exports each file (its codes imported exactly) and computes the logits at every
 position of a 48-token sequence (24 prefilled, then one token per step); llama.cpp computes them
 through llama-cpp-python with ``logits_all`` (f32 KV cache). The table goes to
 benchmarks/tables/gguf_parity.md (RESULTS.md includes it).
@@ -36,7 +36,7 @@ from runners.common import BENCH_DIR, LLAMA_BIN, PEERS_PY, RESULTS
 from runners.llamacpp import convert_script
 
 FAMILIES = ("llama", "llama3-rope", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3", "gpt2")
-TYPES = ("F32", "Q8_0", "Q4_0", "Q4_K_M")
+TYPES = ("F32", "Q8_0", "Q4_0", "Q4_K_M", "IQ4_NL", "IQ4_XS")
 WORK = RESULTS / "gguf-parity"
 TABLE = BENCH_DIR / "tables" / "gguf_parity.md"
 LENGTH, PROMPT = 48, 24

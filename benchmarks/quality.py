@@ -9,8 +9,9 @@ on export's built-in text (export/calibration.py), and int4 once more with ``--n
 llama.cpp: ``llama-quantize --allow-requantize`` of the GGUF to F32, then to Q4_K_M / Q8_0, and to
 Q4_K_M / Q4_0 with an importance matrix (``llama-imatrix`` on the same calibration text), run by
 llama-cpp-python. Each system is compared with its own fp32 run (ortserve's fp32
-export, llama.cpp's F32 file). A last row per model: the GGUF file's own codes, as
-``ortserve serve FILE.gguf`` serves it. Quality numbers are deterministic.
+export, llama.cpp's F32 file). Two last ortserve rows per model: the GGUF file's own codes, as
+``ortserve serve FILE.gguf`` serves it, and llama.cpp's IQ4_XS file of the same weights (its codes
+imported exactly, beside llama.cpp's own IQ4_XS row). Quality numbers are deterministic.
 
     python benchmarks/quality.py              # writes benchmarks/tables/quality.md
     python benchmarks/quality.py --ortserve-only   # after a change to ortserve: its rows only
@@ -226,14 +227,18 @@ def main() -> int:
             (f"ortserve int5 --tensor-precision '{mix[0]}'", "int5", checkpoint, {"rules": mix}),
             ("ortserve int8", "int8", checkpoint, {}),
             ("ortserve, the file's own codes", None, gguf, {}),
+            ("ortserve on llama.cpp's IQ4_XS file", None, llama_cpp_file(gguf, name, "IQ4_XS"), {}),
         ):
-            artifact = ortserve_artifact(source, name, precision, **options)
+            artifact = ortserve_artifact(
+                source, Path(source).stem if source != checkpoint else name, precision, **options
+            )
             report = compare(all_logits(artifact, sequences), reference, sequences)
             rows.append((model, label, weight_mib(artifact), report))
         if "ORTSERVE_KERNEL_ISA" in os.environ or args.ortserve_only:
             continue
         llama_reference = llama_cpp_logits(llama_cpp_file(gguf, name, "F32"), sequences)
-        for kind, calibrated in (("Q4_K_M", False), ("Q4_K_M", True), ("Q4_0", True), ("Q8_0", False)):
+        kinds = (("Q4_K_M", False), ("Q4_K_M", True), ("Q4_0", True), ("IQ4_XS", False), ("Q8_0", False))
+        for kind, calibrated in kinds:
             path = llama_cpp_file(gguf, name, kind, calibrated)
             rows.append(
                 (
@@ -259,8 +264,9 @@ def main() -> int:
         "(teacher-forced). Every row quantises the same fp32 weights (each model's GGUF dequantised); llama.cpp "
         "quantises with `llama-quantize`, with `--imatrix` where the row says so (from `llama-imatrix` on "
         "ortserve's built-in calibration text, `export/calibration.txt`, in chunks of 384 tokens); ortserve "
-        "calibrates on that text (not these texts) unless the row says `--no-calibration`. The last row per model is the GGUF file's own codes, as "
-        "`ortserve serve FILE.gguf` serves them. Weights: `model.onnx.data` or the GGUF file, including the "
+        "calibrates on that text (not these texts) unless the row says `--no-calibration`. The last two ortserve rows per model "
+        "serve GGUF files as `ortserve serve FILE.gguf` does: the model's own file, and llama.cpp's IQ4_XS of the same "
+        "weights (codes imported exactly, as 8-bit codes: its 4-bit codes index a table of 16 values). Weights: `model.onnx.data` or the GGUF file, including the "
         "embedding. The numbers are deterministic on one machine, but the int8-activation kernels differ by ISA "
         "(VNNI or AVX2), so each ISA has its rows; a run replaces only its own ISA's (with `--ortserve-only`, "
         "only its ortserve rows: llama.cpp's do not depend on ortserve's kernels). 'AVX2 kernels on ...' rows "

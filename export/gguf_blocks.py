@@ -15,6 +15,13 @@ float scale ``s`` and either a constant integer zero point (``o = -s * z``) or a
 | Q5_1 | MatMulQ5                  | d                | o = m              |
 | Q5_K | MatMulQ5                  | d * scale[j]     | o = -dmin * min[j] |
 | Q6_K | MatMulNBits 8 bits, blocks of 16 | d * scale[j] | z = 32          |
+| IQ4_NL | MatMulQ8 (kvalues + 128) | d              | z = 128            |
+| IQ4_XS | MatMulQ8 (kvalues + 128) | d * (ls[j] - 32) | z = 128          |
+
+The IQ4 formats' 4-bit codes index a table of 16 int8 values (``kvalues``, -127 ... 113): not a
+linear grid, so they are held as 8-bit codes ``kvalue + 128`` (as Q8_0's), at 8.5 or 10 bits a
+weight instead of 4.25-4.5, but with llama.cpp's weights exactly rather than re-quantised. Every
+product stays exact in float32: IQ4_XS's d (fp16, 11 bits) * (ls - 32) (at most 5) * a code (8).
 
 ``s`` and ``o`` are computed exactly as gguf's dequantiser computes them (float32 products), so
 ``s * q + o`` equals ``gguf.quants.dequantize`` bit for bit (tests/models/test_gguf_import.py).
@@ -67,6 +74,17 @@ def _q6_scales(blocks: np.ndarray) -> tuple[np.ndarray, None]:
     return blocks[:, 192:208].view(np.int8), None
 
 
+def _iq4_xs_scales(blocks: np.ndarray) -> tuple[np.ndarray, None]:
+    """IQ4_XS: the 8 sub-block scales ls - 32 (6 bits: 4 low bits in bytes 4-7, 2 high bits in the
+    uint16 at 2), as gguf's dequantiser unpacks them."""
+    high = blocks[:, 2:4].copy().view(np.uint16)  # [n, 1]
+    low = blocks[:, 4:8]
+    j = np.arange(8)
+    low_bits = (low[:, j // 2] >> (4 * (j % 2))) & 0x0F
+    high_bits = (high >> (2 * j)).astype(np.uint8) & 0x03
+    return (low_bits | (high_bits << 4)).astype(np.int8) - np.int8(32), None
+
+
 FORMATS: dict[str, BlockFormat] = {
     "Q4_0": BlockFormat(4, 4, 32, 8, False, (0,)),
     "Q5_0": BlockFormat(8, 5, 32, 16, False, (0,)),
@@ -76,6 +94,8 @@ FORMATS: dict[str, BlockFormat] = {
     "Q5_1": BlockFormat(8, 5, 32, 0, True, (0, 2)),
     "Q4_K": BlockFormat(4, 4, 32, 0, True, (0, 2), _k_scales),
     "Q5_K": BlockFormat(8, 5, 32, 0, True, (0, 2), _k_scales),
+    "IQ4_NL": BlockFormat(8, 8, 32, 128, False, (0,)),
+    "IQ4_XS": BlockFormat(8, 8, 32, 128, False, (0,), _iq4_xs_scales),
 }
 
 

@@ -4,7 +4,7 @@ quantised here. One rule, decided per tensor before any weight is read:
 - ``--precision fp32``: fp32 (a GGUF tensor is dequantised exactly).
 - a GGUF tensor of a format in ``gguf_blocks.FORMATS``: its codes, imported exactly, whatever
   the precision (Q8_0 stays 8-bit under int4: re-quantising would only lose information).
-- a GGUF tensor of another quantised format (Q2_K, Q3_K, IQ*): dequantised, then quantised to
+- a GGUF tensor of another quantised format (Q2_K, Q3_K, IQ1-IQ3): dequantised, then quantised to
   the precision (int4 when none is given) -- export lists these.
 - a float tensor: the precision (fp32 when none is given), quantised by ``qweight.quantize_q``.
 

@@ -82,7 +82,7 @@ def test_imported_weights_dequantise_bit_exactly_to_ggufs_own(qtype, tiny_gguf):
     w = gguf_weights(path)
     rows_q = CONFIG["heads"] * CONFIG["head_dim"]
     model = onnx.load(artifact / "model.onnx", load_external_data=False)
-    op = {"Q4": "MatMulQ4", "Q5": "MatMulQ5", "Q8": "MatMulQ8", "Q6": "MatMulNBits"}[qtype[:2]]
+    op = {"Q4": "MatMulQ4", "Q5": "MatMulQ5", "Q8": "MatMulQ8", "Q6": "MatMulNBits", "IQ": "MatMulQ8"}[qtype[:2]]
     assert next(n.op_type for n in model.graph.node if n.name.startswith("layers.0.qkv")) == op  # codes at their width
     qkv = imported(artifact, "layers.0.qkv")
     # our rows are Hugging Face's order; llama.cpp's converter permutes Q and K rows
@@ -121,6 +121,8 @@ def test_imported_weights_dequantise_bit_exactly_to_ggufs_own(qtype, tiny_gguf):
         ("Q8_0", ".scales", np.float16),
         ("Q5_1", ".scales", np.float16),
         ("Q5_K", ".scales", np.float32),
+        ("IQ4_NL", ".scales", np.float16),
+        ("IQ4_XS", ".scales", np.float32),
     ],
 )
 def test_scales_and_minimums_are_fp16_where_fp16_holds_them_exactly(qtype, name, stored, tiny_gguf):

@@ -1,8 +1,8 @@
 """Tiny GGUF files written with the gguf library, in the layout llama.cpp's converter gives a Llama:
 random weights, every linear (and the tied embedding) stored in one chosen GGUF type, and a small
 byte-level tokenizer (fast to convert). Quantised with ``gguf.quants.quantize`` where gguf can
-(Q4_0, Q4_1, Q5_0, Q5_1, Q8_0); for the K-quants, which gguf only dequantises, with random
-blocks of valid bytes and small scales."""
+(Q4_0, Q4_1, Q5_0, Q5_1, Q8_0); for the K-quants and IQ4 formats, which gguf only dequantises,
+with random blocks of valid bytes and small scales."""
 
 from __future__ import annotations
 
@@ -12,19 +12,28 @@ import numpy as np
 
 CONFIG = dict(hidden=256, heads=8, kv_heads=4, head_dim=32, intermediate=512, layers=1, vocab=320)
 QUANTISED_BY_GGUF = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
-RANDOM_BLOCKS = ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K")
-FORMATS = QUANTISED_BY_GGUF + RANDOM_BLOCKS[:3]  # the formats imported exactly
-_HALF_AT = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q2_K": (80, 82), "Q3_K": (108,)}  # fp16 fields
+RANDOM_BLOCKS = ("Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K")
+FORMATS = QUANTISED_BY_GGUF + RANDOM_BLOCKS[:5]  # the formats imported exactly
+_HALF_AT = {
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+    "IQ4_NL": (0,),
+    "IQ4_XS": (0,),
+    "Q2_K": (80, 82),
+    "Q3_K": (108,),
+}  # fp16 fields
 
 
 def random_blocks(rows: int, cols: int, qtype: str, rng: np.random.Generator) -> np.ndarray:
-    """Raw K-quant blocks: random code and sub-scale bytes, fp16 (d, dmin) in a sane range."""
+    """Raw K-quant or IQ4 blocks: random code and sub-scale bytes, fp16 (d, dmin) in a sane range."""
     import gguf
 
     block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
     blocks = rng.integers(0, 256, (rows * cols // block, size), dtype=np.uint8)
     for at in _HALF_AT[qtype]:
-        scale = (rng.uniform(0.2, 1.0, len(blocks)) * rng.choice([-1, 1], len(blocks)) * 2e-3).astype(np.float16)
+        size_of_d = 2e-4 if qtype == "IQ4_XS" else 2e-3  # its d is scaled by ls - 32 (up to 32) again
+        scale = (rng.uniform(0.2, 1.0, len(blocks)) * rng.choice([-1, 1], len(blocks)) * size_of_d).astype(np.float16)
         blocks[:, at : at + 2] = scale.view(np.uint8).reshape(-1, 2)
     return blocks.reshape(rows, -1)
 
