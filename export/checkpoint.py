@@ -119,21 +119,26 @@ class Checkpoint:
 
     def read(self, name: str) -> np.ndarray:
         """The tensor as a contiguous float32 array."""
+        return np.ascontiguousarray(self.read_stored(name), np.float32)
+
+    def dtype(self, name: str) -> str:
+        """The tensor's safetensors dtype: 'F32', 'BF16', 'I32', 'I8', ..."""
+        self.shape(name)
+        return str(self._entry(name)[2]["dtype"])
+
+    def read_stored(self, name: str) -> np.ndarray:
+        """The tensor in its stored dtype (integer codes stay integers); BF16, which numpy lacks, as float32."""
         self.shape(name)
         shard, header_len, entry = self._entry(name)
         try:
             if entry["dtype"] == "BF16":
                 start, end = entry["data_offsets"]
                 raw = np.fromfile(shard, dtype="<u2", count=(end - start) // 2, offset=8 + header_len + start)
-                array = (raw.astype(np.uint32) << 16).view(np.float32).reshape(entry["shape"])
-            else:
-                with safe_open(shard, framework="np") as f:
-                    array = f.get_tensor(entry["stored_name"])
+                return (raw.astype(np.uint32) << 16).view(np.float32).reshape(entry["shape"])
+            with safe_open(shard, framework="np") as f:
+                return f.get_tensor(entry["stored_name"])
         except (OSError, ValueError, TypeError) as exc:
             raise ExportError(f"could not read '{name}' from {shard} ({exc}); the checkpoint looks corrupt") from exc
-        if array.dtype != np.float32:
-            array = array.astype(np.float32)
-        return np.ascontiguousarray(array)
 
     def read_rows(self, name: str, count: int) -> np.ndarray:
         """The first ``count`` rows of a 2-D tensor as float32, without reading the rest."""
@@ -152,6 +157,9 @@ class Checkpoint:
 
     def gguf_type(self, name: str) -> str:
         return "F32"  # safetensors tensors are floats; they are read as float32
+
+    def code_layout(self, name: str) -> None:
+        return None  # float tensors have no codes
 
     def import_blocks(self, name: str):
         raise ExportError(f"tensor '{name}' of {self.folder} is a float tensor, not GGUF blocks")

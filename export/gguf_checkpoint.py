@@ -21,20 +21,26 @@ import numpy as np
 from .architectures import Architecture
 from .checkpoint import Checkpoint, sha256_files
 from .errors import ExportError
-from .gguf_blocks import import_blocks
-from .nbits import QuantizedWeight
+from .gguf_blocks import FORMATS, import_blocks
+from .hf_quantized import QuantizedCheckpoint, quantization_method
+from .nbits import BLOCK_SIZE, QuantizedWeight
 
 GGUF_WEIGHTS = "model.gguf"  # in a GGUF source's checkpoint folder: a link to the file
 
 
-def open_checkpoint(folder: Path, arch: Architecture, config: dict[str, Any]) -> Checkpoint | GgufCheckpoint:
-    """The tensors of a checkpoint folder: its GGUF file when it links one, else its safetensors."""
+def open_checkpoint(
+    folder: Path, arch: Architecture, config: dict[str, Any]
+) -> Checkpoint | GgufCheckpoint | QuantizedCheckpoint:
+    """The tensors of a checkpoint folder: its GGUF file when it links one, else its safetensors
+    (quantised ones through ``hf_quantized``)."""
     gguf_file = Path(folder) / GGUF_WEIGHTS
     if gguf_file.exists():
         return GgufCheckpoint(gguf_file.resolve(), arch, config)
     if gguf_file.is_symlink():
         raise ExportError(f"{gguf_file} links to {gguf_file.readlink()}, which no longer exists")
-    return Checkpoint(folder, arch.strip_prefixes)
+    method = quantization_method(config, Path(folder))
+    checkpoint = Checkpoint(folder, arch.strip_prefixes)
+    return checkpoint if method is None else QuantizedCheckpoint(checkpoint, method)
 
 
 def gguf_tensor_names(arch: Architecture, num_layers: int) -> dict[str, str]:
@@ -128,6 +134,14 @@ class GgufCheckpoint:
 
     def read_rows(self, name: str, count: int) -> np.ndarray:
         return self.read(name)[:count]
+
+    def code_layout(self, name: str) -> tuple[int, int] | None:
+        """(bits, block size) of the codes ``import_blocks`` gives exactly: MatMulQ{code bits} for
+        blocks of 32, MatMulNBits for Q6_K's 16; None for a format without an exact form."""
+        fmt = FORMATS.get(self.gguf_type(name))
+        if fmt is None:
+            return None
+        return (fmt.code_bits if fmt.block_size == BLOCK_SIZE else fmt.bits), fmt.block_size
 
     def import_blocks(self, name: str) -> QuantizedWeight:
         """The tensor's codes, exactly, in MatMulNBits packing ([out, in] rows; ``q4.from_blocks`` for 4-bit)."""

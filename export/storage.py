@@ -2,8 +2,9 @@
 quantised here. One rule, decided per tensor before any weight is read:
 
 - ``--precision fp32``: fp32 (a GGUF tensor is dequantised exactly).
-- a GGUF tensor of a format in ``gguf_blocks.FORMATS``: its codes, imported exactly, whatever
-  the precision (Q8_0 stays 8-bit under int4: re-quantising would only lose information).
+- a GGUF tensor of a format in ``gguf_blocks.FORMATS``, or a quantised Hugging Face checkpoint's
+  linear grouped in blocks of 32 (``hf_quantized``): its codes, imported exactly, whatever the
+  precision (Q8_0 stays 8-bit under int4: re-quantising would only lose information).
 - a GGUF tensor of another quantised format (Q2_K, Q3_K, IQ1-IQ3): dequantised, then quantised to
   the precision (int4 when none is given) -- export lists these.
 - a float tensor: the precision (fp32 when none is given), quantised by ``qweight.quantize_q``.
@@ -23,7 +24,6 @@ from typing import Literal
 from ortserve.artifact import PRECISIONS
 
 from .errors import ExportError
-from .gguf_blocks import FORMATS
 from .nbits import BITS, BLOCK_SIZE
 from .weights import WeightSource
 
@@ -87,10 +87,9 @@ def plan(source: WeightSource, name: str, precision: str | None, rules: Sequence
     source_type = source.gguf_type(name)
     if precision == "fp32":
         return Storage("fp32", source_type=source_type)
-    fmt = FORMATS.get(source_type)
-    if fmt is not None:
-        bits = fmt.code_bits if fmt.block_size == BLOCK_SIZE else fmt.bits  # MatMulQ4 / Q5 / Q8, or MatMulNBits
-        return Storage("exact", bits, fmt.block_size, source_type)
+    layout = source.code_layout(name)  # MatMulQ4 / Q5 / Q8 (blocks of 32), or MatMulNBits
+    if layout is not None:
+        return Storage("exact", *layout, source_type)
     if source_type in FLOAT_TYPES and precision is None:
         return Storage("fp32", source_type=source_type)
     return Storage("quantize", BITS[precision or "int4"], BLOCK_SIZE, source_type)

@@ -18,6 +18,7 @@ import onnx
 from .checkpoint import Checkpoint
 from .errors import ExportError
 from .gguf_checkpoint import GgufCheckpoint
+from .hf_quantized import QuantizedCheckpoint
 
 DATA_FILE = "model.onnx.data"
 _ALIGN = 64  # every tensor starts on a cache line;
@@ -65,7 +66,7 @@ class WeightSource:
     """Checkpoint tensors by role, in the builder's layout: linear weights [out, in], float32
     (or, for a GGUF tensor, its codes: ``import_blocks``)."""
 
-    def __init__(self, checkpoint: Checkpoint | GgufCheckpoint):
+    def __init__(self, checkpoint: Checkpoint | GgufCheckpoint | QuantizedCheckpoint):
         self.checkpoint = checkpoint
         self.used: set[str] = set()
 
@@ -95,8 +96,13 @@ class WeightSource:
         """The tensor's GGUF type name ('Q4_K', 'F32', ...); 'F32' for a safetensors tensor."""
         return self.checkpoint.gguf_type(name)
 
+    def code_layout(self, name: str) -> tuple[int, int] | None:
+        """(bits, block size) of the tensor's own codes when ``import_blocks`` gives them exactly."""
+        return self.checkpoint.code_layout(name)
+
     def import_blocks(self, name: str):
-        """A GGUF tensor's own codes as an exact MatMulNBits-packed weight, in [out, in] row order."""
+        """A quantised tensor's own codes (GGUF blocks, or a quantised Hugging Face checkpoint's) as
+        an exact MatMulNBits-packed weight, in [out, in] row order."""
         return self.checkpoint.import_blocks(name)
 
     def num_parameters(self) -> int:

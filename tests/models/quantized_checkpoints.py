@@ -1,0 +1,152 @@
+"""Tiny quantised Hugging Face Llama checkpoints, and their weights as an independent library reads them.
+
+- compressed-tensors: the library's own ``apply_quantization_config`` and ``ModelCompressor`` write
+  the checkpoint of a bf16 model (pack-quantized or int-quantized, as llm-compressor does after
+  computing scales);
+  the reference weights are the library's ``decompress`` of the saved tensors, with the scales
+  widened to float64 so that its products are exact.
+- AutoAWQ (GEMM): codes, zeros and scales packed here in AutoAWQ's layout; the reference weights
+  are compressed-tensors' ``AutoAWQConverter`` (which vLLM's tooling uses to read AutoAWQ
+  checkpoints) followed by the same ``decompress``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+CONFIG = dict(
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=1,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=32,
+    vocab_size=320,
+    tie_word_embeddings=False,
+)
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _model(seed: int):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(**CONFIG)).eval()
+
+
+def _modules(model) -> dict[str, object]:
+    return {name: m for name, m in model.named_modules() if name.rsplit(".", 1)[-1] in LINEARS}
+
+
+def write_compressed_tensors(
+    folder: Path, *, bits: int = 4, group_size: int | None = 64, symmetric: bool = True, seed: int = 0
+) -> dict[str, np.ndarray]:
+    """A checkpoint in compressed-tensors' pack-quantized format (int-quantized for 8-bit per-row
+    codes with int8 activations, as W8A8 checkpoints are); returns {module: reference weight [N, K]
+    float32}."""
+    import torch
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import (
+        QuantizationArgs,
+        QuantizationConfig,
+        QuantizationScheme,
+        QuantizationStatus,
+        apply_quantization_config,
+    )
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    model = _model(seed).to(torch.bfloat16)  # llm-compressor's usual input: bf16 weights, so bf16 scales
+    strategy = "group" if group_size else "channel"
+    args = QuantizationArgs(num_bits=bits, type="int", symmetric=symmetric, strategy=strategy, group_size=group_size)
+    w8a8 = bits == 8 and group_size is None  # int-quantized, with dynamic int8 activations per token
+    fmt = "int-quantized" if w8a8 else "pack-quantized"
+    activations = QuantizationArgs(num_bits=8, type="int", symmetric=True, strategy="token", dynamic=True)
+    scheme = QuantizationScheme(targets=["Linear"], weights=args, input_activations=activations if w8a8 else None)
+    apply_quantization_config(model, QuantizationConfig(config_groups={"g": scheme}, ignore=["lm_head"], format=fmt))
+    with torch.no_grad():
+        for module in _modules(model).values():
+            w = module.weight  # type: ignore[attr-defined]
+            groups = w.reshape(w.shape[0], -1, group_size or w.shape[1])
+            scale, zero = calculate_qparams(groups.amin(-1), groups.amax(-1), args)
+            module.weight_scale.copy_(scale.reshape(module.weight_scale.shape))  # type: ignore[attr-defined]
+            if hasattr(module, "weight_zero_point"):
+                module.weight_zero_point.copy_(zero.reshape(module.weight_zero_point.shape))  # type: ignore[attr-defined]
+    for module in model.modules():
+        if hasattr(module, "quantization_status"):
+            module.quantization_status = QuantizationStatus.FROZEN
+    compressor = ModelCompressor.from_pretrained_model(model, quantization_format=fmt)
+    compressor.compress_model(model)
+    model.save_pretrained(folder)
+    compressor.update_config(str(folder))
+    return _decompressed(folder, scheme, fmt)
+
+
+def _decompressed(folder: Path, scheme, fmt: str) -> dict[str, np.ndarray]:
+    import torch
+    from compressed_tensors.compressors import IntQuantizationCompressor, PackedQuantizationCompressor
+    from safetensors.torch import load_file
+
+    compressor = IntQuantizationCompressor if fmt == "int-quantized" else PackedQuantizationCompressor
+    tensors = load_file(folder / "model.safetensors")
+    weights = {}
+    for module in {name.rsplit(".", 1)[0] for name in tensors if name.endswith(".weight_scale")}:
+        state = {k.rsplit(".", 1)[1]: v for k, v in tensors.items() if k.rsplit(".", 1)[0] == module}
+        state["weight_scale"] = state["weight_scale"].to(torch.float64)  # exact products
+        weights[module] = compressor.decompress(state, scheme)["weight"].to(torch.float32).numpy()
+    return weights
+
+
+def write_awq(folder: Path, *, group_size: int = 64, zero_point: bool = True, seed: int = 0) -> dict[str, np.ndarray]:
+    """A checkpoint in AutoAWQ's GEMM layout (random codes, zeros and fp16 scales); returns {module:
+    reference weight [N, K] float32} as compressed-tensors' AutoAWQ converter reads it."""
+    import torch
+    from compressed_tensors.entrypoints.convert.converters.autoawq import AutoAWQConverter
+    from safetensors.torch import save_file
+
+    model = _model(seed)
+    rng = np.random.default_rng(seed)
+    tensors = {k: v.contiguous() for k, v in model.state_dict().items()}
+    for name, module in _modules(model).items():
+        n, k = module.weight.shape  # type: ignore[attr-defined]
+        codes = rng.integers(0, 16, (k, n))  # [in, out], as AutoAWQ holds them
+        zeros = rng.integers(0, 16, (k // group_size, n)) if zero_point else None
+        scales = (rng.uniform(0.5, 1.5, (k // group_size, n)) * 4e-3).astype(np.float16)
+        del tensors[f"{name}.weight"]
+        tensors[f"{name}.qweight"] = torch.from_numpy(_awq_pack(codes))
+        tensors[f"{name}.scales"] = torch.from_numpy(scales)
+        if zeros is not None:
+            tensors[f"{name}.qzeros"] = torch.from_numpy(_awq_pack(zeros))
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, folder / "model.safetensors")
+    config = dict(model.config.to_dict())
+    quant = {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": zero_point, "version": "gemm"}
+    (folder / "config.json").write_text(json.dumps({**config, "quantization_config": quant}))
+
+    converter = AutoAWQConverter(group_size=group_size, zero_point=zero_point)
+    converted = converter.process({k: v.clone() for k, v in tensors.items()})
+    scheme = converter._build_quant_config().config_groups["config_group_0"]
+    return _decompressed_tensors(converted, scheme)
+
+
+def _decompressed_tensors(tensors: dict, scheme) -> dict[str, np.ndarray]:
+    import torch
+    from compressed_tensors.compressors import PackedQuantizationCompressor
+
+    weights = {}
+    for module in {name.rsplit(".", 1)[0] for name in tensors if name.endswith(".weight_packed")}:
+        state = {k.rsplit(".", 1)[1]: v for k, v in tensors.items() if k.rsplit(".", 1)[0] == module}
+        state["weight_scale"] = state["weight_scale"].to(torch.float64)
+        weights[module] = PackedQuantizationCompressor.decompress(state, scheme)["weight"].to(torch.float32).numpy()
+    return weights
+
+
+def _awq_pack(values: np.ndarray) -> np.ndarray:
+    """[R, 8 C] nibbles -> int32 [R, C]: column 8j + (0, 2, 4, 6, 1, 3, 5, 7)[i] in bits 4i of word j."""
+    order = (0, 2, 4, 6, 1, 3, 5, 7)
+    grouped = values.reshape(values.shape[0], -1, 8).astype(np.uint32)
+    words = sum(grouped[..., order[i]] << np.uint32(4 * i) for i in range(8))
+    return np.asarray(words, np.uint32).view(np.int32)

@@ -1,0 +1,136 @@
+"""Quantised Hugging Face checkpoints (compressed-tensors, AutoAWQ) export with their own codes: every
+linear's MatMulQ4 / MatMulQ8 initialisers dequantise, bit for bit, to the weights compressed-tensors
+itself decompresses from the same files, and the artifact's logits equal transformers' on those
+weights. Other quantisation methods are refused with what to do instead."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+from artifact_weights import imported
+from ortserve.export import export_model
+from ortserve.export.errors import ExportError
+from ortserve.export.validate import PagedRunner, random_sequences, teacher_forced_logits
+from quantized_checkpoints import CONFIG, write_awq, write_compressed_tensors
+
+from ortserve.artifact import load_manifest
+
+CHECKPOINTS = {  # name -> (writer, options, what the manifest calls each linear)
+    "w4a16-g64": (write_compressed_tensors, dict(bits=4, group_size=64), "compressed-tensors int4 g64 (exact)"),
+    "w4a16-g128-asym": (
+        write_compressed_tensors,
+        dict(bits=4, group_size=128, symmetric=False),
+        "compressed-tensors int4 g128 (exact)",
+    ),
+    "w8a16-g32-asym": (
+        write_compressed_tensors,
+        dict(bits=8, group_size=32, symmetric=False),
+        "compressed-tensors int8 g32 (exact)",
+    ),
+    "w8a8-per-row": (
+        write_compressed_tensors,
+        dict(bits=8, group_size=None),
+        "compressed-tensors int8 per-row (exact)",
+    ),
+    "awq-g64": (write_awq, dict(group_size=64), "awq int4 g64 (exact)"),
+    "awq-g128-no-zeros": (write_awq, dict(group_size=128, zero_point=False), "awq int4 g128 (exact)"),
+}
+PROMPT, LENGTH = 12, 20
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """``checkpoint(name)`` -> (folder, reference weights, artifact), built once each."""
+    built: dict[str, tuple[Path, dict[str, np.ndarray], Path]] = {}
+
+    def get(name: str) -> tuple[Path, dict[str, np.ndarray], Path]:
+        if name not in built:
+            writer, options, _ = CHECKPOINTS[name]
+            folder = tmp_path_factory.mktemp(name)
+            weights = writer(folder / "hf", **options)
+            export_model(folder / "hf", folder / "artifact", progress=False)
+            built[name] = folder / "hf", weights, folder / "artifact"
+        return built[name]
+
+    return get
+
+
+def transformers_logits(folder: Path, weights: dict[str, np.ndarray], ids: list[int]) -> np.ndarray:
+    """The checkpoint's Llama in transformers, with the reference weights in its linears."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = {k: v for k, v in json.loads((folder / "config.json").read_text()).items() if k != "quantization_config"}
+    model = LlamaForCausalLM(LlamaConfig(**config)).eval()
+    state = model.state_dict()
+    from safetensors.torch import load_file
+
+    floats = {k: v for k, v in load_file(folder / "model.safetensors").items() if k in state and v.is_floating_point()}
+    floats.update({f"{module}.weight": torch.from_numpy(w) for module, w in weights.items()})
+    model.load_state_dict({**state, **floats})
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float().numpy()
+
+
+@pytest.mark.parametrize("name", CHECKPOINTS)
+def test_linears_import_bit_exactly_to_compressed_tensors_own_decompression(name, checkpoint):
+    _, weights, artifact = checkpoint(name)
+    layer = "model.layers.0"
+    expected = {
+        "layers.0.qkv": np.concatenate([weights[f"{layer}.self_attn.{p}_proj"] for p in "qkv"]),
+        "layers.0.o": weights[f"{layer}.self_attn.o_proj"],
+        "layers.0.gate_up": np.concatenate([weights[f"{layer}.mlp.gate_proj"], weights[f"{layer}.mlp.up_proj"]]),
+        "layers.0.down": weights[f"{layer}.mlp.down_proj"],
+    }
+    for label, reference in expected.items():
+        ours = imported(artifact, label)
+        assert ours.shape == reference.shape, label
+        assert np.array_equal(ours, reference), f"{label}: max |diff| {np.abs(ours - reference).max()}"
+    assert load_manifest(artifact).weight_formats == {CHECKPOINTS[name][2]: 7, "fp32": 1}  # the LM head is float
+
+
+@pytest.mark.parametrize("name", ["w4a16-g128-asym", "w8a8-per-row", "awq-g64"])
+def test_logits_equal_transformers_on_the_decompressed_weights(name, checkpoint, tmp_path):
+    folder, weights, artifact = checkpoint(name)
+    ids = random_sequences(CONFIG["vocab_size"], [LENGTH], seed=1)[0]
+    reference = transformers_logits(folder, weights, ids)
+    fp32 = tmp_path / "fp32"
+    export_model(folder, fp32, precision="fp32", progress=False)
+    for path, tolerance in ((artifact, 2e-3), (fp32, 1e-4)):  # 16-bit activations; fp32 throughout
+        ours = teacher_forced_logits(PagedRunner(path, seed=3), [ids], [PROMPT])[0]
+        scale = max(1.0, float(np.abs(reference).max()))
+        assert np.abs(ours - reference).max() <= tolerance * scale, path.name
+
+
+def test_groups_smaller_than_a_block_are_quantised_again_and_export_says_so(tmp_path, caplog):
+    write_compressed_tensors(tmp_path / "hf", bits=4, group_size=16)
+    with caplog.at_level(logging.WARNING):
+        export_model(tmp_path / "hf", tmp_path / "artifact", progress=False)
+    formats = load_manifest(tmp_path / "artifact").weight_formats
+    assert formats == {"compressed-tensors int4 g16 -> int4": 7, "fp32": 1}
+    assert "compressed-tensors int4 g16 -> int4 x 7" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "quantization_config,named",
+    [
+        ({"quant_method": "gptq", "bits": 4, "group_size": 128}, "quant_method 'gptq'"),
+        ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "quant_method 'bitsandbytes'"),
+        ({"quant_method": "awq", "bits": 4, "version": "gemv"}, "quant_method 'awq' (version 'gemv')"),
+        (
+            {"quant_method": "compressed-tensors", "format": "float-quantized"},
+            "compressed-tensors format float-quantized",
+        ),
+    ],
+)
+def test_other_quantisation_methods_are_refused_with_the_alternative(quantization_config, named, tmp_path):
+    write_awq(tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "quantization_config": quantization_config}))
+    with pytest.raises(ExportError) as error:
+        export_model(tmp_path / "hf", tmp_path / "artifact", progress=False)
+    assert named in str(error.value) and "Export the unquantised checkpoint" in str(error.value)
