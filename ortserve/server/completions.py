@@ -77,6 +77,8 @@ class CompletionsService:
         log = RequestLog(
             random_id("cmpl"), "completions", prompt_tokens=sum(len(p.token_ids) for p in batch), user=body.user
         )
+        if len(batch) > 1:
+            self.client.check_fits(len(batch) * best_of, f"{len(batch)} prompts x n {best_of}")
         streams: list[RequestStream] = []
         try:
             for i, (p, sp) in enumerate(zip(batch, params)):

@@ -158,9 +158,25 @@ class EngineClient:
             raise EngineUnavailable("the engine is restarting after a failure; retry shortly", headers=RETRY_AFTER)
         raise EngineUnavailable(f"the engine is not running ({self.state})")
 
+    def check_fits(self, num_seqs: int, asked: str) -> None:
+        """A 400 for a request of more sequences than the server ever holds at once (running and
+        waiting): a 429 would have its client retry for ever. ``asked``: how the request asked, for
+        the message ("n 64", "200 prompts x n 128")."""
+        assert self.info is not None
+        most = self.info.max_num_seqs + self.supervision.max_waiting_requests
+        if num_seqs > most:
+            raise BadRequest(
+                f"this request asks for {num_seqs} sequences ({asked}), more than the {most} this server "
+                f"holds at once ({self.info.max_num_seqs} running, --max-num-seqs, and "
+                f"{self.supervision.max_waiting_requests} waiting, --max-waiting-requests); "
+                "send fewer prompts or a smaller n in each request",
+                "n",
+            )
+
     def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> RequestStream:
         """Admit a request (now, not when its stream is first read) and send it to the engine."""
         self.check_ready()
+        self.check_fits(params.n, f"n {params.n}")
         self._admit(len(prompt_token_ids), params.n)
         assert self._engine is not None
         request = self._requests[request_id] = _InFlight(asyncio.Queue(), params.n, len(prompt_token_ids) * params.n)

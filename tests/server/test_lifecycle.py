@@ -128,6 +128,25 @@ def test_full_waiting_queue_answers_429_in_openai_shape(start_fake):
         stream.close()
 
 
+def test_a_request_larger_than_the_server_ever_holds_is_a_400_not_a_429(start_fake):
+    """Running plus waiting is the most sequences a server holds: a request of more can never be
+    admitted, so 'retry later' would have its client retry for ever. Idle server, nothing leaked."""
+    proc = start_fake("--max-num-seqs", "2", "--max-waiting-requests", "3")
+    api = client(proc)
+    for create, asked in (
+        (lambda: api.completions.create(model="fake", prompt=["a", "b", "c"], n=2, max_tokens=2), "3 prompts x n 2"),
+        (lambda: api.chat.completions.create(model="fake", messages=[{"role": "user", "content": "hi"}], n=6), "n 6"),
+    ):
+        with pytest.raises(openai.BadRequestError) as err:
+            create()
+        message = err.value.body["message"]
+        assert f"asks for 6 sequences ({asked})" in message and "--max-waiting-requests" in message, message
+        assert err.value.body["param"] == "n"
+    fits = api.completions.create(model="fake", prompt=["a", "b"], n=2, max_tokens=2)  # 4 of 5: admitted
+    assert len(fits.choices) == 4
+    assert proc.metrics()["ortserve:num_requests_running"] == 0
+
+
 def test_stream_disconnect_aborts_the_request_within_a_step(fake_server):
     before = fake_server.metrics()
     stream = client(fake_server).completions.create(model="fake", prompt="a b c d", max_tokens=240, stream=True)
