@@ -40,7 +40,7 @@ def open_checkpoint(
         raise ExportError(f"{gguf_file} links to {gguf_file.readlink()}, which no longer exists")
     method = quantization_method(config, Path(folder))
     checkpoint = Checkpoint(folder, arch.strip_prefixes)
-    return checkpoint if method is None else QuantizedCheckpoint(checkpoint, method)
+    return checkpoint if method is None else QuantizedCheckpoint(checkpoint, method, config["quantization_config"])
 
 
 def gguf_tensor_names(arch: Architecture, num_layers: int) -> dict[str, str]:

@@ -6,15 +6,20 @@
   (``weight`` int8 with ``weight_scale`` and optional ``weight_zero_point``);
 - AutoAWQ's GEMM format (``quant_method: awq``): ``qweight`` int32 [K, N / 8] and ``qzeros`` int32
   [K / group, N / 8] with the nibbles of each word in AWQ's order 0, 2, 4, 6, 1, 3, 5, 7, ``scales``
-  [K / group, N].
+  [K / group, N];
+- GPTQ (``quant_method: gptq``, AutoGPTQ / GPTQModel, 4 or 8 bits): ``qweight`` int32 [K * bits / 32,
+  N] (row k in bits ``bits * (k % p)`` of word k // p, p = 32 / bits), ``qzeros`` int32 [K / group,
+  N * bits / 32] packed the same way along N and holding zero - 1 (``checkpoint_format`` gptq; zero
+  itself for gptq_v2), ``scales`` [K / group, N], ``g_idx`` [K] (each column's group).
 
 Either way w[n, k] = scale[n, k // group] * (q[n, k] - zero[n, k // group]). Groups of a multiple
 of 32 columns (or whole rows) are MatMulQ's blocks of 32 with each group's scale repeated, so
 ``import_blocks`` gives the codes exactly, as a GGUF's are (``storage.plan`` keeps them whatever the
 precision; bit for bit with fp16 or bf16 scales, as checkpoints store them: a float32 scale's
 product with the zero point can round). Smaller groups and ``--precision fp32`` read the weight
-dequantised (the products in float64, then float32). Other methods (GPTQ, bitsandbytes, FP8, ...)
-and act-order's ``g_idx`` are refused at export with what to use instead.
+dequantised (the products in float64, then float32). Other methods (bitsandbytes, FP8, ...) and
+act-order (GPTQ's desc_act, whose ``g_idx`` is not k // group) are refused at export with what to use
+instead.
 """
 
 from __future__ import annotations
@@ -33,8 +38,10 @@ from .nbits import BLOCK_SIZE, QuantizedWeight, pack
 COMPRESSED_TENSORS_FORMATS = ("pack-quantized", "int-quantized")
 AWQ_ORDER = np.array([0, 2, 4, 6, 1, 3, 5, 7])  # nibble i of a word holds column 8j + AWQ_ORDER[i]
 _SUPPORTED = (
-    "compressed-tensors (pack-quantized, int-quantized: llm-compressor's W4A16, W8A16, W8A8) and AutoAWQ (GEMM)"
+    "compressed-tensors (pack-quantized, int-quantized: llm-compressor's W4A16, W8A16, W8A8), AutoAWQ (GEMM) "
+    "and GPTQ (4 or 8 bits, without desc_act)"
 )
+GPTQ_FORMATS = ("gptq", "gptq_v2")
 
 
 def quantization_method(config: dict[str, Any], folder: Path) -> str | None:
@@ -50,14 +57,23 @@ def quantization_method(config: dict[str, Any], folder: Path) -> str | None:
         if not unknown:
             return method
         what = f"compressed-tensors format {', '.join(unknown)}"
-    elif method == "awq" and str(qc.get("version", "gemm")).lower() == "gemm" and int(qc.get("bits", 4)) == 4:
+    elif _reads(method, qc):
         return method
     else:
-        what = f"quant_method {method!r}" + (f" (version {qc['version']!r})" if "version" in qc else "")
+        details = ", ".join(f"{key} {qc[key]!r}" for key in ("version", "bits", "checkpoint_format") if key in qc)
+        what = f"quant_method {method!r}" + (f" ({details})" if details else "")
     raise ExportError(
         f"{folder} is quantised with {what}, which ortserve does not read; it reads {_SUPPORTED}. "
         "Export the unquantised checkpoint (ortserve quantises it: --precision int4|int8) or a GGUF of it"
     )
+
+
+def _reads(method: str, qc: dict[str, Any]) -> bool:
+    """Whether an AWQ or GPTQ checkpoint is of a layout this module reads."""
+    bits = int(qc.get("bits", 4))
+    if method == "awq":
+        return str(qc.get("version", "gemm")).lower() == "gemm" and bits == 4
+    return method == "gptq" and bits in (4, 8) and qc.get("checkpoint_format", "gptq") in GPTQ_FORMATS
 
 
 @dataclass(frozen=True)
@@ -105,6 +121,12 @@ def _unpack_dense(words: np.ndarray, bits: int, count: int) -> np.ndarray:
     return np.stack([data & 0x0F, data >> 4], axis=-1).reshape(words.shape[0], -1)[:, :count]
 
 
+def _unpack_along_columns(words: np.ndarray, bits: int) -> np.ndarray:
+    """GPTQ's packing: int32 [R, C] -> uint8 [R, C * 32 / bits], value j of word c in bits bits * j,
+    the column c * 32 / bits + j (the same as dense packing for 4 and 8 bits)."""
+    return np.ascontiguousarray(_unpack_dense(np.ascontiguousarray(words), bits, words.shape[1] * 32 // bits))
+
+
 def _bits_of(packed_cols: int, k: int, name: str) -> int:
     for bits in (4, 8):
         if packed_cols == -(-k * bits // 32):
@@ -116,8 +138,11 @@ class QuantizedCheckpoint:
     """A quantised checkpoint's tensors by Hugging Face name (``module.weight`` for a quantised
     linear too), as ``Checkpoint`` answers them, and each quantised linear's codes."""
 
-    def __init__(self, base: Checkpoint, method: str):
+    def __init__(self, base: Checkpoint, method: str, settings: dict[str, Any]):
+        """``settings``: config.json's quantization_config."""
         self.base, self.method = base, method
+        self.bits = int(settings.get("bits", 4))
+        self.stored_zero_minus_one = settings.get("checkpoint_format", "gptq") == "gptq"  # GPTQ v1
         self.folder = base.folder
         self._codes: dict[str, IntCodes] = {}  # the last module read: fused parts ask twice
         self._quantised = {m for m in map(self._module_of, base.names()) if m is not None}
@@ -130,7 +155,7 @@ class QuantizedCheckpoint:
 
     def _module_of(self, stored: str) -> str | None:
         module, _, field = stored.rpartition(".")
-        if self.method == "awq":
+        if self.method in ("awq", "gptq"):
             return module if field == "qweight" else None
         if field == "weight_packed" or (field == "weight_scale" and f"{module}.weight" in self.base):
             return module
@@ -153,13 +178,17 @@ class QuantizedCheckpoint:
         if self.method == "awq":
             k, words = self.base.shape(f"{module}.qweight")
             return words * 8, k
+        if self.method == "gptq":
+            words, n = self.base.shape(f"{module}.qweight")
+            return n, words * 32 // self.bits
         if f"{module}.weight_shape" in self.base:
             return tuple(int(v) for v in self.base.read_stored(f"{module}.weight_shape"))
         return self.base.shape(f"{module}.weight")
 
     def codes(self, module: str) -> IntCodes:
         if module not in self._codes:
-            self._codes = {module: self._read_awq(module) if self.method == "awq" else self._read_ct(module)}
+            read = {"awq": self._read_awq, "gptq": self._read_gptq}.get(self.method, self._read_ct)
+            self._codes = {module: read(module)}
         return self._codes[module]
 
     def _read_ct(self, module: str) -> IntCodes:
@@ -196,6 +225,23 @@ class QuantizedCheckpoint:
         else:
             zero = np.full(scale.shape, 8, np.uint8)
         return IntCodes(np.ascontiguousarray(codes), scale, zero, 4)
+
+    def _read_gptq(self, module: str) -> IntCodes:
+        bits, base = self.bits, self.base
+        codes = _unpack_along_columns(base.read_stored(f"{module}.qweight").T, bits)  # [N, K]
+        scale = np.ascontiguousarray(base.read(f"{module}.scales").T)  # [N, G]
+        zero = _unpack_along_columns(base.read_stored(f"{module}.qzeros"), bits).T[:, : scale.shape[1]]
+        if self.stored_zero_minus_one:
+            zero = (zero.astype(np.int16) + 1) & ((1 << bits) - 1)  # v1 holds zero - 1 (wrapping, as readers do)
+        codes_of = IntCodes(codes, scale, np.ascontiguousarray(zero, np.uint8), bits)
+        if f"{module}.g_idx" in base:
+            g_idx = base.read_stored(f"{module}.g_idx").astype(np.int64)
+            if not np.array_equal(g_idx, np.arange(len(g_idx)) // codes_of.group_size):
+                raise ExportError(
+                    f"{module}.g_idx orders columns by activation (GPTQ's desc_act), which ortserve does not read; "
+                    "export the unquantised checkpoint (ortserve quantises it: --precision int4|int8) or a GGUF of it"
+                )
+        return codes_of
 
     def read(self, name: str) -> np.ndarray:
         module = self._quantised_module(name)

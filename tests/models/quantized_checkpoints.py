@@ -8,6 +8,10 @@
 - AutoAWQ (GEMM): codes, zeros and scales packed here in AutoAWQ's layout; the reference weights
   are compressed-tensors' ``AutoAWQConverter`` (which vLLM's tooling uses to read AutoAWQ
   checkpoints) followed by the same ``decompress``.
+- GPTQ: no library on this machine reads it (AutoGPTQ and GPTQModel need CUDA builds or a newer
+  torch), so codes, zeros and scales are packed here as AutoGPTQ's ``pack`` lays them out (zero - 1
+  in the v1 ``checkpoint_format``), and the reference is scale * (code - zero) of the same random
+  values, before packing.
 """
 
 from __future__ import annotations
@@ -149,4 +153,63 @@ def _awq_pack(values: np.ndarray) -> np.ndarray:
     order = (0, 2, 4, 6, 1, 3, 5, 7)
     grouped = values.reshape(values.shape[0], -1, 8).astype(np.uint32)
     words = sum(grouped[..., order[i]] << np.uint32(4 * i) for i in range(8))
+    return np.asarray(words, np.uint32).view(np.int32)
+
+
+def write_gptq(
+    folder: Path,
+    *,
+    bits: int = 4,
+    group_size: int = 64,
+    sym: bool = True,
+    checkpoint_format: str = "gptq",
+    desc_act: bool = False,
+    seed: int = 0,
+) -> dict[str, np.ndarray]:
+    """A checkpoint in GPTQ's layout (random codes, zeros and fp16 scales); returns {module: reference
+    weight [N, K] float32}, scale * (code - zero) of the values before packing."""
+    import torch
+    from safetensors.torch import save_file
+
+    model = _model(seed)
+    rng = np.random.default_rng(seed)
+    tensors = {k: v.contiguous() for k, v in model.state_dict().items()}
+    weights = {}
+    top = 1 << bits
+    for name, module in _modules(model).items():
+        n, k = module.weight.shape  # type: ignore[attr-defined]
+        groups = k // group_size
+        codes = rng.integers(0, top, (k, n))  # [in, out], as GPTQ holds them
+        zeros = np.full((groups, n), top // 2) if sym else rng.integers(1, top, (groups, n))
+        scales = (rng.uniform(0.5, 1.5, (groups, n)) * 4e-3 * 16 / top).astype(np.float16)
+        g_idx = np.arange(k) // group_size
+        if desc_act:
+            g_idx = rng.permutation(g_idx)
+        steps = codes.astype(np.float64) - zeros[g_idx]
+        weights[name] = (scales.astype(np.float64)[g_idx] * steps).T.astype(np.float32)
+        stored_zeros = zeros - 1 if checkpoint_format == "gptq" else zeros
+        del tensors[f"{name}.weight"]
+        tensors[f"{name}.qweight"] = torch.from_numpy(_gptq_pack(codes.T, bits).T.copy())  # packed along K
+        tensors[f"{name}.qzeros"] = torch.from_numpy(_gptq_pack(stored_zeros, bits))  # packed along N
+        tensors[f"{name}.scales"] = torch.from_numpy(scales)
+        tensors[f"{name}.g_idx"] = torch.from_numpy(g_idx.astype(np.int32))
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, folder / "model.safetensors")
+    quant = {
+        "quant_method": "gptq",
+        "bits": bits,
+        "group_size": group_size,
+        "sym": sym,
+        "desc_act": desc_act,
+        "checkpoint_format": checkpoint_format,
+    }
+    (folder / "config.json").write_text(json.dumps({**model.config.to_dict(), "quantization_config": quant}))
+    return weights
+
+
+def _gptq_pack(values: np.ndarray, bits: int) -> np.ndarray:
+    """[R, C] values -> int32 [R, C * bits / 32]: column c in bits bits * (c % p) of word c // p."""
+    per_word = 32 // bits
+    grouped = values.reshape(values.shape[0], -1, per_word).astype(np.uint32)
+    words = sum(grouped[..., j] << np.uint32(bits * j) for j in range(per_word))
     return np.asarray(words, np.uint32).view(np.int32)

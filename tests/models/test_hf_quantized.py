@@ -1,7 +1,8 @@
-"""Quantised Hugging Face checkpoints (compressed-tensors, AutoAWQ) export with their own codes: every
-linear's MatMulQ4 / MatMulQ8 initialisers dequantise, bit for bit, to the weights compressed-tensors
-itself decompresses from the same files, and the artifact's logits equal transformers' on those
-weights. Other quantisation methods are refused with what to do instead."""
+"""Quantised Hugging Face checkpoints (compressed-tensors, AutoAWQ, GPTQ) export with their own codes:
+every linear's MatMulQ4 / MatMulQ8 initialisers dequantise, bit for bit, to the reference weights of
+the same files (compressed-tensors' own decompression; for GPTQ, which no library here reads, the
+values before packing: quantized_checkpoints.py), and the artifact's logits equal transformers' on
+those weights. Other quantisation methods are refused with what to do instead."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from artifact_weights import imported
 from ortserve.export import export_model
 from ortserve.export.errors import ExportError
 from ortserve.export.validate import PagedRunner, random_sequences, teacher_forced_logits
-from quantized_checkpoints import CONFIG, write_awq, write_compressed_tensors
+from quantized_checkpoints import CONFIG, write_awq, write_compressed_tensors, write_gptq
 
 from ortserve.artifact import load_manifest
 
@@ -38,6 +39,13 @@ CHECKPOINTS = {  # name -> (writer, options, what the manifest calls each linear
     ),
     "awq-g64": (write_awq, dict(group_size=64), "awq int4 g64 (exact)"),
     "awq-g128-no-zeros": (write_awq, dict(group_size=128, zero_point=False), "awq int4 g128 (exact)"),
+    "gptq-4bit-g64-sym": (write_gptq, dict(bits=4, group_size=64), "gptq int4 g64 (exact)"),
+    "gptq-4bit-g128-asym": (write_gptq, dict(bits=4, group_size=128, sym=False), "gptq int4 g128 (exact)"),
+    "gptq-8bit-g32-v2": (
+        write_gptq,
+        dict(bits=8, group_size=32, sym=False, checkpoint_format="gptq_v2"),
+        "gptq int8 g32 (exact)",
+    ),
 }
 PROMPT, LENGTH = 12, 20
 
@@ -93,7 +101,7 @@ def test_linears_import_bit_exactly_to_compressed_tensors_own_decompression(name
     assert load_manifest(artifact).weight_formats == {CHECKPOINTS[name][2]: 7, "fp32": 1}  # the LM head is float
 
 
-@pytest.mark.parametrize("name", ["w4a16-g128-asym", "w8a8-per-row", "awq-g64"])
+@pytest.mark.parametrize("name", ["w4a16-g128-asym", "w8a8-per-row", "awq-g64", "gptq-4bit-g128-asym"])
 def test_logits_equal_transformers_on_the_decompressed_weights(name, checkpoint, tmp_path):
     folder, weights, artifact = checkpoint(name)
     ids = random_sequences(CONFIG["vocab_size"], [LENGTH], seed=1)[0]
@@ -118,9 +126,9 @@ def test_groups_smaller_than_a_block_are_quantised_again_and_export_says_so(tmp_
 @pytest.mark.parametrize(
     "quantization_config,named",
     [
-        ({"quant_method": "gptq", "bits": 4, "group_size": 128}, "quant_method 'gptq'"),
+        ({"quant_method": "gptq", "bits": 3, "group_size": 128}, "quant_method 'gptq' (bits 3)"),
         ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "quant_method 'bitsandbytes'"),
-        ({"quant_method": "awq", "bits": 4, "version": "gemv"}, "quant_method 'awq' (version 'gemv')"),
+        ({"quant_method": "awq", "bits": 4, "version": "gemv"}, "quant_method 'awq' (version 'gemv'"),
         (
             {"quant_method": "compressed-tensors", "format": "float-quantized"},
             "compressed-tensors format float-quantized",
@@ -134,3 +142,19 @@ def test_other_quantisation_methods_are_refused_with_the_alternative(quantizatio
     with pytest.raises(ExportError) as error:
         export_model(tmp_path / "hf", tmp_path / "artifact", progress=False)
     assert named in str(error.value) and "Export the unquantised checkpoint" in str(error.value)
+
+
+def test_gptq_symmetric_zeros_are_stored_as_real_checkpoints_store_them(tmp_path):
+    """The fixture's layout against a fact of published GPTQ checkpoints: a symmetric 4-bit v1 file's
+    qzeros are all 0x77777777 (zero 8, stored as 8 - 1 in each nibble)."""
+    from safetensors.numpy import load_file
+
+    write_gptq(tmp_path, bits=4, sym=True)
+    qzeros = load_file(tmp_path / "model.safetensors")["model.layers.0.self_attn.q_proj.qzeros"]
+    assert qzeros.dtype == np.int32 and (qzeros == 0x77777777).all()
+
+
+def test_gptq_act_order_is_refused_with_the_alternative(tmp_path):
+    write_gptq(tmp_path / "hf", desc_act=True)
+    with pytest.raises(ExportError, match="desc_act.*export the unquantised checkpoint"):
+        export_model(tmp_path / "hf", tmp_path / "artifact", progress=False)
