@@ -98,7 +98,15 @@ def error_response(
 _PLAIN_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
 
 
-def _is_union_tag(segment: str) -> bool:
+# Fields whose union is discriminated by "type" (response_format, the Responses API's text.format):
+# pydantic puts the branch's tag, the type's value ("json_schema"), after them.
+_DISCRIMINATED = frozenset({"response_format", "format"})
+
+
+def _is_union_tag(segments: list[str], i: int) -> bool:
+    segment = segments[i]
+    if i > 0 and segments[i - 1] in _DISCRIMINATED:
+        return True
     return "[" in segment or "-" in segment or segment[:1].isupper() or segment in _PLAIN_TYPE_TAGS
 
 
@@ -112,7 +120,7 @@ def _branches_that_fit(errors: list[tuple[list[str], str]]) -> list[tuple[list[s
     for segments, message in errors:
         took_type = not message.startswith("Input should be a valid ")
         for i, segment in enumerate(segments):
-            if _is_union_tag(segment):
+            if _is_union_tag(segments, i):
                 tags = fit.setdefault(tuple(segments[:i]), {})
                 took, depth = tags.get(segment, (False, 0))
                 tags[segment] = (took or took_type, max(depth, len(segments)))
@@ -120,7 +128,7 @@ def _branches_that_fit(errors: list[tuple[list[str], str]]) -> list[tuple[list[s
     return [
         (segments, message)
         for segments, message in errors
-        if all(segment in best[tuple(segments[:i])] for i, segment in enumerate(segments) if _is_union_tag(segment))
+        if all(segment in best[tuple(segments[:i])] for i, segment in enumerate(segments) if _is_union_tag(segments, i))
     ]
 
 
@@ -138,10 +146,10 @@ def _key_segments(key: str) -> list[str]:
 def _field_path(segments: list[str]) -> str:
     """["messages", "0", "content", "list[TextPart]", "1"] -> "messages[0].content[1]"."""
     path = ""
-    for segment in segments:
+    for i, segment in enumerate(segments):
         if segment.isdigit():
             path += f"[{segment}]"
-        elif not _is_union_tag(segment):
+        elif not _is_union_tag(segments, i):
             path += f".{segment}" if path else segment
     return path
 

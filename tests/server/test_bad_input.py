@@ -199,6 +199,13 @@ def test_an_error_inside_a_message_names_its_path_and_the_branch_that_fits(serve
     assert "valid string" not in no_prompts["message"]
     mixed = post_json(server, COMPLETIONS, completion(prompt=[[1, "a"]]))
     assert mixed["message"] == "Invalid request: 'prompt[0][1]': Input should be a valid integer"
+    # a discriminated union's tag (the "type" value) is not a field of the path
+    schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": True}}
+    tagged = post_json(server, CHAT, chat(response_format=schema))
+    assert tagged["message"].startswith("Invalid request: 'response_format.json_schema.schema': Input should be")
+    text = {"format": {"type": "json_schema", "name": "x", "schema": 5}}
+    responses = post_json(server, "/v1/responses", {"model": SERVED_NAME, "input": "hi", "text": text})
+    assert responses["message"].startswith("Invalid request: 'text.format.schema': Input should be"), responses
 
 
 def test_the_openai_client_raises_its_own_error_types(server):
