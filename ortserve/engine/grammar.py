@@ -52,9 +52,8 @@ def grammar_text(spec: StructuredOutputs) -> str:
             schema = json.loads(spec.json) if isinstance(spec.json, str) else spec.json
             if not isinstance(schema, dict):
                 raise ValueError("a JSON schema must be an object")
-            return str(
-                llguidance.LLMatcher.grammar_from_json_schema(_wide_ints_as_floats(schema), defaults=JSON_OPTIONS)
-            )
+            bounded = _bounded_integers(_wide_ints_as_floats(schema))
+            return str(llguidance.LLMatcher.grammar_from_json_schema(bounded, defaults=JSON_OPTIONS))
         if spec.json_object:
             return str(llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS))
         if spec.regex is not None:
@@ -79,6 +78,30 @@ def _wide_ints_as_floats(value: Any) -> Any:
     if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
         return float(value)
     return value
+
+
+INTEGER_DIGITS = 16  # llama.cpp's JSON grammars allow as many: 2^53, the largest exact in a double, has 16
+_LITERALS = ("const", "enum", "default", "examples")  # values, not schemas: never rewritten
+
+
+def _bounded_integers(schema: Any) -> Any:
+    """Every integer without bounds gets at most INTEGER_DIGITS digits, as in llama.cpp's grammars:
+    JSON itself has no bound, and a small model can repeat a digit until max_tokens (seen: SmolLM2
+    on the openai client's ``parse`` of a {name: str, population: int} model wrote 300 "1"s)."""
+    if isinstance(schema, list):
+        return [_bounded_integers(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: value if key in _LITERALS else _bounded_integers(value) for key, value in schema.items()}
+    kind = out.get("type")
+    is_integer = kind == "integer" or (isinstance(kind, list) and "integer" in kind and "number" not in kind)
+    if is_integer and "const" not in out and "enum" not in out:
+        largest = 10**INTEGER_DIGITS - 1
+        if "minimum" not in out and "exclusiveMinimum" not in out:
+            out["minimum"] = -largest
+        if "maximum" not in out and "exclusiveMaximum" not in out:
+            out["maximum"] = largest
+    return out
 
 
 def _limits() -> llguidance.LLParserLimits:

@@ -74,6 +74,20 @@ def test_a_schema_given_as_text_and_any_json_object(llm):
             assert c.finish_reason == "length" and c.text.startswith("{")
 
 
+def test_an_integer_without_bounds_ends_within_16_digits(llm):
+    """JSON bounds no integer, but a model that prefers digits must not write them until max_tokens:
+    as in llama.cpp's grammars, an unbounded integer has at most 16 digits (a bound it states wins)."""
+    tokenizer = llm.get_tokenizer()
+    digits = {i: 100.0 for d in "123456789" for i in tokenizer.encode(d, add_special_tokens=False)}
+    n = {"type": "integer"}
+    free = {"type": "object", "properties": {"n": n}, "required": ["n"], "additionalProperties": False}
+    wide = {**free, "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 10**20}}}
+    for schema, least, most in ((free, 10**15, 10**16 - 1), (wide, 10**16, 10**20)):  # wide: past 16 digits
+        [c] = run(llm, constrained(StructuredOutputs(json=schema), [0], [0.0], logit_bias=digits, max_tokens=64))
+        assert c.finish_reason == "stop", c.text
+        assert least <= abs(json.loads(c.text)["n"]) <= most, c.text
+
+
 def test_every_regex_sample_matches(llm):
     pattern = r"[a-c]{2,5}-[0-9]{3}( ok)?"
     for c in run(llm, constrained(StructuredOutputs(regex=pattern), range(6), [0.0, 1.0, 2.0])):
