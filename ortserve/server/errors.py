@@ -8,6 +8,7 @@ an unexpected error answers "internal error" with an id, and the details go to t
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 from http import HTTPStatus
 from typing import Any
@@ -180,8 +181,11 @@ def handle_api_error(_: Request, exc: APIError) -> Response[ErrorResponse]:
     return exc.to_response()
 
 
-def handle_http_exception(_: Request, exc: HTTPException) -> Response[ErrorResponse]:
+def handle_http_exception(request: Request, exc: HTTPException) -> Response[ErrorResponse]:
     status = exc.status_code
+    if status in (404, 405) and exc.detail == HTTPStatus(status).phrase:  # the router's, not a handler's
+        code = "not_found" if status == 404 else "method_not_allowed"
+        return error_response(status, _no_such_route(request, status), code=code)
     if isinstance(exc, ValidationException):
         message, param = _validation_message(exc)
         return error_response(400, message, param=param)
@@ -201,6 +205,22 @@ def handle_http_exception(_: Request, exc: HTTPException) -> Response[ErrorRespo
     if isinstance(exc.__cause__, SerializationException):
         detail = f"Malformed JSON body: {detail}"
     return error_response(status, detail, headers=exc.headers)
+
+
+def _no_such_route(request: Request, status: int) -> str:
+    """What the client asked for and what this server has instead."""
+    asked = f"{request.method} {request.url.path}"
+    routes = {
+        re.sub(r":\w+}", "}", path): sorted(methods - {"HEAD", "OPTIONS"})
+        for path, methods in ((route.path, set(getattr(route, "methods", ()))) for route in request.app.routes)
+        if path.startswith("/v1/") or path in ("/tokenize", "/detokenize", "/health", "/metrics", "/version")
+    }
+    if status == 405 and request.url.path in routes:
+        return f"{asked} is not allowed: {request.url.path} takes {' or '.join(routes[request.url.path])}"
+    if request.url.path.startswith("/v1/responses/"):
+        return f"there is no {asked}: this server stores no responses (store is always false)"
+    offered = ", ".join(f"{' '.join(methods)} {path}" for path, methods in sorted(routes.items()))
+    return f"there is no {asked} on this server; it serves {offered}"
 
 
 def internal_error_message(exc: BaseException, request_id: str | None = None) -> str:

@@ -216,6 +216,21 @@ def test_body_above_the_limit_is_413(fake_server):
     assert "--max-request-body-bytes" in response.json()["error"]["message"]
 
 
+def test_an_unknown_route_or_method_is_answered_with_what_the_server_has(fake_server):
+    api = openai.OpenAI(base_url=f"{fake_server.base_url}/v1", api_key=API_KEY, max_retries=0)
+    with pytest.raises(openai.NotFoundError) as missing:
+        api.embeddings.create(model="fake", input="hi")
+    message = missing.value.body["message"]
+    assert message.startswith("there is no POST /v1/embeddings on this server; it serves ")
+    assert "POST /v1/chat/completions" in message and "GET /v1/models/{model_id}" in message
+    with pytest.raises(openai.NotFoundError) as stored:
+        api.responses.retrieve("resp_1")
+    assert "stores no responses" in stored.value.body["message"]
+    wrong = httpx.post(f"{fake_server.base_url}/v1/models", headers={"Authorization": f"Bearer {API_KEY}"})
+    assert wrong.status_code == 405
+    assert wrong.json()["error"]["message"] == "POST /v1/models is not allowed: /v1/models takes GET"
+
+
 def test_openapi_schema_documents_the_routes_behind_the_api_key(fake_server):
     assert httpx.get(f"{fake_server.base_url}/schema/openapi.json").status_code == 401
     schema = httpx.get(
