@@ -158,12 +158,19 @@ class ResponsesRequest(RequestModel, CallerFields):
     user: EndUserId | None = None
     truncation: Literal["disabled"] | None = Field(None, description="Only 'disabled': a prompt too long is a 400")
     previous_response_id: Annotated[Any, NOT_SUPPORTED] = None
-    include: Annotated[list[str], Field(max_length=0)] | None = Field(
+    include: Annotated[list[str], Field(max_length=64)] | None = Field(
         None, description="Only empty: no extra output (logprobs, reasoning) is available to include"
     )
 
     def check(self) -> None:
         self.check_nothing_stored("responses")
+        if self.include:
+            raise BadRequest(
+                f"'include' of {', '.join(repr(v) for v in self.include[:3])} is not supported: this server has "
+                "no extra output (logprobs, reasoning, search results) to include; omit 'include' (for "
+                "logprobs, /v1/chat/completions takes 'logprobs' and 'top_logprobs')",
+                "include",
+            )
         if self.previous_response_id is not None:
             raise BadRequest(
                 "'previous_response_id' is not supported: this server stores no responses; send the "

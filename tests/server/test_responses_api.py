@@ -140,6 +140,14 @@ def test_what_a_stateless_server_cannot_do_is_a_400_naming_it(api, fields, param
     assert info.value.body["param"] == param
 
 
+def test_include_is_refused_with_where_logprobs_are(api):
+    with pytest.raises(openai.BadRequestError) as info:
+        api.responses.create(model=TINY_NAME, input="hi", max_output_tokens=4, include=["message.output_text.logprobs"])
+    message = info.value.body["message"]
+    assert message.startswith("'include' of 'message.output_text.logprobs' is not supported"), message
+    assert "/v1/chat/completions takes 'logprobs'" in message
+
+
 def test_an_invalid_text_format_is_named_as_the_responses_api_names_it(api):
     bad = {"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "foo"}}}}
     with pytest.raises(openai.BadRequestError) as info:
