@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 import signal
 import socket
@@ -35,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     http = parser.add_argument_group("http")
     http.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    http.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0 = any free)")
+    http.add_argument("--port", type=port_number, default=8000, help="port to listen on (default 8000; 0 = any free)")
     http.add_argument(
         "--api-key",
         default=None,
@@ -202,8 +203,15 @@ async def serve(
             )
             client.fail_all(EngineUnavailable("the server is shutting down (--drain-timeout passed)"))
 
+    try:
+        sock = listening_socket(host, port, server.config.backlog)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        hint = " (another server on this port? pick one with --port)" if exc.errno == errno.EADDRINUSE else ""
+        print(f"ortserve: error: cannot listen on {host}:{port}: {reason}{hint}", file=sys.stderr, flush=True)
+        client_ready.cancel()
+        return 1
     drainer = asyncio.ensure_future(drain())
-    sock = listening_socket(server.config)
     bound_host, bound_port = sock.getsockname()[:2]
     print(
         f"ortserve: listening on http://{bound_host}:{bound_port} "
@@ -224,12 +232,28 @@ async def serve(
     return 0
 
 
-def listening_socket(config) -> socket.socket:
+def port_number(text: str) -> int:
+    """--port: an integer 0 .. 65535 (argparse names the flag and the value otherwise)."""
+    port = int(text)
+    if not 0 <= port <= 65535:
+        raise ValueError(text)
+    return port
+
+
+def listening_socket(host: str, port: int, backlog: int) -> socket.socket:
     """The bound, listening socket: connections queue from now on, before uvicorn accepts, and
-    accepted sockets inherit TCP_NODELAY (no ~40 ms delayed-ACK stall per keep-alive request)."""
-    sock = config.bind_socket()
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.listen(config.backlog)
+    accepted sockets inherit TCP_NODELAY (no ~40 ms delayed-ACK stall per keep-alive request).
+    OSError (address in use, unknown host) for the caller to report."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.listen(backlog)
+    except OSError:
+        sock.close()
+        raise
     return sock
 
 
