@@ -16,6 +16,8 @@ import logging
 import signal
 import socket
 import sys
+from collections.abc import Callable
+from typing import Any
 
 HELP = "serve a model over an OpenAI-compatible HTTP API"
 
@@ -36,7 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     http = parser.add_argument_group("http")
     http.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    http.add_argument("--port", type=port_number, default=8000, help="port to listen on (default 8000; 0 = any free)")
+    http.add_argument(
+        "--port", type=number_in(0, 65535), default=8000, help="port to listen on (default 8000; 0 = any free)"
+    )
     http.add_argument(
         "--api-key",
         default=None,
@@ -47,27 +51,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     http.add_argument(
         "--max-waiting-requests",
-        type=int,
+        type=number_in(0),
         default=DEFAULT_MAX_WAITING_REQUESTS,
         help="answer 429 when more sequences than this would wait for the engine "
         f"(default {DEFAULT_MAX_WAITING_REQUESTS})",
     )
     http.add_argument(
         "--max-queued-tokens",
-        type=int,
+        type=number_in(1),
         default=DEFAULT_MAX_QUEUED_TOKENS,
         help="answer 429 when the prompt tokens of requests not yet started would pass this "
         f"(default {DEFAULT_MAX_QUEUED_TOKENS})",
     )
     http.add_argument(
         "--engine-timeout",
-        type=float,
+        type=number_in(0.1, kind=float),
         default=60.0,
         help="seconds without engine progress, with requests pending, before /health is 503 (default 60)",
     )
     http.add_argument(
         "--max-engine-restarts",
-        type=int,
+        type=number_in(0),
         default=5,
         help="restarts of a dead engine allowed within 5 minutes before the server stops (default 5)",
     )
@@ -95,13 +99,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     http.add_argument(
         "--max-request-body-bytes",
-        type=int,
+        type=number_in(1024),
         default=DEFAULT_MAX_REQUEST_BODY_BYTES,
         help=f"answer 413 above this body size (default {DEFAULT_MAX_REQUEST_BODY_BYTES})",
     )
     http.add_argument(
         "--drain-timeout",
-        type=float,
+        type=number_in(0, kind=float),
         default=30.0,
         help="on SIGTERM, seconds to let in-flight requests finish (default 30)",
     )
@@ -232,12 +236,20 @@ async def serve(
     return 0
 
 
-def port_number(text: str) -> int:
-    """--port: an integer 0 .. 65535 (argparse names the flag and the value otherwise)."""
-    port = int(text)
-    if not 0 <= port <= 65535:
-        raise ValueError(text)
-    return port
+def number_in(least: float, most: float | None = None, kind: type = int) -> Callable[[str], Any]:
+    """An argparse type: a ``kind`` number in [least, most]; argparse names the flag when it is not."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if value < least or (most is not None and value > most):
+            span = f"from {least} to {most}" if most is not None else f"at least {least}"
+            raise argparse.ArgumentTypeError(f"{text} is out of range: give a value {span}")
+        return value
+
+    return parse
 
 
 def listening_socket(host: str, port: int, backlog: int) -> socket.socket:

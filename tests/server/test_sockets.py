@@ -47,11 +47,14 @@ def test_a_port_in_use_is_a_one_line_error(tokenizer_dir):
 @pytest.mark.parametrize(
     "flags, status, says",
     [
-        (("--port", "70000"), 2, "argument --port: invalid port_number value: '70000'"),
+        (("--port", "70000"), 2, "argument --port: 70000 is out of range: give a value from 0 to 65535"),
         (("--host", "999.1.1.1", "--port", "0"), 1, "ortserve: error: cannot listen on 999.1.1.1:0: "),
+        (("--max-request-body-bytes", "0"), 2, "--max-request-body-bytes: 0 is out of range: give a value at least"),
+        (("--drain-timeout", "-1"), 2, "argument --drain-timeout: -1 is out of range: give a value at least 0"),
+        (("--max-waiting-requests", "x"), 2, "argument --max-waiting-requests: 'x' is not an integer"),
     ],
 )
-def test_an_address_that_cannot_be_had_is_named(tokenizer_dir, flags, status, says):
+def test_an_address_or_a_setting_that_cannot_be_had_is_named(tokenizer_dir, flags, status, says):
     done = serve(tokenizer_dir, *flags)
     assert done.returncode == status and says in done.stderr, done.stderr
     assert "Traceback" not in done.stderr + done.stdout
