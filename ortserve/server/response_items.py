@@ -42,10 +42,10 @@ class ResponseObject(BaseModel):
     user: str | None = None
 
 
-def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
-    content = (
-        [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []
-    )
+def message_item(item_id: str, text: str, status: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """``logprobs``: the output text's tokens (with include: message.output_text.logprobs)."""
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
+    content = [part] if status == "completed" else []
     return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
 
 
@@ -68,6 +68,7 @@ class ResponseEvents:
         self.output: list[dict[str, Any]] = []  # finished items
         self.message_id: str | None = None  # the open message item
         self.text = ""
+        self.logprobs: list[dict[str, Any]] = []  # the open message's tokens, when asked
         self.pending_call: dict[str, Any] | None = None
 
     def event(self, kind: str, **fields: Any) -> ServerSentEventMessage:
@@ -75,11 +76,12 @@ class ResponseEvents:
         self.sequence += 1
         return ServerSentEventMessage(data=json.dumps(payload, ensure_ascii=False), event=kind)
 
-    def of(self, delta: DeltaMessage) -> list[ServerSentEventMessage]:
+    def of(self, delta: DeltaMessage, logprobs: list[dict[str, Any]] | None = None) -> list[ServerSentEventMessage]:
+        """``logprobs``: those of the tokens behind ``delta`` (its text's, when it has text)."""
         events = []
         if delta.content:
             if self.message_id is None:
-                self.message_id, self.text = random_id("msg"), ""
+                self.message_id, self.text, self.logprobs = random_id("msg"), "", []
                 index = len(self.output)
                 events.append(
                     self.event(
@@ -99,6 +101,7 @@ class ResponseEvents:
                     )
                 )
             self.text += delta.content
+            self.logprobs += logprobs or []
             events.append(
                 self.event(
                     "response.output_text.delta",
@@ -106,7 +109,7 @@ class ResponseEvents:
                     output_index=len(self.output),
                     content_index=0,
                     delta=delta.content,
-                    logprobs=[],
+                    logprobs=logprobs or [],
                 )
             )
         for call in delta.tool_calls or []:
@@ -146,8 +149,8 @@ class ResponseEvents:
             return []
         index, item_id, text = len(self.output), self.message_id, self.text
         self.message_id = None
-        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-        item = message_item(item_id, text, "completed")
+        item = message_item(item_id, text, "completed", self.logprobs)
+        part = item["content"][0]
         self.output.append(item)
         return [
             self.event(
@@ -156,7 +159,7 @@ class ResponseEvents:
                 output_index=index,
                 content_index=0,
                 text=text,
-                logprobs=[],
+                logprobs=self.logprobs,
             ),
             self.event("response.content_part.done", item_id=item_id, output_index=index, content_index=0, part=part),
             self.event("response.output_item.done", output_index=index, item=item),

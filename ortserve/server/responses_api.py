@@ -23,15 +23,19 @@ from litestar import Request
 from litestar.response import ServerSentEventMessage
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, model_validator
 
+from ortserve.tokenizer import ChatPrompts
+
 from .chat import ChatService, ChoiceStream, Prepared, assistant_message
 from .engine_client import RequestStream
 from .errors import BadRequest, error_event
+from .logprobs import chat_logprobs
 from .protocol import (
     MAX_MESSAGES,
     CallerFields,
     ChatCompletionRequest,
     ContentText,
     EndUserId,
+    LogprobCount,
     RequestModel,
     TokenCount,
     bounded,
@@ -119,6 +123,9 @@ JSON_TEXT = {
 }
 
 
+LOGPROBS = "message.output_text.logprobs"  # the one 'include' value: output_text's token logprobs
+
+
 class ResponsesRequest(RequestModel, CallerFields):
     """POST /v1/responses."""
 
@@ -159,18 +166,25 @@ class ResponsesRequest(RequestModel, CallerFields):
     truncation: Literal["disabled"] | None = Field(None, description="Only 'disabled': a prompt too long is a 400")
     previous_response_id: Annotated[Any, NOT_SUPPORTED] = None
     include: Annotated[list[str], Field(max_length=64)] | None = Field(
-        None, description="Only empty: no extra output (logprobs, reasoning) is available to include"
+        None, description=f"Only {LOGPROBS!r}: the output text's token logprobs (with top_logprobs alternatives)"
     )
+    top_logprobs: LogprobCount | None = Field(None, description=f"Alternatives per token; needs include {LOGPROBS!r}")
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return LOGPROBS in (self.include or [])
 
     def check(self) -> None:
         self.check_nothing_stored("responses")
-        if self.include:
+        others = [value for value in self.include or [] if value != LOGPROBS]
+        if others:
             raise BadRequest(
-                f"'include' of {', '.join(repr(v) for v in self.include[:3])} is not supported: this server has "
-                "no extra output (logprobs, reasoning, search results) to include; omit 'include' (for "
-                "logprobs, /v1/chat/completions takes 'logprobs' and 'top_logprobs')",
+                f"'include' of {', '.join(repr(v) for v in others[:3])} is not supported: this server has no "
+                f"extra output (reasoning, search results) to include; it can include {LOGPROBS!r}",
                 "include",
             )
+        if self.top_logprobs and not self.wants_logprobs:
+            raise BadRequest(f"'top_logprobs' needs 'include': [{LOGPROBS!r}]", "top_logprobs")
         if self.previous_response_id is not None:
             raise BadRequest(
                 "'previous_response_id' is not supported: this server stores no responses; send the "
@@ -209,6 +223,8 @@ class ResponsesRequest(RequestModel, CallerFields):
             "max_tokens": self.max_output_tokens,
             "parallel_tool_calls": self.parallel_tool_calls,
         }
+        if self.wants_logprobs:
+            chat.update(logprobs=True, top_logprobs=self.top_logprobs or 0)
         if self.tools is not None:
             chat["tools"] = [
                 {"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)} for t in self.tools
@@ -231,6 +247,13 @@ class ResponsesRequest(RequestModel, CallerFields):
 
 
 RESPONSES_FIELDS = {"response_format": "text", "max_tokens": "max_output_tokens", "messages": "input"}
+
+
+def token_logprobs(prompts: ChatPrompts, sample: Any) -> list[dict[str, Any]]:
+    """A sample's (or a sample delta's) tokens as the Responses API's output_text logprobs."""
+    if sample.logprobs is None:
+        return []
+    return [entry.model_dump() for entry in chat_logprobs(prompts, sample.token_ids, sample.logprobs).content]
 
 
 class ResponsesService:
@@ -299,7 +322,9 @@ class ResponsesService:
         message, _ = assistant_message(prepared, out.text)
         output = []
         if message.content:
-            output.append(message_item(random_id("msg"), message.content, "completed"))
+            prompts, _ = self.chat.client.check_ready()
+            logprobs = token_logprobs(prompts, out) if body.wants_logprobs and not message.tool_calls else []
+            output.append(message_item(random_id("msg"), message.content, "completed", logprobs))
         for call in message.tool_calls or []:
             output.append(call_item(random_id("fc"), call.id, call.function.name, call.function.arguments, "completed"))
         log.completion_tokens = totals.num_generated
@@ -313,6 +338,7 @@ class ResponsesService:
         self, log: RequestLog, body: ResponsesRequest, prepared: Prepared, stream: RequestStream
     ) -> AsyncIterator[ServerSentEventMessage | str]:
         events = ResponseEvents()
+        prompts, _ = self.chat.client.check_ready()
         totals = SampleTotals(1)
         choice = ChoiceStream(prepared)
         status: Any = 200
@@ -325,9 +351,12 @@ class ResponsesService:
                 async for delta in stream:
                     totals.add(delta)
                     for out in delta.samples:
+                        logprobs = token_logprobs(prompts, out) if body.wants_logprobs else None
                         for message in choice.feed(out.text, out.finish_reason is not None):
-                            for event in events.of(message):
+                            for event in events.of(message, logprobs if message.content else None):
                                 yield event
+                            if message.content:
+                                logprobs = None  # a delta's tokens go with its first text
             for event in events.close_message():
                 yield event
             final = totals.samples[0]

@@ -130,7 +130,7 @@ def test_streamed_function_calls_have_their_argument_events(api):
         ({"previous_response_id": "resp_123"}, "previous_response_id"),
         ({"store": True}, "store"),
         ({"background": True}, "background"),
-        ({"include": ["message.output_text.logprobs"]}, "include"),
+        ({"include": ["reasoning.encrypted_content"]}, "include"),
         ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "foo"}}}}, "text"),
     ],
 )
@@ -140,12 +140,33 @@ def test_what_a_stateless_server_cannot_do_is_a_400_naming_it(api, fields, param
     assert info.value.body["param"] == param
 
 
-def test_include_is_refused_with_where_logprobs_are(api):
+def test_include_logprobs_gives_the_output_texts_tokens_as_chat_completions_does(api):
+    """The Responses API's logprobs (include message.output_text.logprobs, top_logprobs) are the chat
+    endpoint's for the same greedy request, whole and, streamed, delta by delta."""
+    asked = dict(temperature=0, max_output_tokens=8, include=["message.output_text.logprobs"], top_logprobs=3)
+    response = api.responses.create(model=TINY_NAME, input="hello", **asked)
+    [message] = [item for item in response.output if item.type == "message"]
+    tokens = [(lp.token, lp.logprob, [t.token for t in lp.top_logprobs]) for lp in message.content[0].logprobs]
+    chat = api.chat.completions.create(
+        model=TINY_NAME,
+        messages=[{"role": "user", "content": "hello"}],
+        temperature=0,
+        max_tokens=8,
+        logprobs=True,
+        top_logprobs=3,
+    )
+    expected = [(lp.token, lp.logprob, [t.token for t in lp.top_logprobs]) for lp in chat.choices[0].logprobs.content]
+    assert len(tokens) == response.usage.output_tokens == 8
+    assert [(t, alts) for t, _, alts in tokens] == [(t, alts) for t, _, alts in expected]
+    assert [lp for _, lp, _ in tokens] == pytest.approx([lp for _, lp, _ in expected], abs=1e-5)
+    events = list(api.responses.create(model=TINY_NAME, input="hello", stream=True, **asked))
+    streamed = [lp.token for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
+    assert streamed == [t for t, _, _ in tokens]
+    done = next(e for e in events if e.type == "response.output_text.done")
+    assert [lp.token for lp in done.logprobs] == streamed
     with pytest.raises(openai.BadRequestError) as info:
-        api.responses.create(model=TINY_NAME, input="hi", max_output_tokens=4, include=["message.output_text.logprobs"])
-    message = info.value.body["message"]
-    assert message.startswith("'include' of 'message.output_text.logprobs' is not supported"), message
-    assert "/v1/chat/completions takes 'logprobs'" in message
+        api.responses.create(model=TINY_NAME, input="hi", max_output_tokens=2, top_logprobs=2)
+    assert info.value.body["param"] == "top_logprobs"
 
 
 def test_an_invalid_text_format_is_named_as_the_responses_api_names_it(api):
