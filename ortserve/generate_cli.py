@@ -53,15 +53,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def split_model_argument(model: str | None, words: list[str]) -> tuple[str | None, list[str]]:
     """(model, prompt words) of `generate MODEL PROMPT...` as of `generate --model MODEL PROMPT...`:
-    without --model, a first word that names a model is the model when a prompt follows it."""
+    without --model, a first word that names a model is the model; a ValueError if no prompt follows."""
     from ortserve.models.source import ModelSourceError, find_source
 
-    if model is not None or len(words) < 2:
+    if model is not None or not words:
         return model, words
     try:
         find_source(words[0])
     except ModelSourceError:
         return None, words  # a prompt's first word
+    if len(words) == 1:
+        raise ValueError(f"{words[0]!r} is a model: give the prompt after it, as in: ortserve generate MODEL 'PROMPT'")
     return words[0], words[1:]
 
 
@@ -72,10 +74,10 @@ def run(args: argparse.Namespace) -> int:
     from ortserve.sampling_params import SamplingParams, model_sampling_defaults
     from ortserve.tokenizer import ChatPrompts
 
-    args.model, words = split_model_argument(args.model, args.prompt)
-    prompt = " ".join(words)
     typed = {name: getattr(args, name) for name in SAMPLING_FLAGS if getattr(args, name) is not None}
     try:
+        args.model, words = split_model_argument(args.model, args.prompt)
+        prompt = " ".join(words)
         SamplingParams(**{**CLI_DEFAULTS, **typed}, seed=args.seed, stop=args.stop)  # a bad flag fails before the load
         config = EngineConfig.from_args(args)
         engine = LLMEngine.from_config(config)

@@ -175,7 +175,8 @@ def test_a_first_word_that_names_no_model_is_the_prompt_s(tmp_path):
     assert split_model_argument(None, [str(tmp_path), "hi"]) == (None, [str(tmp_path), "hi"])  # a path, no model
     named = ["smollm2-135m-instruct", "hi"]
     assert split_model_argument("x.gguf", named) == ("x.gguf", named)  # --model given: every word is the prompt
-    assert split_model_argument(None, ["smollm2-135m-instruct"]) == (None, ["smollm2-135m-instruct"])  # no prompt after
+    with pytest.raises(ValueError, match="'smollm2-135m-instruct' is a model: give the prompt after it"):
+        split_model_argument(None, ["smollm2-135m-instruct"])  # a model and no prompt: not a one-word prompt
 
 
 def test_generate_cli_reports_a_kv_budget_that_does_not_fit(smollm2_artifact):
