@@ -16,7 +16,8 @@ from ortserve.engine.ipc import FinishReason, RequestDelta, TokenLogprob
 from ortserve.sampling_params import SamplingParams, model_sampling_defaults
 from ortserve.tokenizer import ChatPrompts, Message
 
-Prompt = str | list[int]
+# vLLM's prompt forms: text, token ids, {"prompt": text} (TextPrompt), {"prompt_token_ids": ids} (TokensPrompt)
+Prompt = str | list[int] | dict[str, Any]
 
 
 @dataclass
@@ -62,7 +63,9 @@ class RequestOutput:
 
 
 class LLM:
-    """``model``: an artifact directory or a built-in model name (default: the embedded SmolLM2).
+    """``model``: an artifact directory, a Hugging Face checkpoint directory, a .gguf file or a
+    built-in model name (default: the embedded SmolLM2; anything but an artifact is exported on
+    first use and cached).
     Other keyword arguments are ``EngineConfig`` fields (``kv_cache_space``, ``max_num_seqs``,
     ``chat_template``...)."""
 
@@ -86,11 +89,32 @@ class LLM:
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """Complete each prompt (text, or token ids); outputs in the order of the prompts."""
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        batch = [(p, self.prompts.encode(p)) if isinstance(p, str) else (None, list(p)) for p in prompts]
-        return self._run(batch, sampling_params, use_tqdm)
+        """Complete each prompt (text, token ids, or vLLM's {"prompt": ...} / {"prompt_token_ids": ...}
+        dicts); outputs in the order of the prompts."""
+        single = isinstance(prompts, (str, dict)) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+        )
+        return self._run([self._prompt(p) for p in ([prompts] if single else prompts)], sampling_params, use_tqdm)
+
+    def _prompt(self, prompt: Any) -> tuple[str | None, list[int]]:
+        """(text or None, token ids) of one prompt; a ValueError naming the form for anything else."""
+        if isinstance(prompt, str):
+            return prompt, self.prompts.encode(prompt)
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), self._token_ids(prompt["prompt_token_ids"])
+            if isinstance(prompt.get("prompt"), str):
+                return prompt["prompt"], self.prompts.encode(prompt["prompt"])
+            raise ValueError(
+                f"a prompt dict needs 'prompt' (text) or 'prompt_token_ids' (token ids); this one has {sorted(prompt)}"
+            )
+        return None, self._token_ids(prompt)
+
+    @staticmethod
+    def _token_ids(ids: Any) -> list[int]:
+        if isinstance(ids, (str, bytes)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise ValueError("a prompt is text, a list of token ids (ints), or a dict holding one of them")
+        return list(ids)
 
     def chat(
         self,

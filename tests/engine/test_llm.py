@@ -61,6 +61,22 @@ def test_generate_accepts_text_and_token_ids_and_keeps_order(llm):
     assert "length" in {o.outputs[0].finish_reason for o in outs}
 
 
+def test_generate_takes_vllms_prompt_dicts(llm):
+    """vLLM's TextPrompt {"prompt": ...} and TokensPrompt {"prompt_token_ids": ...}, alone or in a
+    list, are the same prompts as text and ids (they were iterated as a list of their keys)."""
+    text = "The three primary colors are"
+    ids = llm.get_tokenizer().encode(text)
+    [plain] = llm.generate(text, GREEDY, use_tqdm=False)
+    outs = llm.generate([{"prompt": text}, {"prompt_token_ids": ids}], GREEDY, use_tqdm=False)
+    [single] = llm.generate({"prompt_token_ids": ids}, GREEDY, use_tqdm=False)
+    assert [o.prompt_token_ids for o in (*outs, single)] == [ids, ids, ids]
+    assert {tuple(o.outputs[0].token_ids) for o in (*outs, single)} == {tuple(plain.outputs[0].token_ids)}
+    assert outs[0].prompt == text and outs[1].prompt is None
+    for bad, says in (({"text": text}, "needs 'prompt' \\(text\\) or 'prompt_token_ids'"), ([[1, "a"]], "token ids")):
+        with pytest.raises(ValueError, match=says):
+            llm.generate(bad, GREEDY, use_tqdm=False)
+
+
 def test_stop_string_is_cut_from_the_text(llm):
     [full] = llm.generate("Count: one, two, three,", GREEDY, use_tqdm=False)
     text = full.outputs[0].text
