@@ -93,6 +93,11 @@ def run(args: argparse.Namespace) -> int:
             messages.append({"role": "user", "content": prompt})
             token_ids = prompts.chat_token_ids(messages)
         else:
+            if args.chat:
+                logging.getLogger("ortserve.generate").warning(
+                    "the model has no chat template: the prompt is completed as plain text "
+                    "(give a template with --chat-template FILE|STRING, or --no-chat to silence this)"
+                )
             token_ids = prompts.encode(prompt)
         engine.add_request("cli", token_ids, params)
     except (ValueError, RuntimeError, OSError) as exc:

@@ -183,6 +183,24 @@ def test_generate_cli_takes_the_model_as_its_first_word(smollm2_artifact, tmp_pa
     assert "Paris" in result.stdout and str(smollm2_artifact) in result.stderr  # this artifact, not the default's
 
 
+def test_generate_cli_says_when_the_model_has_no_chat_template(tiny_llama_artifact, tmp_path):
+    import json
+    import shutil
+
+    bare = shutil.copytree(tiny_llama_artifact, tmp_path / "bare")
+    (bare / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((bare / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (bare / "tokenizer_config.json").write_text(json.dumps(config))
+    argv = [sys.executable, "-m", "ortserve.cli", "generate", str(bare), "hello", "--max-tokens", "2"]
+    argv += ["--kv-cache-space", "0.05"]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "the model has no chat template: the prompt is completed as plain text" in result.stderr
+    quiet = subprocess.run([*argv, "--no-chat"], capture_output=True, text=True, timeout=600)
+    assert quiet.returncode == 0 and "no chat template" not in quiet.stderr
+
+
 def test_a_first_word_that_names_no_model_is_the_prompt_s(tmp_path):
     from ortserve.generate_cli import split_model_argument
 
