@@ -165,7 +165,7 @@ def build_application(args: argparse.Namespace, plan: ClusterPlan, artifact: str
         args.served_model_name or args.model or DEFAULT_MODEL,
         *(["--api-key", args.api_key] if args.api_key else []),
         *(["--public-metrics"] if args.public_metrics else []),
-        *engine_flags(args, skip=("model", "threads_bind", "reserved_cpus")),
+        *engine_flags(args, skip=("model", "threads_bind", "reserved_cpus", "threads")),
     ]
     spec = ReplicaSpec(artifact, tuple(server_args), plan.cores_per_replica, host=args.replica_host)
     engine = serve.deployment(EngineReplica, name="EngineReplica").options(
@@ -206,9 +206,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.model_arg is not None:
         args.model = args.model_arg
-    if args.threads_bind is not None or args.reserved_cpus is not None:
+    if args.threads_bind is not None or args.reserved_cpus is not None or args.threads is not None:
         print(
-            "error: serve-cluster pins each replica itself: use --cores-per-replica, not --threads-bind",
+            "error: serve-cluster pins each replica itself: use --cores-per-replica, not --threads-bind or --threads",
             file=sys.stderr,
         )
         return 2

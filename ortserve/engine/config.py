@@ -126,6 +126,12 @@ class EngineConfig(BaseModel):
         f"(env {THREADS_BIND_ENV}; default auto)",
     )
     reserved_cpus: int = Field(0, ge=0, description="with --threads-bind auto, leave this many cores to other work")
+    threads: int | None = Field(
+        None,
+        ge=1,
+        description="how many cores (threads) the engine uses: the first N that --threads-bind auto "
+        "or nobind picks (default: all of them)",
+    )
     generation_config: Literal["auto", "vllm"] = Field(
         "auto",
         description="request defaults: 'auto' takes temperature, top_p, top_k, min_p, repetition_penalty and "

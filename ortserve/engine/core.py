@@ -53,7 +53,7 @@ class EngineCore:
         self.artifact_dir = resolve_artifact(config.model, config.precision, config.activation_bits)
         self.manifest = manifest = load_manifest(self.artifact_dir)
         draft = resolve_draft(config, manifest) if config.speculative == "draft" else None  # checked before loading
-        self.threads = plan_threads(config.threads_bind, config.reserved_cpus)
+        self.threads = plan_threads(config.threads_bind, config.reserved_cpus, config.threads)
         self.memory_nodes = bind_memory(self.threads)  # before the weights and the KV cache are allocated
         self.kv_plan = plan_kv_cache(
             manifest,

@@ -137,7 +137,23 @@ def physical_cores(allowed: list[int]) -> list[int]:
     return _first_of_each_core(c for c in allowed if node is None or c in node.cpus)
 
 
-def plan_threads(threads_bind: str = "auto", reserved_cpus: int = 0) -> ThreadPlan:
+def plan_threads(threads_bind: str = "auto", reserved_cpus: int = 0, threads: int | None = None) -> ThreadPlan:
+    """``threads`` (--threads, llama.cpp's -t): how many cores the engine uses, the first of those
+    --threads-bind auto or nobind would use; a core list says it by itself."""
+    plan = _plan_cores(threads_bind, reserved_cpus)
+    if threads is None:
+        return plan
+    if threads_bind.strip().lower() not in ("auto", "nobind"):
+        raise ThreadsBindError(f"--threads {threads} and --threads-bind {threads_bind!r}: give one (a list sets both)")
+    if threads > len(plan.cores):
+        raise ThreadsBindError(
+            f"--threads {threads}: the engine has {len(plan.cores)} cores to run on "
+            f"({format_cpu_list(plan.cores)}, --threads-bind {threads_bind}); use at most {len(plan.cores)}"
+        )
+    return ThreadPlan(cores=plan.cores[:threads], bind=plan.bind)
+
+
+def _plan_cores(threads_bind: str, reserved_cpus: int) -> ThreadPlan:
     allowed = sorted(os.sched_getaffinity(0))
     mode = threads_bind.strip().lower()
     if mode == "nobind":

@@ -63,8 +63,13 @@ def run_engine_process(config: EngineConfig, inbox: Connection, outbox: Connecti
     try:
         engine = factory(config)
     except BaseException as exc:
-        logger.exception("engine start-up failed")
-        message = str(exc) if isinstance(exc, (ValueError, RuntimeError, OSError, ImportError)) else "see the log"
+        stated = isinstance(exc, (ValueError, RuntimeError, OSError, ImportError))  # errors that say what is wrong
+        if stated:  # a bad flag, model or file: its sentence is the report (the traceback at debug level)
+            logger.error("engine start-up failed: %s", exc)
+            logger.debug("engine start-up failure", exc_info=exc)
+        else:
+            logger.exception("engine start-up failed")
+        message = str(exc) if stated else "see the log"
         _send_quietly(outbox, channel.encode(EngineFailed(ErrorCode.STARTUP, message or type(exc).__name__)))
         sys.exit(1)
     outbox.send_bytes(channel.encode(EngineReady(engine.info())))

@@ -47,6 +47,16 @@ def test_explicit_list_and_affinity_string(eight_cpus_four_cores):
         plan_threads("4000")
 
 
+def test_threads_takes_the_first_cores_auto_or_nobind_would(eight_cpus_four_cores):
+    assert plan_threads("auto", threads=2).cores == (0, 1)
+    assert plan_threads("auto", reserved_cpus=1, threads=3).cores == (0, 1, 2)
+    assert plan_threads("nobind", threads=6).num_threads == 6 and not plan_threads("nobind", threads=6).bind
+    with pytest.raises(ThreadsBindError, match=r"--threads 5: the engine has 4 cores .* use at most 4"):
+        plan_threads("auto", threads=5)
+    with pytest.raises(ThreadsBindError, match="give one"):
+        plan_threads("0-1", threads=2)
+
+
 def test_nobind_pins_nothing(eight_cpus_four_cores):
     plan = plan_threads("nobind")
     assert not plan.bind and plan.num_threads == 8
@@ -159,6 +169,7 @@ def test_engine_flags_fill_the_config_and_env_is_the_fallback(monkeypatch, tmp_p
         "max_model_len": 512,
         "threads_bind": "0",
         "reserved_cpus": 1,
+        "threads": None,
         "generation_config": "auto",
         "stream_interval": 8,
         "enable_prefix_caching": False,
