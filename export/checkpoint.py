@@ -20,6 +20,20 @@ from safetensors import safe_open
 from .errors import ExportError
 
 INDEX = "model.safetensors.index.json"
+
+
+def _fp8_e4m3_table() -> np.ndarray:
+    """float32 value of each FP8 E4M3 (fn) byte: 1 sign, 4 exponent (bias 7), 3 mantissa bits, no
+    infinities, 0x7F / 0xFF NaN."""
+    byte = np.arange(256)
+    exponent, mantissa = (byte >> 3) & 0xF, (byte & 7).astype(np.float64)
+    magnitude = np.where(exponent == 0, mantissa / 8 * 2.0**-6, (1 + mantissa / 8) * 2.0 ** (exponent - 7))
+    value = np.where(byte >> 7, -magnitude, magnitude)
+    value[(byte & 0x7F) == 0x7F] = np.nan
+    return value.astype(np.float32)
+
+
+FP8_E4M3 = _fp8_e4m3_table()
 SINGLE = "model.safetensors"
 
 
@@ -127,14 +141,18 @@ class Checkpoint:
         return str(self._entry(name)[2]["dtype"])
 
     def read_stored(self, name: str) -> np.ndarray:
-        """The tensor in its stored dtype (integer codes stay integers); BF16, which numpy lacks, as float32."""
+        """The tensor in its stored dtype (integer codes stay integers); BF16 and F8_E4M3, which numpy
+        lacks, as float32 (exactly: every such value is a float32)."""
         self.shape(name)
         shard, header_len, entry = self._entry(name)
         try:
-            if entry["dtype"] == "BF16":
+            if entry["dtype"] in ("BF16", "F8_E4M3"):
                 start, end = entry["data_offsets"]
-                raw = np.fromfile(shard, dtype="<u2", count=(end - start) // 2, offset=8 + header_len + start)
-                return (raw.astype(np.uint32) << 16).view(np.float32).reshape(entry["shape"])
+                wide = entry["dtype"] == "BF16"
+                count = (end - start) // (2 if wide else 1)
+                raw = np.fromfile(shard, dtype="<u2" if wide else np.uint8, count=count, offset=8 + header_len + start)
+                values = (raw.astype(np.uint32) << 16).view(np.float32) if wide else FP8_E4M3[raw]
+                return values.reshape(entry["shape"])
             with safe_open(shard, framework="np") as f:
                 return f.get_tensor(entry["stored_name"])
         except (OSError, ValueError, TypeError) as exc:

@@ -3,7 +3,8 @@
 - compressed-tensors (llm-compressor's W4A16 / W8A16 / W8A8-int8 checkpoints, as vLLM reads them):
   formats ``pack-quantized`` (``weight_packed`` int32, values + 2^(bits-1) packed densely along K,
   ``weight_scale``, optional ``weight_zero_point`` packed along N) and ``int-quantized``
-  (``weight`` int8 with ``weight_scale`` and optional ``weight_zero_point``);
+  (``weight`` int8 with ``weight_scale`` and optional ``weight_zero_point``), and ``float-quantized``
+  (``weight`` FP8 E4M3 times ``weight_scale``: W8A8-FP8; no integer form, so read as floats);
 - AutoAWQ's GEMM format (``quant_method: awq``): ``qweight`` int32 [K, N / 8] and ``qzeros`` int32
   [K / group, N / 8] with the nibbles of each word in AWQ's order 0, 2, 4, 6, 1, 3, 5, 7, ``scales``
   [K / group, N];
@@ -17,7 +18,7 @@ of 32 columns (or whole rows) are MatMulQ's blocks of 32 with each group's scale
 ``import_blocks`` gives the codes exactly, as a GGUF's are (``storage.plan`` keeps them whatever the
 precision; bit for bit with fp16 or bf16 scales, as checkpoints store them: a float32 scale's
 product with the zero point can round). Smaller groups and ``--precision fp32`` read the weight
-dequantised (the products in float64, then float32). Other methods (bitsandbytes, FP8, ...) and
+dequantised (the products in float64, then float32). Other methods (bitsandbytes, HQQ, ...) and
 act-order (GPTQ's desc_act, whose ``g_idx`` is not k // group) are refused at export with what to use
 instead.
 """
@@ -35,10 +36,11 @@ from .checkpoint import Checkpoint
 from .errors import ExportError
 from .nbits import BLOCK_SIZE, QuantizedWeight, pack
 
-COMPRESSED_TENSORS_FORMATS = ("pack-quantized", "int-quantized")
+COMPRESSED_TENSORS_FORMATS = ("pack-quantized", "int-quantized", "float-quantized")
 AWQ_ORDER = np.array([0, 2, 4, 6, 1, 3, 5, 7])  # nibble i of a word holds column 8j + AWQ_ORDER[i]
 _SUPPORTED = (
-    "compressed-tensors (pack-quantized, int-quantized: llm-compressor's W4A16, W8A16, W8A8), AutoAWQ (GEMM) "
+    "compressed-tensors (pack-quantized, int-quantized, float-quantized: llm-compressor's W4A16, W8A16, W8A8, "
+    "W8A8-FP8), AutoAWQ (GEMM) "
     "and GPTQ (4 or 8 bits, without desc_act)"
 )
 GPTQ_FORMATS = ("gptq", "gptq_v2")
@@ -245,17 +247,37 @@ class QuantizedCheckpoint:
 
     def read(self, name: str) -> np.ndarray:
         module = self._quantised_module(name)
-        return self.base.read(name) if module is None else self.codes(module).dequantize()
+        if module is None:
+            return self.base.read(name)
+        return self._read_fp8(module) if self._fp8(module) else self.codes(module).dequantize()
 
     def read_rows(self, name: str, count: int) -> np.ndarray:
         module = self._quantised_module(name)
         return self.base.read_rows(name, count) if module is None else self.read(name)[:count]
 
+    def _fp8(self, module: str) -> bool:
+        weight = f"{module}.weight"
+        return self.method == "compressed-tensors" and weight in self.base and self.base.dtype(weight).startswith("F8")
+
+    def _read_fp8(self, module: str) -> np.ndarray:
+        """weight * scale (per tensor, row or group of columns), each product exact in float64."""
+        weight = self.base.read_stored(f"{module}.weight").astype(np.float64)  # FP8 values, exactly
+        n, k = weight.shape
+        scale = self.base.read(f"{module}.weight_scale").astype(np.float64).reshape(-1)
+        scale = scale.reshape(n, -1) if scale.size % n == 0 and scale.size >= n else scale.reshape(1, -1)
+        if k % scale.shape[1]:
+            raise ExportError(f"{module}.weight_scale's {scale.shape[1]} groups do not divide {k} columns")
+        return (weight * np.repeat(scale, k // scale.shape[1], axis=1)).astype(np.float32)
+
     def gguf_type(self, name: str) -> str:
-        """'F32' for a float tensor; for a quantised linear, what it is: 'awq int4 g128'."""
+        """'F32' for a float tensor; for a quantised linear, what it is: 'awq int4 g128',
+        'compressed-tensors fp8 per-row'."""
         module = self._quantised_module(name)
         if module is None:
             return "F32"
+        if self._fp8(module):
+            groups = int(np.prod(self.base.shape(f"{module}.weight_scale"))) // self.shape(name)[0]
+            return f"{self.method} fp8 {'per-row' if groups <= 1 else f'g{self.shape(name)[1] // groups}'}"
         codes = self.codes(module)
         grouping = "per-row" if codes.scale.shape[1] == 1 else f"g{codes.group_size}"
         return f"{self.method} int{codes.bits} {grouping}"
@@ -263,13 +285,13 @@ class QuantizedCheckpoint:
     def code_layout(self, name: str) -> tuple[int, int] | None:
         """(bits, block size) of the codes ``import_blocks`` gives exactly, or None."""
         module = self._quantised_module(name)
-        if module is None or self.codes(module).blocks() is None:
+        if module is None or self._fp8(module) or self.codes(module).blocks() is None:
             return None
         return self.codes(module).bits, BLOCK_SIZE
 
     def import_blocks(self, name: str) -> QuantizedWeight:
         module = self._quantised_module(name)
-        blocks = None if module is None else self.codes(module).blocks()
+        blocks = None if module is None or self._fp8(module) else self.codes(module).blocks()
         if blocks is None:
             raise ExportError(f"tensor '{name}' of {self.folder} has no exact block form")
         return blocks

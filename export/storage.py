@@ -5,8 +5,9 @@ quantised here. One rule, decided per tensor before any weight is read:
 - a GGUF tensor of a format in ``gguf_blocks.FORMATS``, or a quantised Hugging Face checkpoint's
   linear grouped in blocks of 32 (``hf_quantized``): its codes, imported exactly, whatever the
   precision (Q8_0 stays 8-bit under int4: re-quantising would only lose information).
-- a GGUF tensor of another quantised format (Q2_K, Q3_K, IQ1-IQ3): dequantised, then quantised to
-  the precision (int4 when none is given) -- export lists these.
+- a GGUF tensor of another quantised format (Q2_K, Q3_K, IQ1-IQ3), or a quantised checkpoint's
+  linear without an exact integer form (FP8, groups under 32 columns): dequantised, then quantised
+  to the precision (when none is given int4, and int8 for FP8) -- export lists these.
 - a float tensor: the precision (fp32 when none is given), quantised by ``qweight.quantize_q``.
 
 ``--tensor-precision PATTERN=PRECISION`` (``TensorPrecision``) replaces the precision of the
@@ -92,4 +93,5 @@ def plan(source: WeightSource, name: str, precision: str | None, rules: Sequence
         return Storage("exact", *layout, source_type)
     if source_type in FLOAT_TYPES and precision is None:
         return Storage("fp32", source_type=source_type)
-    return Storage("quantize", BITS[precision or "int4"], BLOCK_SIZE, source_type)
+    nearest = "int8" if " fp8 " in f"{source_type} " else "int4"  # an FP8 checkpoint keeps 8 bits
+    return Storage("quantize", BITS[precision or nearest], BLOCK_SIZE, source_type)

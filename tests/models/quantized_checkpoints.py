@@ -47,11 +47,17 @@ def _modules(model) -> dict[str, object]:
 
 
 def write_compressed_tensors(
-    folder: Path, *, bits: int = 4, group_size: int | None = 64, symmetric: bool = True, seed: int = 0
+    folder: Path,
+    *,
+    bits: int = 4,
+    group_size: int | None = 64,
+    symmetric: bool = True,
+    fp8: bool = False,
+    seed: int = 0,
 ) -> dict[str, np.ndarray]:
     """A checkpoint in compressed-tensors' pack-quantized format (int-quantized for 8-bit per-row
-    codes with int8 activations, as W8A8 checkpoints are); returns {module: reference weight [N, K]
-    float32}."""
+    codes with int8 activations, as W8A8 checkpoints are; float-quantized with ``fp8``: FP8 E4M3
+    weights per row, W8A8-FP8); returns {module: reference weight [N, K] float32}."""
     import torch
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import (
@@ -65,10 +71,11 @@ def write_compressed_tensors(
 
     model = _model(seed).to(torch.bfloat16)  # llm-compressor's usual input: bf16 weights, so bf16 scales
     strategy = "group" if group_size else "channel"
-    args = QuantizationArgs(num_bits=bits, type="int", symmetric=symmetric, strategy=strategy, group_size=group_size)
-    w8a8 = bits == 8 and group_size is None  # int-quantized, with dynamic int8 activations per token
-    fmt = "int-quantized" if w8a8 else "pack-quantized"
-    activations = QuantizationArgs(num_bits=8, type="int", symmetric=True, strategy="token", dynamic=True)
+    kind = "float" if fp8 else "int"
+    args = QuantizationArgs(num_bits=bits, type=kind, symmetric=symmetric, strategy=strategy, group_size=group_size)
+    w8a8 = bits == 8 and group_size is None  # int- or float-quantized, with dynamic activations per token
+    fmt = "float-quantized" if fp8 else "int-quantized" if w8a8 else "pack-quantized"
+    activations = QuantizationArgs(num_bits=8, type=kind, symmetric=True, strategy="token", dynamic=True)
     scheme = QuantizationScheme(targets=["Linear"], weights=args, input_activations=activations if w8a8 else None)
     apply_quantization_config(model, QuantizationConfig(config_groups={"g": scheme}, ignore=["lm_head"], format=fmt))
     with torch.no_grad():
@@ -91,10 +98,16 @@ def write_compressed_tensors(
 
 def _decompressed(folder: Path, scheme, fmt: str) -> dict[str, np.ndarray]:
     import torch
-    from compressed_tensors.compressors import IntQuantizationCompressor, PackedQuantizationCompressor
+    from compressed_tensors.compressors import (
+        FloatQuantizationCompressor,
+        IntQuantizationCompressor,
+        PackedQuantizationCompressor,
+    )
     from safetensors.torch import load_file
 
-    compressor = IntQuantizationCompressor if fmt == "int-quantized" else PackedQuantizationCompressor
+    compressor = {"int-quantized": IntQuantizationCompressor, "float-quantized": FloatQuantizationCompressor}.get(
+        fmt, PackedQuantizationCompressor
+    )
     tensors = load_file(folder / "model.safetensors")
     weights = {}
     for module in {name.rsplit(".", 1)[0] for name in tensors if name.endswith(".weight_scale")}:

@@ -114,6 +114,28 @@ def test_logits_equal_transformers_on_the_decompressed_weights(name, checkpoint,
         assert np.abs(ours - reference).max() <= tolerance * scale, path.name
 
 
+def test_fp8_weights_are_read_exactly_and_kept_at_8_bits(tmp_path):
+    """compressed-tensors' float-quantized (W8A8-FP8): no integer form, so the weights are read as
+    compressed-tensors decompresses them, bit for bit, and stored as int8 unless a precision is given."""
+    from ortserve.export.checkpoint import Checkpoint
+    from ortserve.export.hf_quantized import QuantizedCheckpoint
+
+    weights = write_compressed_tensors(tmp_path / "hf", bits=8, group_size=None, fp8=True)
+    settings = json.loads((tmp_path / "hf" / "config.json").read_text())["quantization_config"]
+    source = QuantizedCheckpoint(Checkpoint(tmp_path / "hf"), "compressed-tensors", settings)
+    for module, reference in weights.items():
+        assert np.array_equal(source.read(f"{module}.weight"), reference), module
+    export_model(tmp_path / "hf", tmp_path / "int8", progress=False)
+    assert load_manifest(tmp_path / "int8").weight_formats == {"compressed-tensors fp8 per-row -> int8": 7, "fp32": 1}
+    ids = random_sequences(CONFIG["vocab_size"], [LENGTH], seed=1)[0]
+    reference = transformers_logits(tmp_path / "hf", weights, ids)
+    scale = max(1.0, float(np.abs(reference).max()))
+    export_model(tmp_path / "hf", tmp_path / "fp32", precision="fp32", progress=False)
+    for artifact, tolerance in ((tmp_path / "fp32", 1e-4), (tmp_path / "int8", 2e-2)):  # int8: its rounding
+        ours = teacher_forced_logits(PagedRunner(artifact, seed=3), [ids], [PROMPT])[0]
+        assert np.abs(ours - reference).max() <= tolerance * scale, artifact.name
+
+
 def test_groups_smaller_than_a_block_are_quantised_again_and_export_says_so(tmp_path, caplog):
     write_compressed_tensors(tmp_path / "hf", bits=4, group_size=16)
     with caplog.at_level(logging.WARNING):
@@ -130,8 +152,8 @@ def test_groups_smaller_than_a_block_are_quantised_again_and_export_says_so(tmp_
         ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "quant_method 'bitsandbytes'"),
         ({"quant_method": "awq", "bits": 4, "version": "gemv"}, "quant_method 'awq' (version 'gemv'"),
         (
-            {"quant_method": "compressed-tensors", "format": "float-quantized"},
-            "compressed-tensors format float-quantized",
+            {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized"},
+            "compressed-tensors format nvfp4-pack-quantized",
         ),
     ],
 )
