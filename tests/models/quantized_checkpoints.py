@@ -32,6 +32,7 @@ CONFIG = dict(
     tie_word_embeddings=False,
 )
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
 
 
 def _model(seed: int):
@@ -54,10 +55,12 @@ def write_compressed_tensors(
     symmetric: bool = True,
     fp8: bool = False,
     seed: int = 0,
+    source: Path | None = None,
 ) -> dict[str, np.ndarray]:
     """A checkpoint in compressed-tensors' pack-quantized format (int-quantized for 8-bit per-row
     codes with int8 activations, as W8A8 checkpoints are; float-quantized with ``fp8``: FP8 E4M3
-    weights per row, W8A8-FP8); returns {module: reference weight [N, K] float32}."""
+    weights per row, W8A8-FP8); returns {module: reference weight [N, K] float32}. ``source``: a
+    real checkpoint to quantise (with its tokenizer files) instead of a random tiny Llama."""
     import torch
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import (
@@ -69,7 +72,13 @@ def write_compressed_tensors(
     )
     from compressed_tensors.quantization.utils import calculate_qparams
 
-    model = _model(seed).to(torch.bfloat16)  # llm-compressor's usual input: bf16 weights, so bf16 scales
+    if source is None:
+        model = _model(seed)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(source).eval()
+    model = model.to(torch.bfloat16)  # llm-compressor's usual input: bf16 weights, so bf16 scales
     strategy = "group" if group_size else "channel"
     kind = "float" if fp8 else "int"
     args = QuantizationArgs(num_bits=bits, type=kind, symmetric=symmetric, strategy=strategy, group_size=group_size)
@@ -93,6 +102,9 @@ def write_compressed_tensors(
     compressor.compress_model(model)
     model.save_pretrained(folder)
     compressor.update_config(str(folder))
+    for name in TOKENIZER_FILES if source is not None else ():
+        if (source / name).is_file():
+            (folder / name).write_bytes((source / name).read_bytes())
     return _decompressed(folder, scheme, fmt)
 
 

@@ -136,6 +136,26 @@ def test_fp8_weights_are_read_exactly_and_kept_at_8_bits(tmp_path):
         assert np.abs(ours - reference).max() <= tolerance * scale, artifact.name
 
 
+@pytest.mark.slow
+def test_smollm2_quantised_by_compressed_tensors_serves_its_own_weights(smollm2_checkpoint, tmp_path):
+    """The real model, W4A16 in groups of 64 as llm-compressor would write it (576 columns: 128 does
+    not divide them): its logits are transformers' on the decompressed weights, and it answers."""
+    from ortserve import LLM, SamplingParams
+
+    weights = write_compressed_tensors(tmp_path / "hf", bits=4, group_size=64, source=smollm2_checkpoint)
+    export_model(tmp_path / "hf", tmp_path / "artifact", progress=False)
+    assert load_manifest(tmp_path / "artifact").weight_formats["compressed-tensors int4 g64 (exact)"] == 210
+    ids = random_sequences(49152, [40], seed=2)[0]
+    reference = transformers_logits(tmp_path / "hf", weights, ids)
+    ours = teacher_forced_logits(PagedRunner(tmp_path / "artifact", seed=3), [ids], [20])[0]
+    assert np.abs(ours - reference).max() <= 2e-3 * float(np.abs(reference).max())  # seen: 2.4e-4
+    assert (ours.argmax(-1) == reference.argmax(-1)).mean() >= 0.95
+    llm = LLM(str(tmp_path / "artifact"), kv_cache_space=0.1)
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    [out] = llm.chat(question, SamplingParams(max_tokens=12, temperature=0), use_tqdm=False)
+    assert "Paris" in out.outputs[0].text
+
+
 def test_groups_smaller_than_a_block_are_quantised_again_and_export_says_so(tmp_path, caplog):
     write_compressed_tensors(tmp_path / "hf", bits=4, group_size=16)
     with caplog.at_level(logging.WARNING):
