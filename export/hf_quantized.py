@@ -115,6 +115,12 @@ class IntCodes:
         )
 
 
+def _per_row(scale: np.ndarray, n: int) -> np.ndarray:
+    """A compressed-tensors scale as [N, G]: per group [N, G], per row [N, 1], per tensor [1] or []."""
+    flat = scale.reshape(-1)
+    return np.broadcast_to(flat.reshape(1, -1), (n, flat.size)).copy() if flat.size < n else flat.reshape(n, -1)
+
+
 def _unpack_dense(words: np.ndarray, bits: int, count: int) -> np.ndarray:
     """compressed-tensors' dense packing: value i of a row at bit i * bits of its little-endian words."""
     data = np.ascontiguousarray(words).astype("<i4").view(np.uint8).reshape(words.shape[0], -1)
@@ -196,7 +202,7 @@ class QuantizedCheckpoint:
     def _read_ct(self, module: str) -> IntCodes:
         base = self.base
         n, k = self.shape(f"{module}.weight")
-        scale = base.read(f"{module}.weight_scale").reshape(n, -1) * np.ones((n, 1), np.float32)
+        scale = _per_row(base.read(f"{module}.weight_scale"), n).astype(np.float32)
         if f"{module}.weight_packed" in base:
             packed = base.read_stored(f"{module}.weight_packed")
             bits = _bits_of(packed.shape[1], k, f"{module}.weight_packed")
@@ -210,7 +216,7 @@ class QuantizedCheckpoint:
             if stored.dtype == np.int32:  # pack-quantized: packed along N, values + offset
                 zero = _unpack_dense(stored.T, bits, n).T
             else:
-                zero = np.broadcast_to((stored.reshape(n, -1).astype(np.int16) + offset).astype(np.uint8), scale.shape)
+                zero = np.broadcast_to((_per_row(stored, n).astype(np.int16) + offset).astype(np.uint8), scale.shape)
         return IntCodes(np.ascontiguousarray(codes), scale, np.ascontiguousarray(zero), bits)
 
     def _read_awq(self, module: str) -> IntCodes:
@@ -263,8 +269,7 @@ class QuantizedCheckpoint:
         """weight * scale (per tensor, row or group of columns), each product exact in float64."""
         weight = self.base.read_stored(f"{module}.weight").astype(np.float64)  # FP8 values, exactly
         n, k = weight.shape
-        scale = self.base.read(f"{module}.weight_scale").astype(np.float64).reshape(-1)
-        scale = scale.reshape(n, -1) if scale.size % n == 0 and scale.size >= n else scale.reshape(1, -1)
+        scale = _per_row(self.base.read(f"{module}.weight_scale").astype(np.float64), n)
         if k % scale.shape[1]:
             raise ExportError(f"{module}.weight_scale's {scale.shape[1]} groups do not divide {k} columns")
         return (weight * np.repeat(scale, k // scale.shape[1], axis=1)).astype(np.float32)

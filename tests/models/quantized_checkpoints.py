@@ -54,13 +54,15 @@ def write_compressed_tensors(
     group_size: int | None = 64,
     symmetric: bool = True,
     fp8: bool = False,
+    per_tensor: bool = False,
     seed: int = 0,
     source: Path | None = None,
 ) -> dict[str, np.ndarray]:
     """A checkpoint in compressed-tensors' pack-quantized format (int-quantized for 8-bit per-row
     codes with int8 activations, as W8A8 checkpoints are; float-quantized with ``fp8``: FP8 E4M3
-    weights per row, W8A8-FP8); returns {module: reference weight [N, K] float32}. ``source``: a
-    real checkpoint to quantise (with its tokenizer files) instead of a random tiny Llama."""
+    weights per row, W8A8-FP8; ``per_tensor``: one scale a linear); returns {module: reference
+    weight [N, K] float32}. ``source``: a real checkpoint to quantise (with its tokenizer files)
+    instead of a random tiny Llama."""
     import torch
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import (
@@ -79,7 +81,7 @@ def write_compressed_tensors(
 
         model = AutoModelForCausalLM.from_pretrained(source).eval()
     model = model.to(torch.bfloat16)  # llm-compressor's usual input: bf16 weights, so bf16 scales
-    strategy = "group" if group_size else "channel"
+    strategy = "group" if group_size else "tensor" if per_tensor else "channel"
     kind = "float" if fp8 else "int"
     args = QuantizationArgs(num_bits=bits, type=kind, symmetric=symmetric, strategy=strategy, group_size=group_size)
     w8a8 = bits == 8 and group_size is None  # int- or float-quantized, with dynamic activations per token
@@ -90,7 +92,8 @@ def write_compressed_tensors(
     with torch.no_grad():
         for module in _modules(model).values():
             w = module.weight  # type: ignore[attr-defined]
-            groups = w.reshape(w.shape[0], -1, group_size or w.shape[1])
+            shape = (1, 1, -1) if per_tensor else (w.shape[0], -1, group_size or w.shape[1])
+            groups = w.reshape(*shape)
             scale, zero = calculate_qparams(groups.amin(-1), groups.amax(-1), args)
             module.weight_scale.copy_(scale.reshape(module.weight_scale.shape))  # type: ignore[attr-defined]
             if hasattr(module, "weight_zero_point"):

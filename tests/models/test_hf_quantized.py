@@ -37,6 +37,11 @@ CHECKPOINTS = {  # name -> (writer, options, what the manifest calls each linear
         dict(bits=8, group_size=None),
         "compressed-tensors int8 per-row (exact)",
     ),
+    "w8a8-per-tensor-asym": (
+        write_compressed_tensors,
+        dict(bits=8, group_size=None, per_tensor=True, symmetric=False),
+        "compressed-tensors int8 per-row (exact)",
+    ),
     "awq-g64": (write_awq, dict(group_size=64), "awq int4 g64 (exact)"),
     "awq-g128-no-zeros": (write_awq, dict(group_size=128, zero_point=False), "awq int4 g128 (exact)"),
     "gptq-4bit-g64-sym": (write_gptq, dict(bits=4, group_size=64), "gptq int4 g64 (exact)"),
