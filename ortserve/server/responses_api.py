@@ -124,6 +124,10 @@ JSON_TEXT = {
 
 
 LOGPROBS = "message.output_text.logprobs"  # the one 'include' value: output_text's token logprobs
+TOP_LOGPROBS_NEED_INCLUDE = {
+    "if": {"properties": {"top_logprobs": {"type": "integer", "minimum": 1}}, "required": ["top_logprobs"]},
+    "then": {"properties": {"include": {"type": "array", "contains": {"const": LOGPROBS}}}, "required": ["include"]},
+}
 
 
 class ResponsesRequest(RequestModel, CallerFields):
@@ -141,6 +145,7 @@ class ResponsesRequest(RequestModel, CallerFields):
                         "required": ["tool_choice", "text"],
                     }
                 },
+                TOP_LOGPROBS_NEED_INCLUDE,
             ]
         },
     )
@@ -166,7 +171,9 @@ class ResponsesRequest(RequestModel, CallerFields):
     truncation: Literal["disabled"] | None = Field(None, description="Only 'disabled': a prompt too long is a 400")
     previous_response_id: Annotated[Any, NOT_SUPPORTED] = None
     include: Annotated[list[str], Field(max_length=64)] | None = Field(
-        None, description=f"Only {LOGPROBS!r}: the output text's token logprobs (with top_logprobs alternatives)"
+        None,
+        description=f"Only {LOGPROBS!r}: the output text's token logprobs (with top_logprobs alternatives)",
+        json_schema_extra={"items": {"const": LOGPROBS}},  # others are a 400 that names them
     )
     top_logprobs: LogprobCount | None = Field(None, description=f"Alternatives per token; needs include {LOGPROBS!r}")
 
