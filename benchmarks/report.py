@@ -12,6 +12,7 @@ from pathlib import Path
 
 from roofline import gguf_weight_bytes, hf_weight_bytes, onnx_weight_bytes, roofline_tok_s
 from run_coverage import coverage, run_label, run_of
+from runners import RUNNERS
 from runners.common import (
     BENCH_DIR,
     COMPARE,
@@ -41,6 +42,8 @@ SYSTEM_ORDER = {
     "llama.cpp-ngram": 10,
     "llama.cpp-draft": 11,
     "transformers": 12,
+    "ortserve-iq4xs": 13,
+    "llama.cpp-iq4xs": 14,
 }
 
 
@@ -55,6 +58,10 @@ def _key(r):
 def weight_bytes(system: str, precision: str, model_name: str) -> int | None:
     """Bytes each system's own format reads per decoded token (see roofline.py)."""
     try:
+        own = getattr(RUNNERS.get(system), "weights", None)  # a variant on files of its own
+        if own is not None:
+            path = own(model_name, precision)
+            return gguf_weight_bytes(path) if path.suffix == ".gguf" else onnx_weight_bytes(path)
         if system.startswith("ortserve"):  # its flag variants serve the same artifact (a8: the same weights)
             return onnx_weight_bytes(RESULTS / "artifacts" / f"{model_name}-{precision}" / "model.onnx")
         if system.startswith("genai"):
@@ -340,7 +347,8 @@ def write(path: Path, parts: list[IsaRun]) -> None:
         " with its Q4_0 file, 3); *-kv-fp32* / *-kv-fp16* / *-kv-int8* are ortserve with `--kv-cache-dtype`"
         " (plain ortserve has `auto`: fp16 from 2026-12-04, fp32 before); *ortserve-a8*"
         " is ortserve exported with `--activation-bits 8` (int8 activations in its quantised linears, as llama.cpp's;"
-        " ortserve's default is 16).",
+        " ortserve's default is 16); *-iq4xs* systems serve llama.cpp's IQ4_XS file of the model (llama-quantize"
+        " from f32 without an importance matrix): llama.cpp itself, and ortserve on its codes imported exactly.",
         "- onnxruntime-genai and transformers run in-process (no HTTP) with the same token counts and definitions;"
         " genai-static serve-cN is one static batch of N.",
         "- Roofline: decode tok/s ≤ read bandwidth / weight bytes read per token (each system's own file; see"

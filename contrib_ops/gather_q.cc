@@ -65,6 +65,7 @@ struct GatherQ {
           int32_t code = Bits == 8 ? block[64 * q + lane]
                                    : (q < 4 ? block[64 * q + lane] & 0x0F : block[64 * (q - 4) + lane] >> 4);
           if (Bits == 5) code |= ((block[kQ4BlockBytes + 8 * q + lane / 8] >> (lane % 8)) & 1) << 4;
+          if (Bits == kQ4NL) code = kQ4NLCodes[code];
           out[t * K_ + b * kQBlock + i] = d * static_cast<float>(code) + m;
         }
       }
@@ -73,7 +74,7 @@ struct GatherQ {
   }
 
   static Ort::Status Error(const std::string& msg) {
-    return Ort::Status(("GatherQ" + std::to_string(Bits) + ": " + msg).c_str(), ORT_INVALID_ARGUMENT);
+    return Ort::Status(("GatherQ" + QSuffix(Bits) + ": " + msg).c_str(), ORT_INVALID_ARGUMENT);
   }
 
   int64_t N_, K_;

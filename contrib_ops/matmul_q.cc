@@ -154,7 +154,7 @@ struct MatMulQ {
   }
 
   static Ort::Status Error(const std::string& msg) {
-    return Ort::Status(("MatMulQ" + std::to_string(Bits) + ": " + msg).c_str(), ORT_INVALID_ARGUMENT);
+    return Ort::Status(("MatMulQ" + QSuffix(Bits) + ": " + msg).c_str(), ORT_INVALID_ARGUMENT);
   }
 
   int64_t N_, K_, activation_bits_;

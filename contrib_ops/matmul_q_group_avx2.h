@@ -99,7 +99,8 @@ ALWAYS_INLINE __m256i FifthBits(uint32_t bits) {
 // 8-bit activations, as the AVX-512 build, one half of the group (8 rows) at a time. vpmaddubsw's int16
 // pair sums stay below 2^15 when the codes are 4-bit: 8 of them add at most 16 * 15 * 127 = 30480;
 // 5-bit codes (the nibbles with their fifth bits OR-ed in) go in two sums of 4 each, at most
-// 8 * 31 * 127 = 31496. 8-bit codes are taken as two 4-bit halves, hi * 16 + lo, each summed apart.
+// 8 * 31 * 127 = 31496. 8-bit codes (Q8's, Q4NL's after the lookup) are taken as two 4-bit halves,
+// hi * 16 + lo, each summed apart.
 // A block's codes are unpacked once, then each row of x streams past them in two short chains of
 // int16 sums: 4- and 5-bit codes as 8 vectors that stay in registers, 8-bit codes as 16 vectors of
 // nibbles that do not fit and are read back from L1 (GCC had scheduled the older loops, which kept
@@ -128,6 +129,33 @@ ALWAYS_INLINE void FifthNibbles(const uint8_t* c, int v, __m256i* five) {
   }
 }
 
+// Q4NL's table of 8-bit codes in both 128-bit lanes, for vpshufb by index nibbles.
+ALWAYS_INLINE __m256i Q4NLTable() {
+  return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kQ4NLCodes)));
+}
+
+// The 8-bit codes (Q8's, or Q4NL's looked up) of a block's half at c as 16 vectors of nibbles: [2j] the low
+// nibbles of columns 4j..4j+3, [2j + 1] the high ones.
+template <int Bits>
+ALWAYS_INLINE void CodeNibbles(const uint8_t* c, __m256i* halves) {
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  for (int j = 0; j < (Bits == kQ4NL ? 4 : 8); ++j) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * j));
+    if constexpr (Bits == kQ4NL) {  // vector j's indices in the low nibbles, vector j + 4's in the high ones
+      const __m256i table = Q4NLTable();  // the codes' nibbles, each looked up directly
+      const __m256i low = _mm256_and_si256(table, nibble), high = _mm256_and_si256(_mm256_srli_epi16(table, 4), nibble);
+      for (int n = 0; n < 2; ++n) {
+        const __m256i indices = _mm256_and_si256(n ? _mm256_srli_epi16(raw, 4) : raw, nibble);
+        halves[2 * (j + 4 * n)] = _mm256_shuffle_epi8(low, indices);
+        halves[2 * (j + 4 * n) + 1] = _mm256_shuffle_epi8(high, indices);
+      }
+    } else {
+      halves[2 * j] = _mm256_and_si256(raw, nibble);
+      halves[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
+    }
+  }
+}
+
 // The codes of columns 4v..4v+3 of a block's half h (rows 8h..8h+7 of the group) widened to int16 column
 // pairs: k = 0 gives columns (4v, 4v + 2), k = 1 (4v + 1, 4v + 3); 4- and 5-bit codes from a nibble
 // vector (shifts 0 and 8 for the low nibbles, 4 and 12 for the high ones), 8-bit codes from a byte
@@ -136,6 +164,11 @@ template <int Bits>
 ALWAYS_INLINE __m256i Widened(const uint8_t* c, int v, int k, int h, const __m256i* five) {
   if constexpr (Bits == 5) {
     return _mm256_and_si256(k ? _mm256_srli_epi32(five[h], 8) : five[h], _mm256_set1_epi32(0x00FF00FF));
+  } else if constexpr (Bits == kQ4NL) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * (v % 4) + 32 * h));
+    const __m256i indices = _mm256_and_si256(v / 4 ? _mm256_srli_epi16(raw, 4) : raw, _mm256_set1_epi8(0x0F));
+    const __m256i codes = _mm256_shuffle_epi8(Q4NLTable(), indices);
+    return _mm256_and_si256(k ? _mm256_srli_epi32(codes, 8) : codes, _mm256_set1_epi32(0x00FF00FF));
   } else {
     const int vector = Bits == 8 ? v : v % 4, shift = (Bits == 8 ? 0 : 4 * (v / 4)) + 8 * k;
     const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * vector + 32 * h));
@@ -249,7 +282,7 @@ ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t
       if (h == 0) PrefetchAhead<Bits>(c, scales + b * 2 * kQGroup);  // the second half finds them in cache
       const int8_t* xb = xq + b * kQBlock;
       __m256i sums[kOut];
-      if constexpr (Bits != 8) {
+      if constexpr (Bits == 4 || Bits == 5) {
         __m256i w[8];  // w[q]: 8 rows x columns 4q..4q+3 of the block
         for (int j = 0; j < 4; ++j) {
           const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * j));
@@ -265,12 +298,8 @@ ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t
         }
         for (int o = 0; o < kOut; ++o) sums[o] = BlockDot<Bits>(w, xb + o * xq_stride, ones);
       } else {
-        __m256i halves[16];  // [2j]: low nibbles of vector j (columns 4j..4j+3), [2j + 1]: high nibbles
-        for (int j = 0; j < 8; ++j) {
-          const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * j));
-          halves[2 * j] = _mm256_and_si256(raw, nibble);
-          halves[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
-        }
+        __m256i halves[16];
+        CodeNibbles<Bits>(c, halves);
         for (int o = 0; o < kOut; ++o) {  // two int16 chains a row: the low and the high nibbles' sums
           const int8_t* row = xb + o * xq_stride;
           __m256i low = _mm256_setzero_si256(), high = _mm256_setzero_si256();

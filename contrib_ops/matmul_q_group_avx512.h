@@ -1,5 +1,5 @@
 // MatMulQ's group kernel for AVX-512 VNNI (see matmul_q_kernel.cc): kTileRows, kRowsOuter, BlockAmax, QuantizeAt,
-// QuantizePairAt and GroupRows, one int32 lane per weight row (vpdpbusd). Included INSIDE
+// QuantizePairAt and GroupRows, one int32 lane per weight row (vpdpbusd: u8 codes up to 255, Q4NL's too). Included INSIDE
 // matmul_q_kernel.cc's ISA namespace, after its shared helpers; no includes of its own.
 
 // 16 int8 rows (8 pairs) share each unpacked block; 8 rows was 5-20 % slower on a Zen 4 at 32-512 rows
@@ -92,11 +92,15 @@ ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t
     const uint8_t* c = codes + b * BlockBytes(Bits);
     PrefetchAhead<Bits>(c, scales + b * 2 * kQGroup);
     __m512i w[8];  // w[q]: 16 rows x columns 4q..4q+3 of the block
-    if constexpr (Bits == 4 || Bits == 5) {
+    if constexpr (Bits == 4 || Bits == 5 || Bits == kQ4NL) {
       for (int j = 0; j < 4; ++j) {
         const __m512i raw = _mm512_loadu_si512(c + 64 * j);
         w[j] = _mm512_and_si512(raw, nibble);
         w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nibble);
+      }
+      if constexpr (Bits == kQ4NL) {  // the nibbles index the 8-bit codes: vpshufb in each 128-bit lane
+        const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kQ4NLCodes)));
+        for (int q = 0; q < 8; ++q) w[q] = _mm512_shuffle_epi8(table, w[q]);
       }
       if constexpr (Bits == 5) {  // the fifth bits: one 64-bit lane mask per vector
         const __m512i sixteen = _mm512_set1_epi8(16);

@@ -47,6 +47,7 @@ ALWAYS_INLINE int32_t Code(const uint8_t* c, int64_t r, int64_t q, int64_t j) {
   const uint8_t byte = c[64 * (q % 4) + 4 * r + j];
   const int32_t low = q < 4 ? byte & 0x0F : byte >> 4;
   if constexpr (Bits == 4) return low;
+  if constexpr (Bits == kQ4NL) return kQ4NLCodes[low];
   const int64_t lane = 4 * r + j;
   return low | (((c[kQ4BlockBytes + 8 * q + lane / 8] >> (lane % 8)) & 1) << 4);
 }

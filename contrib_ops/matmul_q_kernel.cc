@@ -1,5 +1,6 @@
 // MatMulQ kernels (see matmul_q_kernel.h), compiled once per ISA. Per block of 32 columns and
-// group of 16 weight rows, the integer dot products of the 4-, 5- or 8-bit codes with the int8 activations
+// group of 16 weight rows, the integer dot products of the 4-, 5- or 8-bit codes (Q4NL: 8-bit codes
+// looked up from 4-bit indices with vpshufb, then as 8-bit codes) with the int8 activations
 // run with one int32 lane per weight row (AVX-512 VNNI: vpdpbusd; AVX2: vpmaddubsw + vpmaddwd on 4-bit
 // halves, so the int16 sums cannot saturate), then
 //   acc[row] += dot * (d[row] * dx) + m[row] * (dx * sum(xq))     // w = d * q + m, x ~ dx * xq
@@ -29,7 +30,9 @@ namespace {
 
 ALWAYS_INLINE int64_t MinI(int64_t a, int64_t b) { return a < b ? a : b; }
 
-constexpr int64_t BlockBytes(int bits) { return bits == 4 ? kQ4BlockBytes : bits == 5 ? kQ5BlockBytes : kQ8BlockBytes; }
+constexpr int64_t BlockBytes(int bits) {
+  return bits == 4 || bits == kQ4NL ? kQ4BlockBytes : bits == 5 ? kQ5BlockBytes : kQ8BlockBytes;
+}
 
 ALWAYS_INLINE float CodeStep(float amax) { return amax / 127.f; }  // dx: one int8 code's worth of x
 
@@ -188,6 +191,8 @@ void QTile(int bits, const uint8_t* codes, const void* scales, bool half, bool p
            int64_t g1) {
   if (bits == 4)
     TileOfBits<4>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
+  else if (bits == kQ4NL)
+    TileOfBits<kQ4NL>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
   else if (bits == 5)
     TileOfBits<5>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
   else

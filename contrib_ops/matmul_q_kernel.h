@@ -11,7 +11,10 @@
 //          u8 [G, KB, 320] (5-bit): the 4-bit layout of q & 15, then 64 bytes of the fifth bits: bit
 //          i % 8 of byte 256 + 8c + i / 8 is bit 4 of the code in lane i = r * 4 + j of vector c, the
 //          column 32b + 4c + j (c < 8; vectors c < 4 are the low nibbles, c >= 4 the high ones);
-//          u8 [G, KB, 512] (8-bit): byte c * 64 + r * 4 + j holds q[16g + r, 32b + 4c + j] (c < 8).
+//          u8 [G, KB, 512] (8-bit): byte c * 64 + r * 4 + j holds q[16g + r, 32b + 4c + j] (c < 8);
+//          MatMulQ4NL: the 4-bit layout, each nibble an index i into kQ4NLCodes, q = kQ4NLCodes[i] (GGUF's
+//          IQ4_NL / IQ4_XS values + 128: 8-bit codes at 4 bits a weight, so the kernels run the 8-bit
+//          arithmetic on codes looked up from nibbles).
 //          Either way a 64-byte load (and a nibble mask) gives 16 rows x 4 columns: an int32 lane a row.
 //   scales f16 or f32 [G, KB, 2, 16]: d then m of the group's 16 rows.
 #pragma once
@@ -24,8 +27,13 @@ constexpr int64_t kQBlock = 32, kQGroup = 16, kQ4BlockBytes = 256, kQ5BlockBytes
 constexpr int32_t kResidualShift = 8;  // 16-bit activations: the residual row's grid is 2^8 times finer
 constexpr float kResidualSteps = 1 << kResidualShift;
 
+// The kernels' Bits of MatMulQ4NL (4-bit indices of 8-bit codes), and its codes: llama.cpp's kvalues_iq4nl
+// (-127 ... 113) + 128.
+constexpr int kQ4NL = 0x14;
+constexpr uint8_t kQ4NLCodes[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
+
 template <int Bits>  // a constant, not a function: nothing here is compiled once per ISA
-constexpr int64_t kQBlockBytesOf = Bits == 4 ? kQ4BlockBytes : Bits == 5 ? kQ5BlockBytes : kQ8BlockBytes;
+constexpr int64_t kQBlockBytesOf = Bits == 4 || Bits == kQ4NL ? kQ4BlockBytes : Bits == 5 ? kQ5BlockBytes : kQ8BlockBytes;
 
 // QuantizeRows: rows of x [T, K] to int8, per block of 32: xq = rint(x * 127 / amax) (amax = max |x| of
 // the block, 0 -> codes 0), into xq [R, KB * 32] (zero-padded) and xs [R, KB, 2] = {dx, dx * sum(xq)}
@@ -38,7 +46,7 @@ constexpr int64_t kQBlockBytesOf = Bits == 4 ? kQ4BlockBytes : Bits == 5 ? kQ5Bl
 // (matmul_q_group_avx2.h), so a build's QTile reads only its own build's QuantizeRows.
 // QTile: y[t, 16g + r] = sum_b xs[t,b,0] * d * dot(q, xq) + m * xs[t,b,1] (+ bias) for rows
 // [t0, t1) of xq and groups [g0, g1); only columns < N are written. pairs: y[t / 2] gets the sum of
-// rows t and t + 1 (t0, t1 even). bits: 4, 5 or 8; half: scales are fp16 (else f32).
+// rows t and t + 1 (t0, t1 even). bits: 4, 5, 8 or kQ4NL; half: scales are fp16 (else f32).
 #define ORTSERVE_Q_KERNELS                                                                              \
   void QuantizeRows(const float* x, int64_t T, int64_t K, bool residual, int8_t* xq, float* xs);        \
   void QTile(int bits, const uint8_t* codes, const void* scales, bool half, bool pairs, const int8_t* xq, \

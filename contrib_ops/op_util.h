@@ -17,6 +17,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "matmul_q_kernel.h"
+
 namespace ortserve {
 
 // Online CPUs: an upper bound on the session's intra-op threads (which a kernel cannot query); the
@@ -44,23 +46,28 @@ inline EvenTiles TilesOf(int64_t units, int64_t per_tile) {
   return {units, std::max<int64_t>(1, (units + per_tile - 1) / per_tile)};
 }
 
-// The six kernels of a quantised op, Op<bits, scale type>: 4, 5 and 8 bits, each with fp16 or fp32
-// scales, named base + bits ("MatMulQ4"); onnxruntime picks by the scales' type. Made once.
+// The op name's suffix of a quantised op's Bits: "4", "5", "8" or "4NL" (matmul_q_kernel.h's kQ4NL).
+inline std::string QSuffix(int bits) { return bits == kQ4NL ? "4NL" : std::to_string(bits); }
+
+// The eight kernels of a quantised op, Op<bits, scale type>: 4, 5 and 8 bits and Q4NL, each with fp16
+// or fp32 scales, named base + QSuffix ("MatMulQ4", "MatMulQ4NL"); onnxruntime picks by the scales' type.
+// Made once.
 template <template <int, typename> class Op>
 std::vector<Ort::Custom::OrtLiteCustomOp*> QuantizedKernels(const std::string& base) {
   using Ort::Custom::CreateLiteCustomOp;
   using Kernel = std::unique_ptr<Ort::Custom::OrtLiteCustomOp>;
   static const std::vector<Kernel> kernels = [&] {
     std::vector<Kernel> all;
-    const auto add = [&](auto bits, const char* suffix) {
+    const auto add = [&](auto bits) {
       constexpr int kBits = decltype(bits)::value;
-      const std::string name = base + suffix;
+      const std::string name = base + QSuffix(kBits);
       all.emplace_back(CreateLiteCustomOp<Op<kBits, Ort::Float16_t>>(name.c_str(), "CPUExecutionProvider", 1));
       all.emplace_back(CreateLiteCustomOp<Op<kBits, float>>(name.c_str(), "CPUExecutionProvider", 1));
     };
-    add(std::integral_constant<int, 4>{}, "4");
-    add(std::integral_constant<int, 5>{}, "5");
-    add(std::integral_constant<int, 8>{}, "8");
+    add(std::integral_constant<int, 4>{});
+    add(std::integral_constant<int, 5>{});
+    add(std::integral_constant<int, 8>{});
+    add(std::integral_constant<int, kQ4NL>{});
     return all;
   }();
   std::vector<Ort::Custom::OrtLiteCustomOp*> out;

@@ -1,5 +1,5 @@
 """Numpy references of ortserve's custom ops (domain ``ortserve``): PagedAttention,
-PackedPagedAttention, GatedActivation, MatMulQ4 / Q5 / Q8 and GatherQ4 / Q5 / Q8 (and their weight
+PackedPagedAttention, GatedActivation, MatMulQ4 / Q5 / Q8 / Q4NL and GatherQ4 / Q5 / Q8 / Q4NL (and their weight
 layout), the input stage of MatMulF and MatMulQ (``linear_input``), AddBlockOffsets and AppendBlockSums.
 
 This file is the specification: the C++ ops in ``contrib_ops/`` must match it.
@@ -228,6 +228,8 @@ def append_block_sums(x, block_size):
 
 Q_BLOCK, Q_GROUP = 32, 16  # MatMulQ4 / MatMulQ8: columns per block (one d, m each), weight rows per group
 Q_BLOCK_BYTES = {4: 256, 5: 320, 8: 512}
+# MatMulQ4NL / GatherQ4NL: the 4-bit layout, whose codes index these 8-bit codes (GGUF's IQ4_NL values + 128)
+Q4NL_CODES = np.array([1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241], np.uint8)
 RESIDUAL_STEPS = np.float32(256)  # 16-bit activations: the residual row's grid is 256 times finer
 
 
@@ -260,8 +262,9 @@ def pack_q(codes, d, m, bits=4, scale_dtype=np.float16):
     return np.ascontiguousarray(packed), np.ascontiguousarray(scales.astype(scale_dtype))
 
 
-def unpack_q(packed, scales, n, k):
-    """pack_q's inverse: (codes uint8 [N, K], d float32 [N, KB], m float32 [N, KB])."""
+def unpack_q(packed, scales, n, k, nonlinear=False):
+    """pack_q's inverse: (codes uint8 [N, K], d float32 [N, KB], m float32 [N, KB]); ``nonlinear``
+    (MatMulQ4NL): the 4-bit codes looked up in Q4NL_CODES."""
     groups, k_blocks, width = packed.shape
     packed = np.asarray(packed, np.uint8)
     nibbles = width != Q_BLOCK_BYTES[8]
@@ -276,19 +279,22 @@ def unpack_q(packed, scales, n, k):
         q = q | (fifth.reshape(q.shape) << 4)
     codes = q.transpose(0, 3, 1, 2, 4).reshape(groups * Q_GROUP, k_blocks * Q_BLOCK)
     s = np.asarray(scales, np.float32).transpose(0, 3, 1, 2).reshape(groups * Q_GROUP, k_blocks, 2)
+    if nonlinear:
+        codes = Q4NL_CODES[codes]
     return np.ascontiguousarray(codes[:n, :k]), np.ascontiguousarray(s[:n, :, 0]), np.ascontiguousarray(s[:n, :, 1])
 
 
-def dequantize_q(packed, scales, n, k):
-    """The float32 weight [N, K] a MatMulQ4 / Q5 / Q8 node holds: d * q + m, in float32 and in that order."""
-    codes, d, m = unpack_q(packed, scales, n, k)
+def dequantize_q(packed, scales, n, k, nonlinear=False):
+    """The float32 weight [N, K] a MatMulQ4 / Q5 / Q8 (``nonlinear``: Q4NL) node holds: d * q + m, in
+    float32 and in that order."""
+    codes, d, m = unpack_q(packed, scales, n, k, nonlinear)
     blocks = np.repeat(np.arange(d.shape[1]), Q_BLOCK)[:k]
     return (codes.astype(np.float32) * d[:, blocks] + m[:, blocks]).astype(np.float32)
 
 
-def gather_q(packed, scales, indices, n, k):
-    """GatherQ4 / Q5 / Q8: rows ``indices`` of ``dequantize_q`` -> float32 [T, K]."""
-    return dequantize_q(packed, scales, n, k)[np.asarray(indices, np.int64)]
+def gather_q(packed, scales, indices, n, k, nonlinear=False):
+    """GatherQ4 / Q5 / Q8 / Q4NL: rows ``indices`` of ``dequantize_q`` -> float32 [T, K]."""
+    return dequantize_q(packed, scales, n, k, nonlinear)[np.asarray(indices, np.int64)]
 
 
 def quantize_activations(x, residual=False):
@@ -331,14 +337,14 @@ def _codes(blocks, inverse):
     return np.clip(np.rint(blocks * inverse[..., None]), -127, 127).astype(np.int8)
 
 
-def matmul_q(x, packed, scales, n, bias=None, activation_bits=8):
-    """MatMulQ4 / Q5 / Q8: y[t, r] = sum_b dx[t,b] * d[r,b] * (q[r, block b] . xq[t, block b]) + m[r,b] * dx[t,b] *
-    sum(xq[t, block b]) (+ bias[r]), with the int8 activations of ``quantize_activations`` (16 bits:
-    the sum of that over x's row and its residual's): the integer dot products exactly, the rest
+def matmul_q(x, packed, scales, n, bias=None, activation_bits=8, nonlinear=False):
+    """MatMulQ4 / Q5 / Q8 / Q4NL (``nonlinear``): y[t, r] = sum_b dx[t,b] * d[r,b] * (q[r, block b] . xq[t, block b]) +
+    m[r,b] * dx[t,b] * sum(xq[t, block b]) (+ bias[r]), with the int8 activations of ``quantize_activations``
+    (16 bits: the sum of that over x's row and its residual's): the integer dot products exactly, the rest
     accumulated in float64. x [T, K] -> y float32 [T, N]."""
     x = np.asarray(x, np.float32)
     t, k = x.shape
-    codes, d, m = unpack_q(packed, scales, n, k)
+    codes, d, m = unpack_q(packed, scales, n, k, nonlinear)
     xq, dx, sx = quantize_activations(x, residual=activation_bits == 16)
     rows, k_blocks = dx.shape
     padded = np.zeros((n, k_blocks * Q_BLOCK), np.int64)

@@ -1,4 +1,4 @@
-"""GGUF quantised blocks -> the codes and scales of MatMulQ4 / Q5 / Q8 (blocks of 32, via
+"""GGUF quantised blocks -> the codes and scales of MatMulQ4 / Q5 / Q8 / Q4NL (blocks of 32, via
 ``qweight.from_blocks``) and MatMulNBits (Q6_K's blocks of 16), with no rounding anywhere.
 
 Every llama.cpp block format below is ``w = s * q + o`` per sub-block: integer codes ``q``, a
@@ -15,13 +15,14 @@ float scale ``s`` and either a constant integer zero point (``o = -s * z``) or a
 | Q5_1 | MatMulQ5                  | d                | o = m              |
 | Q5_K | MatMulQ5                  | d * scale[j]     | o = -dmin * min[j] |
 | Q6_K | MatMulNBits 8 bits, blocks of 16 | d * scale[j] | z = 32          |
-| IQ4_NL | MatMulQ8 (kvalues + 128) | d              | z = 128            |
-| IQ4_XS | MatMulQ8 (kvalues + 128) | d * (ls[j] - 32) | z = 128          |
+| IQ4_NL | MatMulQ4NL (kvalues + 128) | d            | z = 128            |
+| IQ4_XS | MatMulQ4NL (kvalues + 128) | d * (ls[j] - 32) | z = 128        |
 
 The IQ4 formats' 4-bit codes index a table of 16 int8 values (``kvalues``, -127 ... 113): not a
-linear grid, so they are held as 8-bit codes ``kvalue + 128`` (as Q8_0's), at 8.5 or 10 bits a
-weight instead of 4.25-4.5, but with llama.cpp's weights exactly rather than re-quantised. Every
-product stays exact in float32: IQ4_XS's d (fp16, 11 bits) * (ls - 32) (at most 5) * a code (8).
+linear grid, so they are unpacked here as 8-bit codes ``kvalue + 128`` (as Q8_0's) and stored by
+MatMulQ4NL as their 4-bit indices again, whose kernels look the 8-bit codes up (4.5 or 5 bits a
+weight with the scales, beside the file's 4.25-4.5). Every product stays exact in float32: IQ4_XS's
+d (fp16, 11 bits) * (ls - 32) (at most 5) * a code (8).
 
 ``s`` and ``o`` are computed exactly as gguf's dequantiser computes them (float32 products), so
 ``s * q + o`` equals ``gguf.quants.dequantize`` bit for bit (tests/models/test_gguf_import.py).
@@ -52,6 +53,7 @@ class BlockFormat:
     offsets: bool  # float block offsets o (Q4_1, Q5_1, Q4_K, Q5_K)
     header: tuple[int, ...]  # byte offsets of the fp16 fields set to (1, 0, ...) to read codes
     scales: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray | None]] | None = None  # K-quants
+    nonlinear: bool = False  # IQ4: code_bits-wide indices of the codes ``kvalue + 128`` (MatMulQ4NL)
 
     @property
     def key(self) -> tuple[int, int, bool]:
@@ -94,8 +96,8 @@ FORMATS: dict[str, BlockFormat] = {
     "Q5_1": BlockFormat(8, 5, 32, 0, True, (0, 2)),
     "Q4_K": BlockFormat(4, 4, 32, 0, True, (0, 2), _k_scales),
     "Q5_K": BlockFormat(8, 5, 32, 0, True, (0, 2), _k_scales),
-    "IQ4_NL": BlockFormat(8, 8, 32, 128, False, (0,)),
-    "IQ4_XS": BlockFormat(8, 8, 32, 128, False, (0,), _iq4_xs_scales),
+    "IQ4_NL": BlockFormat(8, 4, 32, 128, False, (0,), nonlinear=True),
+    "IQ4_XS": BlockFormat(8, 4, 32, 128, False, (0,), _iq4_xs_scales, nonlinear=True),
 }
 
 

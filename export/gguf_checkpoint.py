@@ -23,7 +23,7 @@ from .checkpoint import Checkpoint, sha256_files
 from .errors import ExportError
 from .gguf_blocks import FORMATS, import_blocks
 from .hf_quantized import QuantizedCheckpoint, quantization_method
-from .nbits import BLOCK_SIZE, QuantizedWeight
+from .nbits import BLOCK_SIZE, CodeLayout, QuantizedWeight
 
 GGUF_WEIGHTS = "model.gguf"  # in a GGUF source's checkpoint folder: a link to the file
 
@@ -135,13 +135,15 @@ class GgufCheckpoint:
     def read_rows(self, name: str, count: int) -> np.ndarray:
         return self.read(name)[:count]
 
-    def code_layout(self, name: str) -> tuple[int, int] | None:
-        """(bits, block size) of the codes ``import_blocks`` gives exactly: MatMulQ{code bits} for
+    def code_layout(self, name: str) -> CodeLayout | None:
+        """How the codes ``import_blocks`` gives are held exactly: MatMulQ{code bits} (or Q4NL) for
         blocks of 32, MatMulNBits for Q6_K's 16; None for a format without an exact form."""
         fmt = FORMATS.get(self.gguf_type(name))
         if fmt is None:
             return None
-        return (fmt.code_bits if fmt.block_size == BLOCK_SIZE else fmt.bits), fmt.block_size
+        if fmt.block_size != BLOCK_SIZE:
+            return CodeLayout(fmt.bits, fmt.block_size)
+        return CodeLayout(fmt.code_bits, fmt.block_size, fmt.nonlinear)
 
     def import_blocks(self, name: str) -> QuantizedWeight:
         """The tensor's codes, exactly, in MatMulNBits packing ([out, in] rows; ``q4.from_blocks`` for 4-bit)."""

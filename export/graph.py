@@ -211,12 +211,12 @@ class DecoderBuilder:
         k: int,
         bias: str | None,
     ) -> str:
-        """One MatMulQ4 / MatMulQ8 node: each part's GGUF codes as they are, or float weights quantised."""
+        """One MatMulQ4 / Q5 / Q8 / Q4NL node: each part's GGUF codes as they are, or float weights quantised."""
         bits = plans[0].bits
 
         def part(w: str, plan: storage.Storage) -> QWeight:
             if plan.kind == "exact":
-                return from_blocks(self.src.import_blocks(w), k, plan.bits)
+                return from_blocks(self.src.import_blocks(w), k, plan.bits, plan.nonlinear)
             gram = self.importance.gram(label) if self.importance else None
             weight = self.src.read(w, transpose)
             return quantize_q(weight, bits) if gram is None else quantize_calibrated(weight, bits, gram)
@@ -228,7 +228,13 @@ class DecoderBuilder:
         self.plan(f"{label} ({plans[0].label})", make)
         inputs = [x, f"{label}.codes", f"{label}.scales"] + ([bias] if bias else [])
         return self.op(
-            f"MatMulQ{bits}", inputs, domain=OURS, name=label, N=n, K=k, activation_bits=self.activation_bits
+            f"MatMulQ{plans[0].q_format}",
+            inputs,
+            domain=OURS,
+            name=label,
+            N=n,
+            K=k,
+            activation_bits=self.activation_bits,
         )[0]
 
     def bias(self, label: str, parts: list[tuple[str, int]]) -> str | None:
@@ -388,7 +394,7 @@ class DecoderBuilder:
         shared = tied and head_plan.kind != "fp32"
         if shared and head_plan.block_size == QBLOCK:
             h = self.op(
-                f"GatherQ{head_plan.bits}",
+                f"GatherQ{head_plan.q_format}",
                 ["lm_head.codes", "lm_head.scales", "input_ids"],
                 domain=OURS,
                 name="embed",

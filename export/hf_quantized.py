@@ -34,7 +34,7 @@ import numpy as np
 
 from .checkpoint import Checkpoint
 from .errors import ExportError
-from .nbits import BLOCK_SIZE, QuantizedWeight, pack
+from .nbits import BLOCK_SIZE, CodeLayout, QuantizedWeight, pack
 
 COMPRESSED_TENSORS_FORMATS = ("pack-quantized", "int-quantized", "float-quantized")
 AWQ_ORDER = np.array([0, 2, 4, 6, 1, 3, 5, 7])  # nibble i of a word holds column 8j + AWQ_ORDER[i]
@@ -287,12 +287,12 @@ class QuantizedCheckpoint:
         grouping = "per-row" if codes.scale.shape[1] == 1 else f"g{codes.group_size}"
         return f"{self.method} int{codes.bits} {grouping}"
 
-    def code_layout(self, name: str) -> tuple[int, int] | None:
-        """(bits, block size) of the codes ``import_blocks`` gives exactly, or None."""
+    def code_layout(self, name: str) -> CodeLayout | None:
+        """How the codes ``import_blocks`` gives are held exactly (blocks of 32), or None."""
         module = self._quantised_module(name)
         if module is None or self._fp8(module) or self.codes(module).blocks() is None:
             return None
-        return self.codes(module).bits, BLOCK_SIZE
+        return CodeLayout(self.codes(module).bits)
 
     def import_blocks(self, name: str) -> QuantizedWeight:
         module = self._quantised_module(name)

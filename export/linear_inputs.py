@@ -19,7 +19,7 @@ from onnx import helper
 
 from .graph_io import MS, OURS
 
-LINEARS = {"MatMulF": 1, "MatMulQ4": 2, "MatMulQ5": 2, "MatMulQ8": 2}  # op: weight inputs after x
+LINEARS = {"MatMulF": 1, "MatMulQ4": 2, "MatMulQ5": 2, "MatMulQ8": 2, "MatMulQ4NL": 2}  # op: weight inputs after x
 NO_BIAS = "const.f32.no_bias"  # a [0] tensor: the bias slot of a linear without one, before the stage's inputs
 
 

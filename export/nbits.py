@@ -16,6 +16,18 @@ import numpy as np
 BLOCK_SIZE = 32
 ACCURACY_LEVEL = 4
 BITS = {"int4": 4, "int5": 5, "int8": 8}
+
+
+@dataclass(frozen=True)
+class CodeLayout:
+    """How a source tensor's own codes are held exactly: MatMulQ{bits} for blocks of 32 (``nonlinear``:
+    MatMulQ4NL, 4-bit indices of GGUF's IQ4 values), MatMulNBits for Q6_K's blocks of 16."""
+
+    bits: int
+    block_size: int = BLOCK_SIZE
+    nonlinear: bool = False
+
+
 SCALE_CANDIDATES = np.linspace(0.80, 1.04, 13, dtype=np.float32)  # x the min/max step (qweight's search)
 WIDE_SCALE_CANDIDATES = np.linspace(0.70, 1.04, 25, dtype=np.float32)  # the same, with calibration
 

@@ -2,12 +2,12 @@
 32 columns, codes q in 0..15 or 0..255 and a float scale d and minimum m per block (llama.cpp's Q4_1
 form).
 
-Every GGUF format with blocks of 32 is this form exactly (``from_blocks``: Q4_0 has m = -8d, Q4_1 its d
-and m, Q4_K d * scale[j] and -dmin * min[j]; Q8_0 q + 128 and m = -128d, Q5_0 m = -16d, Q5_1 and Q5_K
-as Q4_1 and Q4_K); float weights are quantised here (``quantize_q``) with d and m that fp16 holds,
-searched per block for the least squared error. The scales are stored as fp16 when fp16 holds every
-d and m exactly, else as fp32 (the K-quants' products). The ops' layout and their numpy reference are
-in ``contrib_ops`` (``pack_q``, ``matmul_q``).
+Every GGUF format with blocks of 32 is this form exactly (``from_blocks``: Q4_0 has m = -8d, Q4_1 its d and m, Q4_K
+d * scale[j] and -dmin * min[j]; Q8_0 q + 128 and m = -128d, Q5_0 m = -16d, Q5_1 and Q5_K as Q4_1 and Q4_K; IQ4_NL
+and IQ4_XS 4-bit indices of the 8-bit codes ``Q4NL_CODES`` for MatMulQ4NL); float weights are quantised here
+(``quantize_q``) with d and m that fp16 holds, searched per block for the least squared error. The scales are stored
+as fp16 when fp16 holds every d and m exactly, else as fp32 (the K-quants' products). The ops' layout and their
+numpy reference are in ``contrib_ops`` (``pack_q``, ``matmul_q``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
-from ortserve.ops.paged_attention_reference import Q_BLOCK, pack_q
+from ortserve.ops.paged_attention_reference import Q4NL_CODES, Q_BLOCK, pack_q
 
 from .nbits import SCALE_CANDIDATES, WIDE_SCALE_CANDIDATES, QuantizedWeight
 
@@ -29,6 +29,7 @@ class QWeight:
     d: np.ndarray  # float32 [N, ceil(K / 32)]
     m: np.ndarray  # float32 [N, ceil(K / 32)]
     bits: int  # 4, 5 or 8 (MatMulQ4, MatMulQ5, MatMulQ8)
+    nonlinear: bool = False  # MatMulQ4NL: the 4-bit codes index Q4NL_CODES, and q is Q4NL_CODES[code]
 
     def packed(self) -> tuple[np.ndarray, np.ndarray]:
         """(codes [G, KB, 256 or 512], scales [G, KB, 2, 16]) as the ops read them."""
@@ -38,7 +39,8 @@ class QWeight:
     def dequantize(self) -> np.ndarray:
         """[N, K] float32: d * q + m, in float32 and in that order (as gguf forms ``d * q + m``)."""
         blocks = np.arange(self.codes.shape[1]) // Q_BLOCK
-        return self.codes.astype(np.float32) * self.d[:, blocks] + self.m[:, blocks]
+        q = Q4NL_CODES[self.codes] if self.nonlinear else self.codes
+        return q.astype(np.float32) * self.d[:, blocks] + self.m[:, blocks]
 
 
 def concat_q(parts: list[QWeight]) -> QWeight:
@@ -46,7 +48,7 @@ def concat_q(parts: list[QWeight]) -> QWeight:
     if len(parts) == 1:
         return parts[0]
     fields = (np.concatenate([getattr(p, f) for p in parts]) for f in ("codes", "d", "m"))
-    return QWeight(*fields, parts[0].bits)
+    return QWeight(*fields, parts[0].bits, parts[0].nonlinear)
 
 
 _CHUNK = 1 << 18  # weights per thread task: enough tasks to share out evenly, each worth its dispatch
@@ -64,9 +66,10 @@ def map_rows(work: Callable[[int, int], QWeight], rows: int, chunk_rows: int) ->
         return concat_q(list(pool.map(lambda start: work(start, min(start + size, rows)), starts)))
 
 
-def from_blocks(q: QuantizedWeight, k: int, bits: int) -> QWeight:
+def from_blocks(q: QuantizedWeight, k: int, bits: int, nonlinear: bool = False) -> QWeight:
     """A GGUF tensor's codes (``gguf_blocks.import_blocks``, blocks of 32) for MatMulQ{bits}: m = offset -
-    d * z, exactly (z * d is exact, and the difference is the format's own m)."""
+    d * z, exactly (z * d is exact, and the difference is the format's own m). ``nonlinear`` (IQ4, for
+    MatMulQ4NL): the 8-bit codes become their indices in Q4NL_CODES."""
     assert q.block_size == Q_BLOCK, q.block_size
     n, k_blocks, _ = q.packed.shape
     if q.bits == 4:
@@ -75,8 +78,14 @@ def from_blocks(q: QuantizedWeight, k: int, bits: int) -> QWeight:
         codes = q.packed.reshape(n, k_blocks * Q_BLOCK)
     zero = q.unpacked_zero_points().astype(np.float32)
     m = -(q.scales * zero) if q.offsets is None else q.offsets - q.scales * zero
+    if nonlinear:  # a block of scale 0 (IQ4_XS's ls = 32) comes with code 128, not in the table: any will do
+        indices = np.minimum(np.searchsorted(Q4NL_CODES, codes), 15).astype(np.uint8)
+        scale = np.repeat(q.scales, Q_BLOCK, axis=1)[:, : codes.shape[1]]
+        assert np.all((Q4NL_CODES[indices] == codes) | (scale == 0)), "codes outside the IQ4 table"
+        codes = indices
     assert int(codes.max(initial=0)) < 1 << bits, bits
-    return QWeight(np.ascontiguousarray(codes[:, :k]), q.scales, np.ascontiguousarray(m, np.float32), bits)
+    m = np.ascontiguousarray(m, np.float32)
+    return QWeight(np.ascontiguousarray(codes[:, :k]), q.scales, m, bits, nonlinear)
 
 
 def quantize_q(weight: np.ndarray, bits: int, importance: np.ndarray | None = None) -> QWeight:

@@ -35,12 +35,18 @@ class Storage:
     bits: int = 32
     block_size: int = BLOCK_SIZE  # 32: MatMulQ4 / Q5 / Q8; 16 (Q6_K): MatMulNBits
     source_type: str = "F32"  # the GGUF type of the source tensor (F32 for safetensors)
+    nonlinear: bool = False  # IQ4_NL / IQ4_XS: MatMulQ4NL
 
     @property
     def key(self) -> tuple:
         """Parts of a fused linear with equal keys share one node: each MatMulQ op's d * q + m holds
-        every format of its width."""
-        return self.kind == "fp32", self.bits, self.block_size
+        every format of its width (MatMulQ4NL only the IQ4 formats)."""
+        return self.kind == "fp32", self.bits, self.block_size, self.nonlinear
+
+    @property
+    def q_format(self) -> str:
+        """The MatMulQ / GatherQ op's suffix for blocks of 32: '4', '5', '8' or '4NL'."""
+        return f"{self.bits}NL" if self.nonlinear else str(self.bits)
 
     @property
     def label(self) -> str:
@@ -88,9 +94,9 @@ def plan(source: WeightSource, name: str, precision: str | None, rules: Sequence
     source_type = source.gguf_type(name)
     if precision == "fp32":
         return Storage("fp32", source_type=source_type)
-    layout = source.code_layout(name)  # MatMulQ4 / Q5 / Q8 (blocks of 32), or MatMulNBits
+    layout = source.code_layout(name)  # MatMulQ4 / Q5 / Q8 / Q4NL (blocks of 32), or MatMulNBits
     if layout is not None:
-        return Storage("exact", *layout, source_type)
+        return Storage("exact", layout.bits, layout.block_size, source_type, layout.nonlinear)
     if source_type in FLOAT_TYPES and precision is None:
         return Storage("fp32", source_type=source_type)
     nearest = "int8" if " fp8 " in f"{source_type} " else "int4"  # an FP8 checkpoint keeps 8 bits

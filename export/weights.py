@@ -19,6 +19,7 @@ from .checkpoint import Checkpoint
 from .errors import ExportError
 from .gguf_checkpoint import GgufCheckpoint
 from .hf_quantized import QuantizedCheckpoint
+from .nbits import CodeLayout
 
 DATA_FILE = "model.onnx.data"
 _ALIGN = 64  # every tensor starts on a cache line;
@@ -96,8 +97,8 @@ class WeightSource:
         """The tensor's GGUF type name ('Q4_K', 'F32', ...); 'F32' for a safetensors tensor."""
         return self.checkpoint.gguf_type(name)
 
-    def code_layout(self, name: str) -> tuple[int, int] | None:
-        """(bits, block size) of the tensor's own codes when ``import_blocks`` gives them exactly."""
+    def code_layout(self, name: str) -> CodeLayout | None:
+        """How the tensor's own codes are held when ``import_blocks`` gives them exactly."""
         return self.checkpoint.code_layout(name)
 
     def import_blocks(self, name: str):

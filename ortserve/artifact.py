@@ -21,8 +21,9 @@ FORMAT_VERSION = 1
 # 2 = + AppendBlockSums, 3 = + PackedPagedAttention, GatedActivation, 4 = + AddBlockOffsets,
 # 5 = + AddBlockOffsets with fp16 offsets, 6 = + MatMulQ4 / MatMulQ8, GatherQ4 / GatherQ8, 7 = + MatMulQ5,
 # GatherQ5, 8 = + MatMulF, 9 = + the input stage of MatMulF and MatMulQ (a norm or a gated activation
-# inside the linear, contrib_ops/linear_input.h). An artifact records the set its graph needs.
-OP_VERSION = 9
+# inside the linear, contrib_ops/linear_input.h), 10 = + MatMulQ4NL, GatherQ4NL (GGUF's IQ4 codes at 4 bits).
+# An artifact records the set its graph needs.
+OP_VERSION = 10
 MANIFEST = "ortserve.json"
 MODEL_FILE = "model.onnx"
 # The tokenizer files an artifact copies from its checkpoint, chat template included (whichever exist).

@@ -37,7 +37,14 @@ def convert_script():
     return found[-1]
 
 
-def gguf(model: Model, precision: str):
+def gguf_path(model_name: str, gguf_type: str):
+    """Where llama-quantize's file of ``gguf_type`` ('q4_0', 'iq4_xs', ...) of the model is kept."""
+    return PEER_MODELS / model_name / "llama.cpp" / f"{model_name}-{gguf_type}.gguf"
+
+
+def gguf(model: Model, precision: str, gguf_type: str | None = None):
+    """The model's GGUF file of ``gguf_type`` (default: the precision's, GGUF_TYPE), made on first use."""
+    gguf_type = gguf_type or GGUF_TYPE[precision]
     folder = PEER_MODELS / model.name / "llama.cpp"
     f32 = folder / f"{model.name}-f32.gguf"
     if not f32.is_file():
@@ -58,17 +65,24 @@ def gguf(model: Model, precision: str):
             ],
             RESULTS / "logs" / f"gguf-{model.name}-f32.log",
         )
-    out = folder / f"{model.name}-{GGUF_TYPE[precision]}.gguf"
+    out = gguf_path(model.name, gguf_type)
     if not out.is_file():
         run_logged(
-            [str(LLAMA_BIN / "llama-quantize"), str(f32), str(out), GGUF_TYPE[precision].upper(), "2"],
-            RESULTS / "logs" / f"gguf-{model.name}-{GGUF_TYPE[precision]}.log",
+            [str(LLAMA_BIN / "llama-quantize"), str(f32), str(out), gguf_type.upper(), "2"],
+            RESULTS / "logs" / f"gguf-{model.name}-{gguf_type}.log",
         )
     return out
 
 
-def run(model: Model, precision: str, workloads: list[str], system: str = SYSTEM, flags: tuple[str, ...] = ()):
-    path = gguf(model, precision)
+def run(
+    model: Model,
+    precision: str,
+    workloads: list[str],
+    system: str = SYSTEM,
+    flags: tuple[str, ...] = (),
+    gguf_type: str | None = None,
+):
+    path = gguf(model, precision, gguf_type)
     for name in workloads:
         w = WORKLOADS[name]
         port = free_port()
@@ -106,5 +120,5 @@ def run(model: Model, precision: str, workloads: list[str], system: str = SYSTEM
             serve_metrics(bench, w),
             f"{server.command} & {cmd}",
             raw,
-            notes=f"GGUF {GGUF_TYPE[precision]} (llama-quantize default tensor types)",
+            notes=f"GGUF {gguf_type or GGUF_TYPE[precision]} (llama-quantize default tensor types)",
         )

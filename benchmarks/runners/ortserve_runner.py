@@ -4,6 +4,7 @@ every workload with `ortserve bench serve` against the one server."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from runners.common import RESULTS, WORKLOADS, Model, Server, bench_serve, free_port, record, run_logged, serve_metrics
 
@@ -12,9 +13,16 @@ PRECISIONS = ("fp32", "int8", "int4")  # the runner protocol names what it measu
 WORKLOADS_SUPPORTED = tuple(WORKLOADS)
 
 
-def artifact(model: Model, precision: str, export_flags: tuple[str, ...] = ()):
+def artifact_path(model_name: str, precision: str, tag: str = "") -> Path:
+    return RESULTS / "artifacts" / f"{model_name}-{precision}{tag}"
+
+
+def artifact(model: Model, precision: str, export_flags: tuple[str, ...] = (), source: Path | None = None):
+    """The model's artifact at ``precision``, exported on first use from its checkpoint or from ``source``
+    (a GGUF file of it, whose codes export keeps)."""
     tag = "".join(f"-{flag.lstrip('-')}" for flag in export_flags)  # e.g. -activation-bits-8
-    out = RESULTS / "artifacts" / f"{model.name}-{precision}{tag}"
+    tag += f"-from-{source.stem}" if source else ""
+    out = artifact_path(model.name, precision, tag)
     if not (out / "ortserve.json").is_file():
         run_logged(
             [
@@ -22,7 +30,7 @@ def artifact(model: Model, precision: str, export_flags: tuple[str, ...] = ()):
                 "-m",
                 "ortserve.cli",
                 "export",
-                str(model.hf_dir),
+                str(source or model.hf_dir),
                 "-o",
                 str(out),
                 "--precision",
@@ -42,8 +50,9 @@ def run(
     system: str = SYSTEM,
     flags: tuple[str, ...] = (),
     export_flags: tuple[str, ...] = (),
+    source: Path | None = None,
 ):
-    art = artifact(model, precision, export_flags)
+    art = artifact(model, precision, export_flags, source)
     port = free_port()
     argv = [
         sys.executable,
@@ -65,7 +74,15 @@ def run(
             raw.parent.mkdir(parents=True, exist_ok=True)
             bench, cmd = bench_serve(server.base_url, model.name, model, w, raw)
             exported = " ".join(
-                ("ortserve export", str(model.hf_dir), "-o", str(art), "--precision", precision, *export_flags)
+                (
+                    "ortserve export",
+                    str(source or model.hf_dir),
+                    "-o",
+                    str(art),
+                    "--precision",
+                    precision,
+                    *export_flags,
+                )
             )
             setup = f"{exported}; {server.command} &"
             yield record(model.name, system, precision, w, serve_metrics(bench, w), f"{setup} {cmd}", raw)

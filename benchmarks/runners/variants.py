@@ -10,10 +10,14 @@
   ``auto``, fp16 since 2026-12-04, fp32 before), on the workloads where attention matters (decode,
   many sequences, shared prefixes);
 - ortserve with int8 activations in its quantised linears (``--activation-bits 8``, exported so):
-  the same activation rounding as llama.cpp's, against ortserve's default of 16 bits.
+  the same activation rounding as llama.cpp's, against ortserve's default of 16 bits;
+- llama.cpp's IQ4_XS file of the model (llama-quantize from f32, no importance matrix), served by
+  llama.cpp and by ortserve (its codes imported exactly, MatMulQ4NL).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from runners import llamacpp, ortserve_runner
 from runners.common import Model
@@ -97,6 +101,37 @@ class OrtserveA8(Variant):
         return ortserve_runner.run(model, precision, workloads, cls.SYSTEM, export_flags=("--activation-bits", "8"))
 
 
+class LlamaCppIq4Xs(Variant):
+    SYSTEM = "llama.cpp-iq4xs"
+    BASE = llamacpp
+    PRECISIONS = ("int4",)
+    WORKLOADS_SUPPORTED = ("decode", "prefill", "serve-c16")
+
+    @classmethod
+    def run(cls, model: Model, precision: str, workloads: list[str]):
+        return llamacpp.run(model, precision, workloads, cls.SYSTEM, gguf_type="iq4_xs")
+
+    @staticmethod
+    def weights(model_name: str, precision: str) -> Path:
+        return llamacpp.gguf_path(model_name, "iq4_xs")
+
+
+class OrtserveIq4Xs(Variant):
+    SYSTEM = "ortserve-iq4xs"
+    PRECISIONS = ("int4",)
+    WORKLOADS_SUPPORTED = ("decode", "prefill", "serve-c16")
+
+    @classmethod
+    def run(cls, model: Model, precision: str, workloads: list[str]):
+        source = llamacpp.gguf(model, precision, "iq4_xs")
+        return ortserve_runner.run(model, precision, workloads, cls.SYSTEM, source=source)
+
+    @staticmethod
+    def weights(model_name: str, precision: str) -> Path:
+        source = llamacpp.gguf_path(model_name, "iq4_xs")
+        return ortserve_runner.artifact_path(model_name, precision, f"-from-{source.stem}") / "model.onnx"
+
+
 VARIANTS = (
     OrtserveNgram,
     LlamaCppNgram,
@@ -106,4 +141,6 @@ VARIANTS = (
     OrtserveKvFp16,
     OrtserveKvInt8,
     OrtserveA8,
+    LlamaCppIq4Xs,
+    OrtserveIq4Xs,
 )

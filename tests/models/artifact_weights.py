@@ -11,17 +11,18 @@ from ortserve.ops.paged_attention_reference import dequantize_q
 
 
 def imported(artifact: Path, label: str) -> np.ndarray:
-    """The [N, K] weight of the MatMulQ4 / Q5 / Q8 or MatMulNBits node ``label``, dequantised from its
-    initialisers."""
+    """The [N, K] weight of the MatMulQ4 / Q5 / Q8 / Q4NL or MatMulNBits node ``label``, dequantised from
+    its initialisers."""
     model = onnx.load(artifact / "model.onnx", load_external_data=False)
     onnx.external_data_helper.load_external_data_for_model(model, str(artifact))
-    ops = ("MatMulQ4", "MatMulQ5", "MatMulQ8", "MatMulNBits")
+    ops = ("MatMulQ4", "MatMulQ5", "MatMulQ8", "MatMulQ4NL", "MatMulNBits")
     node = next(n for n in model.graph.node if n.op_type in ops and n.name.startswith(label))
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     init = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer if t.name.startswith(label)}
     n, k = attrs["N"], attrs["K"]
     if node.op_type != "MatMulNBits":
-        return dequantize_q(init[f"{label}.codes"], init[f"{label}.scales"], n, k)
+        nonlinear = node.op_type == "MatMulQ4NL"
+        return dequantize_q(init[f"{label}.codes"], init[f"{label}.scales"], n, k, nonlinear)
     bits, block = attrs["bits"], attrs["block_size"]
     scales = init[f"{label}.scales"].reshape(n, -1)
     zero_points = init.get(f"{label}.zero_points")

@@ -56,7 +56,7 @@ def test_imported_weights_dequantise_bit_exactly_to_ggufs_own(qtype, tiny_gguf):
     w = gguf_weights(path)
     rows_q = CONFIG["heads"] * CONFIG["head_dim"]
     model = onnx.load(artifact / "model.onnx", load_external_data=False)
-    op = {"Q4": "MatMulQ4", "Q5": "MatMulQ5", "Q8": "MatMulQ8", "Q6": "MatMulNBits", "IQ": "MatMulQ8"}[qtype[:2]]
+    op = {"Q4": "MatMulQ4", "Q5": "MatMulQ5", "Q8": "MatMulQ8", "Q6": "MatMulNBits", "IQ": "MatMulQ4NL"}[qtype[:2]]
     assert next(n.op_type for n in model.graph.node if n.name.startswith("layers.0.qkv")) == op  # codes at their width
     qkv = imported(artifact, "layers.0.qkv")
     # our rows are Hugging Face's order; llama.cpp's converter permutes Q and K rows

@@ -1,16 +1,20 @@
-"""MatMulQ4 / MatMulQ8 (x @ W.T for 4- or 8-bit block-quantised W, int8 or int8 + residual
-activations) match their numpy reference on every shape a model gives them (rows not a multiple of
-16, columns not a multiple of 32, one row or a prefill chunk), with fp16 or fp32 scales, with and
-without bias, on every kernel build; GatherQ4 / GatherQ8 read the same rows; the layout round-trips;
-bad input names itself."""
+"""MatMulQ4 / Q5 / Q8 / Q4NL (x @ W.T for 4-, 5- or 8-bit block-quantised W, or 4-bit indices of 8-bit
+codes; int8 or int8 + residual activations) match their numpy reference on every shape a model gives
+them (rows not a multiple of 16, columns not a multiple of 32, one row or a prefill chunk), with fp16
+or fp32 scales, with and without bias, on every kernel build; GatherQ4 / Q5 / Q8 / Q4NL read the same
+rows; the layout round-trips; bad input names itself."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import gguf.quants
 import numpy as np
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 from ortserve.ops.paged_attention_reference import (
+    Q4NL_CODES,
     dequantize_q,
     gather_q,
     matmul_q,
@@ -23,25 +27,44 @@ from paged_attention_harness import make_session, op_model
 import ortserve.ops
 
 
+@dataclass(frozen=True)
+class QFormat:
+    suffix: str  # of the op's name: MatMulQ{suffix}
+    bits: int  # the stored codes' width (pack_q's bits)
+    nonlinear: bool = False  # Q4NL: the codes index Q4NL_CODES
+
+    @property
+    def largest(self) -> int:
+        """The largest value a code stands for."""
+        return int(Q4NL_CODES[-1]) if self.nonlinear else (1 << self.bits) - 1
+
+    def __str__(self) -> str:
+        return f"Q{self.suffix}"
+
+
+Q4, Q5, Q8, Q4NL = QFormat("4", 4), QFormat("5", 5), QFormat("8", 8), QFormat("4NL", 4, nonlinear=True)
+FORMATS = [Q4, Q5, Q8, Q4NL]
+
+
 def session(
     n: int | None,
     scale_type: int = TensorProto.FLOAT16,
     bias: bool = False,
     activation_bits: int | None = None,
-    bits: int = 4,
+    fmt: QFormat = Q4,
 ) -> ort.InferenceSession:
     attrs = {} if n is None else {"N": n}
     if activation_bits is not None:
         attrs["activation_bits"] = activation_bits
     inputs = ["x", "codes", "scales"] + (["bias"] if bias else [])
-    node = helper.make_node(f"MatMulQ{bits}", inputs, ["y"], domain=ortserve.ops.DOMAIN, **attrs)
+    node = helper.make_node(f"MatMulQ{fmt.suffix}", inputs, ["y"], domain=ortserve.ops.DOMAIN, **attrs)
     f = TensorProto.FLOAT
     graph = helper.make_graph(
         [node],
         "q4",
         [
             helper.make_tensor_value_info("x", f, ["T", "K"]),
-            helper.make_tensor_value_info("codes", TensorProto.UINT8, ["G", "KB", 64 * bits]),
+            helper.make_tensor_value_info("codes", TensorProto.UINT8, ["G", "KB", 64 * fmt.bits]),
             helper.make_tensor_value_info("scales", scale_type, ["G", "KB", 2, 16]),
             *([helper.make_tensor_value_info("bias", f, ["N"])] if bias else []),
         ],
@@ -56,6 +79,10 @@ def random_weight(rng, n, k, dtype=np.float16, bits=4):
     d = rng.uniform(0.001, 0.02, (n, k_blocks)).astype(dtype).astype(np.float32)
     m = rng.uniform(-0.15, 0.0, (n, k_blocks)).astype(dtype).astype(np.float32)
     return codes, d, m
+
+
+def test_the_4nl_codes_are_gguf_iq4_values_plus_128():
+    np.testing.assert_array_equal(Q4NL_CODES.astype(np.int32) - 128, gguf.quants.IQ4_NL.kvalues)
 
 
 @pytest.mark.parametrize("bits", [4, 5, 8])
@@ -105,35 +132,35 @@ def test_the_8_bit_layout_puts_16_rows_by_4_columns_in_64_bytes():
     assert np.count_nonzero(flat) == 2
 
 
-@pytest.mark.parametrize("bits", [4, 5, 8])
+@pytest.mark.parametrize("fmt", FORMATS, ids=str)
 @pytest.mark.parametrize("activation_bits", [8, 16])
 @pytest.mark.parametrize("scale_dtype", [np.float16, np.float32])
 @pytest.mark.parametrize("rows", [1, 3, 8, 13, 70])
 @pytest.mark.parametrize("k,n", [(576, 960), (1536, 576), (64, 24), (40, 33)])
-def test_matches_the_numpy_reference(rows, k, n, scale_dtype, activation_bits, bits):
+def test_matches_the_numpy_reference(rows, k, n, scale_dtype, activation_bits, fmt):
     rng = np.random.default_rng(rows * 1000 + k + n)
-    codes, d, m = random_weight(rng, n, k, scale_dtype, bits)
-    packed, scales = pack_q(codes, d, m, bits, scale_dtype)
+    codes, d, m = random_weight(rng, n, k, scale_dtype, fmt.bits)
+    packed, scales = pack_q(codes, d, m, fmt.bits, scale_dtype)
     x = rng.normal(0.0, 1.0, (rows, k)).astype(np.float32)
     scale_type = TensorProto.FLOAT16 if scale_dtype == np.float16 else TensorProto.FLOAT
-    s = session(n, scale_type, activation_bits=activation_bits, bits=bits)
+    s = session(n, scale_type, activation_bits=activation_bits, fmt=fmt)
     got = s.run(None, {"x": x, "codes": packed, "scales": scales})
-    want = matmul_q(x, packed, scales, n, activation_bits=activation_bits)
+    want = matmul_q(x, packed, scales, n, activation_bits=activation_bits, nonlinear=fmt.nonlinear)
     np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("bits", [4, 8])
-def test_initializer_weights_are_the_ops_own_copy(bits, tmp_path):
+@pytest.mark.parametrize("fmt", [Q4, Q8, Q4NL], ids=str)
+def test_initializer_weights_are_the_ops_own_copy(fmt, tmp_path):
     """Weights stored as initializers in a data file, as in an artifact: onnxruntime maps the file
     (4 KiB pages), and the op copies them once at load into memory the engine puts on huge pages. So
     the answer matches the reference, and stays the same when the file changes under the session."""
     import onnx
 
-    rng = np.random.default_rng(bits)
+    rng = np.random.default_rng(FORMATS.index(fmt))
     n, k = 48, 96
-    codes, d, m = random_weight(rng, n, k, np.float16, bits)
-    packed, scales = pack_q(codes, d, m, bits, np.float16)
-    node = helper.make_node(f"MatMulQ{bits}", ["x", "codes", "scales"], ["y"], domain=ortserve.ops.DOMAIN, N=n)
+    codes, d, m = random_weight(rng, n, k, np.float16, fmt.bits)
+    packed, scales = pack_q(codes, d, m, fmt.bits, np.float16)
+    node = helper.make_node(f"MatMulQ{fmt.suffix}", ["x", "codes", "scales"], ["y"], domain=ortserve.ops.DOMAIN, N=n)
     graph = helper.make_graph(
         [node],
         "initializers",
@@ -147,7 +174,7 @@ def test_initializer_weights_are_the_ops_own_copy(bits, tmp_path):
     ortserve.ops.register(options)
     s = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     x = rng.normal(0.0, 1.0, (3, k)).astype(np.float32)
-    want = matmul_q(x, packed, scales, n, activation_bits=8)
+    want = matmul_q(x, packed, scales, n, activation_bits=8, nonlinear=fmt.nonlinear)
     np.testing.assert_allclose(s.run(None, {"x": x})[0], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     data = tmp_path / "model.onnx.data"
     with data.open("r+b") as f:  # in place: a private mapping of the file sees these bytes
@@ -155,19 +182,19 @@ def test_initializer_weights_are_the_ops_own_copy(bits, tmp_path):
     np.testing.assert_allclose(s.run(None, {"x": x})[0], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("bits", [4, 5, 8])
+@pytest.mark.parametrize("fmt", FORMATS, ids=str)
 @pytest.mark.parametrize("activation_bits,bound", [(8, 1e-2), (16, 1e-4)])
-def test_is_x_times_the_dequantised_weight_up_to_activation_rounding(activation_bits, bound, bits):
+def test_is_x_times_the_dequantised_weight_up_to_activation_rounding(activation_bits, bound, fmt):
     """An oracle independent of the reference's integer path: the float product with d * q + m. The
     residual pass takes the error from about 0.5 % to about 0.002 %."""
     rng = np.random.default_rng(7)
-    codes, d, m = random_weight(rng, 96, 576, bits=bits)
-    d = d / (1 << (bits - 4))  # the same weight range as 4-bit codes
-    packed, scales = pack_q(codes, d, m, bits)
+    codes, d, m = random_weight(rng, 96, 576, bits=fmt.bits)
+    d = d * 15 / fmt.largest  # the same weight range as 4-bit codes
+    packed, scales = pack_q(codes, d, m, fmt.bits)
     x = rng.normal(0.0, 1.0, (4, 576)).astype(np.float32)
-    s = session(96, activation_bits=activation_bits, bits=bits)
+    s = session(96, activation_bits=activation_bits, fmt=fmt)
     got = s.run(None, {"x": x, "codes": packed, "scales": scales})[0]
-    exact = x.astype(np.float64) @ dequantize_q(packed, scales, 96, 576).T.astype(np.float64)
+    exact = x.astype(np.float64) @ dequantize_q(packed, scales, 96, 576, fmt.nonlinear).T.astype(np.float64)
     error = np.abs(got - exact).max() / np.abs(exact).max()
     assert bound / 10 < error < bound, error
 
@@ -200,17 +227,17 @@ def test_the_residual_rounds_on_a_grid_256_times_finer_clipped_to_127():
 
 
 @pytest.mark.parametrize("isa", ["generic", "avx2", "avx512"])
-@pytest.mark.parametrize("bits", [4, 5, 8])
+@pytest.mark.parametrize("fmt", [Q4, Q5, Q8], ids=str)
 @pytest.mark.parametrize("rows", [1, 6])
-def test_16_bit_activations_are_the_reference_codes(isa, bits, rows, monkeypatch):
+def test_16_bit_activations_are_the_reference_codes(isa, fmt, rows, monkeypatch):
     """Unit weights on the diagonal: output r is x[:, r] as the kernel rounded it, dx * xq + dx / 256 * xq',
     which must be the reference's to the last bit of the product (whatever order the kernel adds in)."""
     monkeypatch.setenv("ORTSERVE_KERNEL_ISA", isa)
     codes = np.eye(64, dtype=np.uint8)
     d, m = np.ones((64, 2), np.float32), np.zeros((64, 2), np.float32)
-    packed, scales = pack_q(codes, d, m, bits)
+    packed, scales = pack_q(codes, d, m, fmt.bits)
     x = np.random.default_rng(rows).normal(size=(rows, 64)).astype(np.float32)
-    got = session(64, activation_bits=16, bits=bits).run(None, {"x": x, "codes": packed, "scales": scales})[0]
+    got = session(64, activation_bits=16, fmt=fmt).run(None, {"x": x, "codes": packed, "scales": scales})[0]
     xq, dx, _ = quantize_activations(x, residual=True)
     scale = np.repeat(dx.astype(np.float64), 32, axis=1)
     held = (xq * scale).reshape(rows, 2, 64).sum(axis=1)
@@ -222,37 +249,38 @@ def test_16_bit_activations_are_the_reference_codes(isa, bits, rows, monkeypatch
 
 
 @pytest.mark.parametrize("isa", ["generic", "avx2", "avx512"])
-@pytest.mark.parametrize("bits", [4, 5, 8])
+@pytest.mark.parametrize("fmt", FORMATS, ids=str)
 @pytest.mark.parametrize("sign", [1, -1])
-def test_the_largest_codes_and_activations_do_not_saturate(isa, bits, sign, monkeypatch):
+def test_the_largest_codes_and_activations_do_not_saturate(isa, fmt, sign, monkeypatch):
     """Every code at its maximum against activations all +-127: the int16 pair sums of the AVX2 kernels
     are closest to their limit here."""
     monkeypatch.setenv("ORTSERVE_KERNEL_ISA", isa)
-    codes = np.full((16, 64), (1 << bits) - 1, np.uint8)
+    codes = np.full((16, 64), (1 << fmt.bits) - 1, np.uint8)
     d, m = np.full((16, 2), 1 / 64, np.float32), np.zeros((16, 2), np.float32)  # exact in fp16
-    packed, scales = pack_q(codes, d, m, bits)
+    packed, scales = pack_q(codes, d, m, fmt.bits)
     x = np.full((3, 64), sign * 2.0, np.float32)
-    got = session(16, bits=bits).run(None, {"x": x, "codes": packed, "scales": scales})[0]
-    np.testing.assert_allclose(got, matmul_q(x, packed, scales, 16), rtol=1e-6)
-    np.testing.assert_allclose(got, sign * 2.0 * ((1 << bits) - 1), rtol=1e-6)  # 64 columns x 1/64
+    got = session(16, fmt=fmt).run(None, {"x": x, "codes": packed, "scales": scales})[0]
+    np.testing.assert_allclose(got, matmul_q(x, packed, scales, 16, nonlinear=fmt.nonlinear), rtol=1e-6)
+    np.testing.assert_allclose(got, sign * 2.0 * fmt.largest, rtol=1e-6)  # 64 columns x 1/64
 
 
 @pytest.mark.parametrize("isa", ["generic", "avx2", "avx512"])
 @pytest.mark.parametrize("rows", [1, 5, 19, 45])
 @pytest.mark.parametrize("activation_bits", [8, 16])
-@pytest.mark.parametrize("bits", [4, 5, 8])
-def test_every_kernel_build_matches_the_reference(isa, rows, activation_bits, bits, monkeypatch):
+@pytest.mark.parametrize("fmt", FORMATS, ids=str)
+def test_every_kernel_build_matches_the_reference(isa, rows, activation_bits, fmt, monkeypatch):
     monkeypatch.setenv("ORTSERVE_KERNEL_ISA", isa)  # caps the build the op picks
     # data of its own per build: an output row a build missed must not hold the last build's answer
-    rng = np.random.default_rng([rows, activation_bits, bits, ["generic", "avx2", "avx512"].index(isa)])
-    codes, d, m = random_weight(rng, 50, 100, bits=bits)
-    packed, scales = pack_q(codes, d, m, bits)
+    seed = [rows, activation_bits, FORMATS.index(fmt), ["generic", "avx2", "avx512"].index(isa)]
+    rng = np.random.default_rng(seed)
+    codes, d, m = random_weight(rng, 50, 100, bits=fmt.bits)
+    packed, scales = pack_q(codes, d, m, fmt.bits)
     x = rng.normal(size=(rows, 100)).astype(np.float32)
     x[0, 32:64] = 0.0  # a block of zeros: no scale
     bias = rng.normal(size=50).astype(np.float32)
     arrays = {"x": x, "codes": packed, "scales": scales, "bias": bias}
-    got = session(50, bias=True, activation_bits=activation_bits, bits=bits).run(None, arrays)[0]
-    want = matmul_q(x, packed, scales, 50, bias, activation_bits)
+    got = session(50, bias=True, activation_bits=activation_bits, fmt=fmt).run(None, arrays)[0]
+    want = matmul_q(x, packed, scales, 50, bias, activation_bits, fmt.nonlinear)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
@@ -318,13 +346,15 @@ def test_x_of_another_width_than_k_is_rejected():
         make_session(op_model(graph)).run(None, arrays)
 
 
-def gather_session(n: int, k: int, bits: int, scale_type: int = TensorProto.FLOAT16) -> ort.InferenceSession:
-    node = helper.make_node(f"GatherQ{bits}", ["codes", "scales", "ids"], ["y"], domain=ortserve.ops.DOMAIN, N=n, K=k)
+def gather_session(n: int, k: int, fmt: QFormat, scale_type: int = TensorProto.FLOAT16) -> ort.InferenceSession:
+    node = helper.make_node(
+        f"GatherQ{fmt.suffix}", ["codes", "scales", "ids"], ["y"], domain=ortserve.ops.DOMAIN, N=n, K=k
+    )
     graph = helper.make_graph(
         [node],
         "gather",
         [
-            helper.make_tensor_value_info("codes", TensorProto.UINT8, ["G", "KB", 64 * bits]),
+            helper.make_tensor_value_info("codes", TensorProto.UINT8, ["G", "KB", 64 * fmt.bits]),
             helper.make_tensor_value_info("scales", scale_type, ["G", "KB", 2, 16]),
             helper.make_tensor_value_info("ids", TensorProto.INT64, ["T"]),
         ],
@@ -334,22 +364,23 @@ def gather_session(n: int, k: int, bits: int, scale_type: int = TensorProto.FLOA
 
 
 @pytest.mark.parametrize("scale_dtype", [np.float16, np.float32])
-@pytest.mark.parametrize("bits", [4, 5, 8])
-def test_gather_reads_the_dequantised_rows(bits, scale_dtype):
+@pytest.mark.parametrize("fmt", FORMATS, ids=str)
+def test_gather_reads_the_dequantised_rows(fmt, scale_dtype):
     """A tied embedding's lookup on the LM head's codes: bit for bit d * q + m."""
-    rng = np.random.default_rng(bits)
-    codes, d, m = random_weight(rng, 37, 70, scale_dtype, bits)
-    packed, scales = pack_q(codes, d, m, bits, scale_dtype)
+    rng = np.random.default_rng(FORMATS.index(fmt))
+    codes, d, m = random_weight(rng, 37, 70, scale_dtype, fmt.bits)
+    packed, scales = pack_q(codes, d, m, fmt.bits, scale_dtype)
     ids = np.array([36, 0, 17, 17, 5], np.int64)
     scale_type = TensorProto.FLOAT16 if scale_dtype == np.float16 else TensorProto.FLOAT
-    got = gather_session(37, 70, bits, scale_type).run(None, {"codes": packed, "scales": scales, "ids": ids})[0]
-    want = gather_q(packed, scales, ids, 37, 70)
+    got = gather_session(37, 70, fmt, scale_type).run(None, {"codes": packed, "scales": scales, "ids": ids})[0]
+    want = gather_q(packed, scales, ids, 37, 70, fmt.nonlinear)
     assert got.dtype == np.float32 and np.array_equal(got, want)
     blocks = np.arange(70) // 32
-    assert np.array_equal(want, codes[ids].astype(np.float32) * d[ids][:, blocks] + m[ids][:, blocks])
+    values = Q4NL_CODES[codes] if fmt.nonlinear else codes
+    assert np.array_equal(want, values[ids].astype(np.float32) * d[ids][:, blocks] + m[ids][:, blocks])
 
 
 def test_gather_of_an_id_outside_the_rows_is_rejected():
     packed, scales = pack_q(np.zeros((20, 64), np.uint8), np.ones((20, 2)), np.zeros((20, 2)))
     with pytest.raises(Exception, match=r"index 20 at 1 is outside \[0, 20\)"):
-        gather_session(20, 64, 4).run(None, {"codes": packed, "scales": scales, "ids": np.array([3, 20], np.int64)})
+        gather_session(20, 64, Q4).run(None, {"codes": packed, "scales": scales, "ids": np.array([3, 20], np.int64)})
