@@ -12,13 +12,12 @@ from pathlib import Path
 
 from roofline import gguf_weight_bytes, hf_weight_bytes, onnx_weight_bytes, roofline_tok_s
 from run_coverage import coverage, run_label, run_of
-from runners import RUNNERS
+from runners import RUNNERS, llamacpp, ortserve_runner
 from runners.common import (
     BENCH_DIR,
     COMPARE,
     MODELS,
     PEER_MODELS,
-    RESULTS,
     WORKLOADS,
     cpu_flags,
     load_model,
@@ -63,15 +62,11 @@ def weight_bytes(system: str, precision: str, model_name: str) -> int | None:
             path = own(model_name, precision)
             return gguf_weight_bytes(path) if path.suffix == ".gguf" else onnx_weight_bytes(path)
         if system.startswith("ortserve"):  # its flag variants serve the same artifact (a8: the same weights)
-            return onnx_weight_bytes(RESULTS / "artifacts" / f"{model_name}-{precision}" / "model.onnx")
+            return onnx_weight_bytes(ortserve_runner.artifact_path(model_name, precision) / "model.onnx")
         if system.startswith("genai"):
             return onnx_weight_bytes(PEER_MODELS / model_name / f"genai-{precision}" / "model.onnx")
         if system.startswith("llama.cpp"):
-            from runners.llamacpp import GGUF_TYPE
-
-            return gguf_weight_bytes(
-                PEER_MODELS / model_name / "llama.cpp" / f"{model_name}-{GGUF_TYPE[precision]}.gguf"
-            )
+            return gguf_weight_bytes(llamacpp.gguf_path(model_name, llamacpp.GGUF_TYPE[precision]))
         if system == "transformers":
             return hf_weight_bytes(load_model(model_name).hf_dir)
     except (FileNotFoundError, OSError):

@@ -68,3 +68,20 @@ def test_hf_checkpoint_counts_the_embedding_only_when_tied(tmp_path):
 
 def test_roofline_is_bandwidth_over_bytes():
     assert roofline_tok_s(20.0, 500_000_000) == 40.0
+
+
+def test_a_variant_on_files_of_its_own_is_measured_by_them(tmp_path, monkeypatch):
+    """ortserve-iq4xs serves an artifact exported from llama.cpp's IQ4_XS file, not the model's int4
+    artifact beside it: its roofline counts the bytes of the one it serves."""
+    import report
+    from runners import ortserve_runner
+
+    monkeypatch.setattr(ortserve_runner, "RESULTS", tmp_path)
+    plain = ortserve_runner.artifact_path("m", "int4")
+    own = report.RUNNERS["ortserve-iq4xs"].weights("m", "int4")
+    for folder, tied in ((plain, False), (own.parent, True)):
+        folder.mkdir(parents=True)
+        save_graph(folder / "model.onnx", tied=tied)
+    assert own.parent != plain and own.parent.parent == plain.parent
+    assert report.weight_bytes("ortserve-iq4xs", "int4", "m") == W.nbytes + EMB.nbytes
+    assert report.weight_bytes("ortserve", "int4", "m") == W.nbytes + LM.nbytes
