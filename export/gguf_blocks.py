@@ -20,9 +20,9 @@ float scale ``s`` and either a constant integer zero point (``o = -s * z``) or a
 
 The IQ4 formats' 4-bit codes index a table of 16 int8 values (``kvalues``, -127 ... 113): not a
 linear grid, so they are unpacked here as 8-bit codes ``kvalue + 128`` (as Q8_0's) and stored by
-MatMulQ4NL as their 4-bit indices again, whose kernels look the 8-bit codes up (4.5 or 5 bits a
-weight with the scales, beside the file's 4.25-4.5). Every product stays exact in float32: IQ4_XS's
-d (fp16, 11 bits) * (ls - 32) (at most 5) * a code (8).
+MatMulQ4NL as their 4-bit indices again, whose kernels look the 8-bit codes up (with d and m, 5 bits a
+weight for IQ4_NL and 6 for IQ4_XS, whose d * (ls - 32) need fp32; the files hold 4.5 and 4.25). Every
+product stays exact in float32: IQ4_XS's d (fp16, 11 bits) * (ls - 32) (at most 5) * a code (8).
 
 ``s`` and ``o`` are computed exactly as gguf's dequantiser computes them (float32 products), so
 ``s * q + o`` equals ``gguf.quants.dequantize`` bit for bit (tests/models/test_gguf_import.py).
