@@ -134,6 +134,22 @@ ALWAYS_INLINE __m256i Q4NLTable() {
   return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kQ4NLCodes)));
 }
 
+// Q4NL: vector v's 8-bit codes, looked up from its index nibbles (low or high, as v / 4), per half.
+ALWAYS_INLINE void Q4NLBytes(const uint8_t* c, int v, __m256i* codes) {
+  for (int h = 0; h < 2; ++h) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * (v % 4) + 32 * h));
+    const __m256i indices = _mm256_and_si256(_mm256_srli_epi16(raw, 4 * (v / 4)), _mm256_set1_epi8(0x0F));
+    codes[h] = _mm256_shuffle_epi8(Q4NLTable(), indices);
+  }
+}
+
+// The codes of vector v as one byte each, per half, where they are not a plain load (5-bit and Q4NL codes).
+template <int Bits>
+ALWAYS_INLINE void VectorBytes(const uint8_t* c, int v, __m256i* bytes) {
+  if constexpr (Bits == 5) FifthNibbles(c, v, bytes);
+  if constexpr (Bits == kQ4NL) Q4NLBytes(c, v, bytes);
+}
+
 // The 8-bit codes (Q8's, or Q4NL's looked up) of a block's half at c as 16 vectors of nibbles: [2j] the low
 // nibbles of columns 4j..4j+3, [2j + 1] the high ones.
 template <int Bits>
@@ -159,16 +175,11 @@ ALWAYS_INLINE void CodeNibbles(const uint8_t* c, __m256i* halves) {
 // The codes of columns 4v..4v+3 of a block's half h (rows 8h..8h+7 of the group) widened to int16 column
 // pairs: k = 0 gives columns (4v, 4v + 2), k = 1 (4v + 1, 4v + 3); 4- and 5-bit codes from a nibble
 // vector (shifts 0 and 8 for the low nibbles, 4 and 12 for the high ones), 8-bit codes from a byte
-// vector (shifts 0 and 8). five: FifthNibbles of v (5-bit codes only).
+// vector (shifts 0 and 8). bytes: VectorBytes of v (5-bit and Q4NL codes only), as 8-bit codes.
 template <int Bits>
-ALWAYS_INLINE __m256i Widened(const uint8_t* c, int v, int k, int h, const __m256i* five) {
-  if constexpr (Bits == 5) {
-    return _mm256_and_si256(k ? _mm256_srli_epi32(five[h], 8) : five[h], _mm256_set1_epi32(0x00FF00FF));
-  } else if constexpr (Bits == kQ4NL) {
-    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * (v % 4) + 32 * h));
-    const __m256i indices = _mm256_and_si256(v / 4 ? _mm256_srli_epi16(raw, 4) : raw, _mm256_set1_epi8(0x0F));
-    const __m256i codes = _mm256_shuffle_epi8(Q4NLTable(), indices);
-    return _mm256_and_si256(k ? _mm256_srli_epi32(codes, 8) : codes, _mm256_set1_epi32(0x00FF00FF));
+ALWAYS_INLINE __m256i Widened(const uint8_t* c, int v, int k, int h, const __m256i* bytes) {
+  if constexpr (Bits == 5 || Bits == kQ4NL) {
+    return _mm256_and_si256(k ? _mm256_srli_epi32(bytes[h], 8) : bytes[h], _mm256_set1_epi32(0x00FF00FF));
   } else {
     const int vector = Bits == 8 ? v : v % 4, shift = (Bits == 8 ? 0 : 4 * (v / 4)) + 8 * k;
     const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * vector + 32 * h));
@@ -195,11 +206,11 @@ ALWAYS_INLINE void GroupPairs(const uint8_t* codes, const S* scales, const int8_
     for (int o = 0; o < kOut; ++o) sums[o][0] = sums[o][1] = _mm256_setzero_si256();
 #pragma GCC unroll 8
     for (int v = 0; v < 8; ++v) {
-      __m256i five[2];
-      if constexpr (Bits == 5) FifthNibbles(c, v, five);
+      __m256i bytes[2];
+      VectorBytes<Bits>(c, v, bytes);
 #pragma GCC unroll 2
       for (int k = 0; k < 2; ++k) {
-        const __m256i w0 = Widened<Bits>(c, v, k, 0, five), w1 = Widened<Bits>(c, v, k, 1, five);
+        const __m256i w0 = Widened<Bits>(c, v, k, 0, bytes), w1 = Widened<Bits>(c, v, k, 1, bytes);
         const int dword = PairDword(v / 4, v % 4, k);
 #pragma GCC unroll 4
         for (int o = 0; o < kOut; ++o) {
@@ -353,10 +364,10 @@ void GroupPairsWidenedOnce(const uint8_t* codes, const S* scales, const int8_t* 
     PrefetchAhead<Bits>(c, sb);
 #pragma GCC unroll 8
     for (int v = 0; v < 8; ++v) {
-      __m256i five[2];
-      if constexpr (Bits == 5) FifthNibbles(c, v, five);
+      __m256i bytes[2];
+      VectorBytes<Bits>(c, v, bytes);
       for (int k = 0; k < 2; ++k)
-        for (int h = 0; h < 2; ++h) _mm256_store_si256(&wide[2 * v + k][h], Widened<Bits>(c, v, k, h, five));
+        for (int h = 0; h < 2; ++h) _mm256_store_si256(&wide[2 * v + k][h], Widened<Bits>(c, v, k, h, bytes));
     }
     for (int64_t o = 0; o < pairs; o += kPairs)
       BlockPairs<S, kPairs>(wide, sb, xq + 2 * o * xq_stride + 2 * kQBlock * b, xq_stride,
