@@ -268,7 +268,11 @@ class CompletionRequest(SamplingRequest):
     def check(self) -> None:
         super().check()
         if self.suffix is not None:
-            raise BadRequest("'suffix' is not supported", "suffix")
+            raise BadRequest(
+                "'suffix' is not supported (no fill-in-the-middle): omit it, and end 'prompt' where the completion "
+                "should start",
+                "suffix",
+            )
         if isinstance(self.prompt, list) and not self.prompt:
             raise BadRequest("'prompt' must not be empty", "prompt")
         if self.best_of is not None and self.best_of < self.n:
