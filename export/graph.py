@@ -227,15 +227,8 @@ class DecoderBuilder:
 
         self.plan(f"{label} ({plans[0].label})", make)
         inputs = [x, f"{label}.codes", f"{label}.scales"] + ([bias] if bias else [])
-        return self.op(
-            f"MatMulQ{plans[0].q_format}",
-            inputs,
-            domain=OURS,
-            name=label,
-            N=n,
-            K=k,
-            activation_bits=self.activation_bits,
-        )[0]
+        op_type = f"MatMulQ{plans[0].q_format}"
+        return self.op(op_type, inputs, domain=OURS, name=label, N=n, K=k, activation_bits=self.activation_bits)[0]
 
     def bias(self, label: str, parts: list[tuple[str, int]]) -> str | None:
         """One bias for the fused parts (zeros for parts without one), or None if none has one."""
