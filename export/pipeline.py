@@ -35,6 +35,7 @@ from ortserve.artifact import (
     Precision,
     has_tokenizer,
     is_artifact,
+    needed_op_version,
     save_manifest,
 )
 
@@ -45,6 +46,7 @@ from .config import ModelSpec, read_config_json
 from .errors import ExportError
 from .gguf_checkpoint import GGUF_WEIGHTS, open_checkpoint
 from .graph import DecoderBuilder, WeightJob
+from .graph_io import OURS
 from .quality import check
 from .storage import FLOAT_TYPES, Storage, TensorPrecision
 from .weights import DATA_FILE, WeightFile, WeightSource
@@ -301,6 +303,7 @@ def export_model(
                 onnx.save_model(model, str(tmp / MODEL_FILE))
                 _copy_side_files(folder, tmp, raw)
                 manifest = ArtifactManifest(
+                    op_version=needed_op_version(n.op_type for n in model.graph.node if n.domain == OURS),
                     architecture=spec.model_type,
                     num_layers=spec.num_layers,
                     hidden_size=spec.hidden_size,

@@ -10,6 +10,7 @@ outputs ``logits``, ``key_cache_out.{l}``, ``value_cache_out.{l}``.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
@@ -22,8 +23,11 @@ FORMAT_VERSION = 1
 # 5 = + AddBlockOffsets with fp16 offsets, 6 = + MatMulQ4 / MatMulQ8, GatherQ4 / GatherQ8, 7 = + MatMulQ5,
 # GatherQ5, 8 = + MatMulF, 9 = + the input stage of MatMulF and MatMulQ (a norm or a gated activation
 # inside the linear, contrib_ops/linear_input.h), 10 = + MatMulQ4NL, GatherQ4NL (GGUF's IQ4 codes at 4 bits).
-# An artifact records the set its graph needs.
+# An artifact records the set its graph needs (needed_op_version), so that a new export of a graph
+# without the latest ops still loads on an installation one version behind.
 OP_VERSION = 10
+EXPORT_BASE_OP_VERSION = 9  # every graph this exporter writes: the linears' input stage
+OP_ADDED_AFTER_BASE = {"MatMulQ4NL": 10, "GatherQ4NL": 10}
 MANIFEST = "ortserve.json"
 MODEL_FILE = "model.onnx"
 # The tokenizer files an artifact copies from its checkpoint, chat template included (whichever exist).
@@ -60,6 +64,11 @@ KV_CACHE_DTYPES: tuple[str, ...] = tuple(d for d in get_args(KVCacheDtype) if d 
 KV_ROW: dict[str, tuple[str, int]] = {"fp32": ("float32", 0), "fp16": ("float16", 0), "int8": ("int8", 4)}
 COMPACT_KV_OP_VERSION = 3
 PRECISIONS: tuple[str, ...] = get_args(Precision)  # the one list: export, resolve, CLIs and benchmarks read it
+
+
+def needed_op_version(op_types: Iterable[str]) -> int:
+    """The op_version a graph of this exporter needs, from the op types of its domain-"ortserve" nodes."""
+    return max([EXPORT_BASE_OP_VERSION, *(OP_ADDED_AFTER_BASE.get(op, 0) for op in op_types)])
 
 
 class ArtifactManifest(BaseModel):

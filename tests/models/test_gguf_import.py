@@ -84,6 +84,7 @@ def test_imported_weights_dequantise_bit_exactly_to_ggufs_own(qtype, tiny_gguf):
         assert np.array_equal(ours, reference), f"{label}: max |diff| {np.abs(ours - reference).max()}"
     manifest = load_manifest(artifact)
     assert manifest.weight_formats == {f"{qtype} (exact)": 8}  # q, k, v, o, gate, up, down, the head
+    assert manifest.op_version == (10 if qtype.startswith("IQ4") else 9)  # MatMulQ4NL came with op_version 10
 
 
 @pytest.mark.parametrize(
