@@ -4,6 +4,7 @@
 #include "matmul_q_kernel.h"
 #include "op_util.h"
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -42,8 +43,8 @@ struct GatherQ {
     const int64_t G = (N_ + kQGroup - 1) / kQGroup, KB = (K_ + kQBlock - 1) / kQBlock;
     if (codes.Shape() != std::vector<int64_t>{G, KB, kBlockBytes})
       return Error("codes must be " + ShapeText({G, KB, kBlockBytes}) + ", got " + ShapeText(codes.Shape()));
-    if (scales.Shape() != std::vector<int64_t>{G, KB, 2, kQGroup})
-      return Error("scales must be " + ShapeText({G, KB, 2, kQGroup}) + ", got " + ShapeText(scales.Shape()));
+    if (scales.Shape() != QScalesShape(Bits, G, KB))
+      return Error("scales must be " + ShapeText(QScalesShape(Bits, G, KB)) + ", got " + ShapeText(scales.Shape()));
     if (indices.Shape().size() != 1) return Error("indices must be [T], got " + ShapeText(indices.Shape()));
     const int64_t T = indices.Shape()[0];
     const int64_t* ids = indices.Data();
@@ -58,19 +59,41 @@ struct GatherQ {
       const int64_t g = ids[t] / kQGroup, r = ids[t] % kQGroup;
       for (int64_t b = 0; b < KB; ++b) {
         const uint8_t* block = c + (g * KB + b) * kBlockBytes;
-        const ScaleT* sb = s + (g * KB + b) * 2 * kQGroup + r;
-        const float d = ScaleValue(sb[0]), m = ScaleValue(sb[kQGroup]);
-        for (int64_t i = 0; i < kQBlock && b * kQBlock + i < K_; ++i) {
-          const int64_t q = i / 4, lane = 4 * r + i % 4;  // column 4q + i % 4: lane 4r + i % 4 of vector q
-          int32_t code = Bits == 8 ? block[64 * q + lane]
-                                   : (q < 4 ? block[64 * q + lane] & 0x0F : block[64 * (q - 4) + lane] >> 4);
-          if (Bits == 5) code |= ((block[kQ4BlockBytes + 8 * q + lane / 8] >> (lane % 8)) & 1) << 4;
-          if (Bits == kQ4NL) code = kQ4NLCodes[code];
-          out[t * K_ + b * kQBlock + i] = d * static_cast<float>(code) + m;
-        }
+        float* row = out + t * K_ + b * kQBlock;
+        const int64_t columns = std::min(kQBlock, K_ - b * kQBlock);
+        if constexpr (Bits == kQ6K)
+          Q6KRow(block, ScaleValue(s[(g * ((KB + kQ6KScaleBlocks - 1) / kQ6KScaleBlocks) + b / kQ6KScaleBlocks) * kQGroup + r]),
+                 r, columns, row);
+        else
+          Row(block, s + (g * KB + b) * 2 * kQGroup + r, r, columns, row);
       }
     }
     return Ort::Status{nullptr};
+  }
+
+  // Row r of a block of 32 columns, d * q + m (the row's d and m at sb[0] and sb[kQGroup]).
+  static void Row(const uint8_t* block, const ScaleT* sb, int64_t r, int64_t columns, float* row) {
+    const float d = ScaleValue(sb[0]), m = ScaleValue(sb[kQGroup]);
+    for (int64_t i = 0; i < columns; ++i) row[i] = d * static_cast<float>(Code(block, r, i)) + m;
+  }
+
+  // MatMulQ6K's row r: (d * sc) * (q - 32), as gguf's dequantiser forms it.
+  static void Q6KRow(const uint8_t* block, float d, int64_t r, int64_t columns, float* row) {
+    for (int64_t i = 0; i < columns; ++i) {
+      const int8_t sub = static_cast<int8_t>(block[kQ6KSubScales + kQGroup * (i / 16) + r]);
+      row[i] = d * static_cast<float>(sub) * static_cast<float>(Code(block, r, i) - 32);
+    }
+  }
+
+  // The code of row r and column i of a block: lane 4r + i % 4 of vector i / 4.
+  static int32_t Code(const uint8_t* block, int64_t r, int64_t i) {
+    const int64_t q = i / 4, lane = 4 * r + i % 4;
+    if constexpr (Bits == 8) return block[64 * q + lane];
+    int32_t code = q < 4 ? block[64 * q + lane] & 0x0F : block[64 * (q - 4) + lane] >> 4;
+    if constexpr (Bits == 5 || Bits == kQ6K) code |= ((block[kQ4BlockBytes + 8 * q + lane / 8] >> (lane % 8)) & 1) << 4;
+    if constexpr (Bits == kQ6K) code |= ((block[kQ6KSixthBits + 8 * q + lane / 8] >> (lane % 8)) & 1) << 5;
+    if constexpr (Bits == kQ4NL) code = kQ4NLCodes[code];
+    return code;
   }
 
   static Ort::Status Error(const std::string& msg) {

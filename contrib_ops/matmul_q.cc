@@ -17,19 +17,22 @@ namespace {
 using namespace ortserve;
 using Ort::Custom::Tensor;
 using QuantizeFn = void (*)(const float*, int64_t, int64_t, bool, int8_t*, float*);
+using AdaptFn = void (*)(int, int8_t*, int64_t);
 using TileFn = void (*)(int, const uint8_t*, const void*, bool, bool, const int8_t*, const float*, const float*,
                         float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
 
 struct Kernels {
   QuantizeFn quantize;
+  AdaptFn adapt;
   TileFn tile;
 };
 
 Kernels PickKernels() {
 #ifdef ORTSERVE_GENERIC_KERNEL_ONLY
-  return {generic::QuantizeRows, generic::QTile};
+  return {generic::QuantizeRows, generic::AdaptRows, generic::QTile};
 #else
   return {PickBuild<QuantizeFn>(avx512::QuantizeRows, avx2::QuantizeRows, generic::QuantizeRows),
+          PickBuild<AdaptFn>(avx512::AdaptRows, avx2::AdaptRows, generic::AdaptRows),
           PickBuild<TileFn>(avx512::QTile, avx2::QTile, generic::QTile)};
 #endif
 }
@@ -74,8 +77,9 @@ void QuantizeTask(void* data, size_t task) {
   const auto* job = static_cast<const Job*>(data);
   const int64_t t0 = static_cast<int64_t>(task) * kRowsPerTask, rows = std::min(kRowsPerTask, job->T - t0);
   const int64_t r0 = job->residual ? 2 * t0 : t0;
-  job->kernels->quantize(job->x + t0 * job->K, rows, job->K, job->residual, job->xq + r0 * job->KB * kQBlock,
-                         job->xs + r0 * job->KB * 2);
+  int8_t* xq = job->xq + r0 * job->KB * kQBlock;
+  job->kernels->quantize(job->x + t0 * job->K, rows, job->K, job->residual, xq, job->xs + r0 * job->KB * 2);
+  job->kernels->adapt(job->bits, xq, (job->residual ? 2 : 1) * rows * job->KB * kQBlock);
 }
 
 template <int Bits, typename ScaleT>
@@ -108,8 +112,8 @@ struct MatMulQ {
       return Error("codes must be [ceil(N / 16), ceil(K / 32), " + std::to_string(kBlockBytes) +
                    "] = " + ShapeText({G, KB, kBlockBytes}) +
                    " for N = " + std::to_string(N_) + ", K = " + std::to_string(K) + ", got " + ShapeText(cs));
-    if (ss != std::vector<int64_t>{G, KB, 2, kQGroup})
-      return Error("scales must be " + ShapeText({G, KB, 2, kQGroup}) + ", got " + ShapeText(ss));
+    if (ss != QScalesShape(Bits, G, KB))
+      return Error("scales must be " + ShapeText(QScalesShape(Bits, G, KB)) + ", got " + ShapeText(ss));
     const float* bias_data = nullptr;
     if (const Tensor<float>* b = Present(bias)) {
       if (b->Shape() != std::vector<int64_t>{N_})

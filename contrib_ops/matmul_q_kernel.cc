@@ -31,7 +31,12 @@ namespace {
 ALWAYS_INLINE int64_t MinI(int64_t a, int64_t b) { return a < b ? a : b; }
 
 constexpr int64_t BlockBytes(int bits) {
-  return bits == 4 || bits == kQ4NL ? kQ4BlockBytes : bits == 5 ? kQ5BlockBytes : kQ8BlockBytes;
+  return bits == 4 || bits == kQ4NL ? kQ4BlockBytes : bits == 5 ? kQ5BlockBytes : bits == kQ6K ? kQ6KBlockBytes : kQ8BlockBytes;
+}
+
+// A group's scales: a (d, m) pair of vectors a block, or MatMulQ6K's one d vector for kQ6KScaleBlocks blocks.
+constexpr int64_t GroupScales(int bits, int64_t KB) {
+  return bits == kQ6K ? (KB + kQ6KScaleBlocks - 1) / kQ6KScaleBlocks * kQGroup : KB * 2 * kQGroup;
 }
 
 ALWAYS_INLINE float CodeStep(float amax) { return amax / 127.f; }  // dx: one int8 code's worth of x
@@ -70,6 +75,7 @@ template <int Bits, typename S>
 ALWAYS_INLINE void PrefetchAhead(const uint8_t* block_codes, const S* block_scales) {
   const char* codes = reinterpret_cast<const char*>(block_codes + kPrefetchBytes);
   for (int64_t line = 0; line < BlockBytes(Bits); line += 64) _mm_prefetch(codes + line, _MM_HINT_T0);
+  if constexpr (Bits == kQ6K) return;  // a d per 8 blocks: its scales are in the codes, a few bytes a block
   const char* scales = reinterpret_cast<const char*>(block_scales + kPrefetchBytes / BlockBytes(Bits) * 2 * kQGroup);
   for (int64_t line = 0; line < static_cast<int64_t>(2 * kQGroup * sizeof(S)); line += 64) _mm_prefetch(scales + line, _MM_HINT_T0);
 }
@@ -82,6 +88,7 @@ ALWAYS_INLINE void PrefetchAhead(const uint8_t* block_codes, const S* block_scal
 #else
 #include "matmul_q_group_generic.h"
 #endif
+#include "matmul_q6k_group.h"
 
 template <int Bits, typename S, int MT, bool Pairs>
 void TileRows(const uint8_t* codes, const S* scales, const int8_t* xq, const float* xs, const float* bias, float* y,
@@ -90,9 +97,15 @@ void TileRows(const uint8_t* codes, const S* scales, const int8_t* xq, const flo
   float* y_rows = y + (Pairs ? t / 2 : t) * N;
   for (int64_t g = g0; g < g1; ++g) {
     const int64_t n0 = g * kQGroup;
-    GroupRows<Bits, S, MT, Pairs>(codes + g * KB * BlockBytes(Bits), scales + g * KB * 2 * kQGroup,
-                                  xq + t * xq_stride, xq_stride, xs + t * xs_stride, xs_stride,
-                                  bias ? bias + n0 : nullptr, y_rows + n0, N, KB, MinI(kQGroup, N - n0));
+    const uint8_t* group_codes = codes + g * KB * BlockBytes(Bits);
+    const S* group_scales = scales + g * GroupScales(Bits, KB);
+    const int64_t valid = MinI(kQGroup, N - n0);
+    if constexpr (Bits == kQ6K)
+      GroupRowsQ6K<S, MT, Pairs>(group_codes, group_scales, xq + t * xq_stride, xq_stride, xs + t * xs_stride,
+                                 xs_stride, bias ? bias + n0 : nullptr, y_rows + n0, N, KB, valid);
+    else
+      GroupRows<Bits, S, MT, Pairs>(group_codes, group_scales, xq + t * xq_stride, xq_stride, xs + t * xs_stride,
+                                    xs_stride, bias ? bias + n0 : nullptr, y_rows + n0, N, KB, valid);
   }
 }
 
@@ -120,7 +133,7 @@ void Tile(const uint8_t* codes, const S* scales, const int8_t* xq, const float* 
   }
   for (int64_t g = g0; g < g1; ++g) {  // a group's codes stay in L1 while every tile of rows passes
     int64_t t = t0;
-    if constexpr (Pairs && kWidenedMaxBlocks > 0) {  // AVX2: whole tiles of pairs, each block widened once
+    if constexpr (Pairs && kWidenedMaxBlocks > 0 && Bits != kQ6K) {  // AVX2: whole tiles of pairs, each block widened once
       const int64_t xq_stride = KB * kQBlock, xs_stride = 2 * KB, n0 = g * kQGroup;
       const int64_t whole_end = t0 + (t1 - t0) / kTileRows * kTileRows;
       while (KB <= kWidenedMaxBlocks && t1 - t0 >= 2 * kTileRows && t < whole_end) {
@@ -186,6 +199,12 @@ void QuantizeRows(const float* x, int64_t T, int64_t K, bool residual, int8_t* x
     QuantizeRow(x + t * K, K, KB, residual, xq + t * rows * KB * kQBlock, xs + t * rows * KB * 2);
 }
 
+void AdaptRows(int bits, int8_t* xq, int64_t count) {
+  if (bits != kQ6K || !kQ6KUnsignedRows) return;
+  uint8_t* bytes = reinterpret_cast<uint8_t*>(xq);
+  for (int64_t i = 0; i < count; ++i) bytes[i] ^= 0x80;
+}
+
 void QTile(int bits, const uint8_t* codes, const void* scales, bool half, bool pairs, const int8_t* xq,
            const float* xs, const float* bias, float* y, int64_t KB, int64_t N, int64_t t0, int64_t t1, int64_t g0,
            int64_t g1) {
@@ -193,6 +212,8 @@ void QTile(int bits, const uint8_t* codes, const void* scales, bool half, bool p
     TileOfBits<4>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
   else if (bits == kQ4NL)
     TileOfBits<kQ4NL>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
+  else if (bits == kQ6K)
+    TileOfBits<kQ6K>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
   else if (bits == 5)
     TileOfBits<5>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
   else

@@ -15,8 +15,11 @@
 //          MatMulQ4NL: the 4-bit layout, each nibble an index i into kQ4NLCodes, q = kQ4NLCodes[i] (GGUF's
 //          IQ4_NL / IQ4_XS values + 128: 8-bit codes at 4 bits a weight, so the kernels run the 8-bit
 //          arithmetic on codes looked up from nibbles).
+//          MatMulQ6K (GGUF's Q6_K, w = d * sc * (q - 32), q in 0..63, an int8 sc per row and 16 columns, a d per
+//          row and 256): u8 [G, KB, 416], the 5-bit layout of q & 31, then the sixth bits in the fifth bits'
+//          layout (bytes 320..383), then the int8 sc of the group's 16 rows for columns 0..15 and for 16..31.
 //          Either way a 64-byte load (and a nibble mask) gives 16 rows x 4 columns: an int32 lane a row.
-//   scales f16 or f32 [G, KB, 2, 16]: d then m of the group's 16 rows.
+//   scales f16 or f32 [G, KB, 2, 16]: d then m of the group's 16 rows; MatMulQ6K: [G, ceil(KB / 8), 16], d.
 #pragma once
 
 #include <cstdint>
@@ -32,8 +35,15 @@ constexpr float kResidualSteps = 1 << kResidualShift;
 constexpr int kQ4NL = 0x14;
 constexpr uint8_t kQ4NLCodes[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
 
+// The kernels' Bits of MatMulQ6K; where its block's sixth bits and sub-block scales start; blocks a d covers.
+constexpr int kQ6K = 0x16;
+constexpr int64_t kQ6KBlockBytes = 416, kQ6KSixthBits = 320, kQ6KSubScales = 384, kQ6KScaleBlocks = 8;
+
 template <int Bits>  // a constant, not a function: nothing here is compiled once per ISA
-constexpr int64_t kQBlockBytesOf = Bits == 4 || Bits == kQ4NL ? kQ4BlockBytes : Bits == 5 ? kQ5BlockBytes : kQ8BlockBytes;
+constexpr int64_t kQBlockBytesOf = Bits == 4 || Bits == kQ4NL ? kQ4BlockBytes
+                                   : Bits == 5                ? kQ5BlockBytes
+                                   : Bits == kQ6K             ? kQ6KBlockBytes
+                                                              : kQ8BlockBytes;
 
 // QuantizeRows: rows of x [T, K] to int8, per block of 32: xq = rint(x * 127 / amax) (amax = max |x| of
 // the block, 0 -> codes 0), into xq [R, KB * 32] (zero-padded) and xs [R, KB, 2] = {dx, dx * sum(xq)}
@@ -44,11 +54,14 @@ constexpr int64_t kQBlockBytesOf = Bits == 4 || Bits == kQ4NL ? kQ4BlockBytes : 
 // products before it scales them: dx' * (256 * dot(q, xq) + dot(q, xq')). The two rows' 2 * KB * 32
 // bytes are a build's own: the AVX2 build stores the 16-bit codes 256 * xq + xq' there instead, as int16
 // (matmul_q_group_avx2.h), so a build's QTile reads only its own build's QuantizeRows.
+// AdaptRows: QuantizeRows' `count` int8 codes at xq, in place, as this build's QTile reads them for `bits`
+// (the AVX-512 build's MatMulQ6K: as unsigned bytes x + 128; every other kernel: as they are).
 // QTile: y[t, 16g + r] = sum_b xs[t,b,0] * d * dot(q, xq) + m * xs[t,b,1] (+ bias) for rows
 // [t0, t1) of xq and groups [g0, g1); only columns < N are written. pairs: y[t / 2] gets the sum of
-// rows t and t + 1 (t0, t1 even). bits: 4, 5, 8 or kQ4NL; half: scales are fp16 (else f32).
+// rows t and t + 1 (t0, t1 even). bits: 4, 5, 8, kQ4NL or kQ6K; half: scales are fp16 (else f32).
 #define ORTSERVE_Q_KERNELS                                                                              \
   void QuantizeRows(const float* x, int64_t T, int64_t K, bool residual, int8_t* xq, float* xs);        \
+  void AdaptRows(int bits, int8_t* xq, int64_t count);                                                  \
   void QTile(int bits, const uint8_t* codes, const void* scales, bool half, bool pairs, const int8_t* xq, \
              const float* xs, const float* bias, float* y, int64_t KB, int64_t N, int64_t t0, int64_t t1, \
              int64_t g0, int64_t g1);

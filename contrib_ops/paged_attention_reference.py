@@ -297,6 +297,85 @@ def gather_q(packed, scales, indices, n, k, nonlinear=False):
     return dequantize_q(packed, scales, n, k, nonlinear)[np.asarray(indices, np.int64)]
 
 
+Q6K_BLOCK_BYTES = 416  # MatMulQ6K: the 5-bit layout of q & 31 (320), the sixth bits (64), 2 x 16 int8 sub-scales
+Q6K_SCALE_BLOCKS = 8  # blocks of 32 columns per d (GGUF's super-block of 256)
+
+
+def pack_q6k(codes, sub_scales, d, scale_dtype=np.float16):
+    """MatMulQ6K's weight layout (contrib_ops/matmul_q_kernel.h) of W = d * sc * (q - 32), GGUF's Q6_K:
+    codes uint8 [N, K] (0..63), sc int8 [N, ceil(K / 16)] per row and 16 columns, d [N, ceil(K / 256)]
+    per row and 256 columns -> (packed uint8 [G, KB, 416], scales [G, ceil(KB / 8), 16] of
+    scale_dtype: d). A block is pack_q's 5-bit block of q & 31, then the sixth bits in the fifth bits'
+    layout, then the 16 rows' sc of the block's columns 0..15 and those of 16..31; padding is 0."""
+    codes = np.asarray(codes, np.uint8)
+    n, k = codes.shape
+    groups, k_blocks = -(-n // Q_GROUP), -(-k // Q_BLOCK)
+    none = np.zeros((n, k_blocks), np.float32)
+    low, _ = pack_q(codes & 31, none, none, 5)
+    sixth, _ = pack_q(((codes >> 5) & 1) << 4, none, none, 5)
+    sub = np.zeros((groups * Q_GROUP, 2 * k_blocks), np.int8)
+    sub[:n, : sub_scales.shape[1]] = sub_scales
+    sub = sub.reshape(groups, Q_GROUP, k_blocks, 2).transpose(0, 2, 3, 1).reshape(groups, k_blocks, 2 * Q_GROUP)
+    packed = np.concatenate([low, sixth[..., Q_BLOCK_BYTES[4] :], sub.view(np.uint8)], axis=-1)
+    super_blocks = -(-k_blocks // Q6K_SCALE_BLOCKS)
+    scales = np.zeros((groups * Q_GROUP, super_blocks), np.float32)
+    scales[:n, : d.shape[1]] = d
+    scales = scales.reshape(groups, Q_GROUP, super_blocks).transpose(0, 2, 1)
+    return np.ascontiguousarray(packed), np.ascontiguousarray(scales.astype(scale_dtype))
+
+
+def unpack_q6k(packed, scales, n, k):
+    """pack_q6k's inverse: (codes uint8 [N, K], sc int8 [N, ceil(K / 16)], d float32 [N, ceil(K / 256)])."""
+    groups, k_blocks, _ = packed.shape
+    packed = np.asarray(packed, np.uint8)
+    unit = np.zeros((groups, k_blocks, 2, Q_GROUP), np.float16)
+    low, _, _ = unpack_q(packed[..., : Q_BLOCK_BYTES[5]], unit, n, k)
+    sixth_block = np.concatenate([np.zeros_like(packed[..., : Q_BLOCK_BYTES[4]]), packed[..., 320:384]], axis=-1)
+    sixth, _, _ = unpack_q(sixth_block, unit, n, k)
+    codes = low | ((sixth >> 4) << 5)
+    sub = packed[..., 384:].view(np.int8).reshape(groups, k_blocks, 2, Q_GROUP).transpose(0, 3, 1, 2)
+    sub = sub.reshape(groups * Q_GROUP, 2 * k_blocks)[:n, : -(-k // 16)]
+    d = np.asarray(scales, np.float32).transpose(0, 2, 1).reshape(groups * Q_GROUP, -1)[:n, : -(-k // 256)]
+    return codes, np.ascontiguousarray(sub), np.ascontiguousarray(d)
+
+
+def dequantize_q6k(packed, scales, n, k):
+    """The float32 weight [N, K] a MatMulQ6K node holds: (d * sc) * (q - 32), in float32 and in that
+    order (as gguf's Q6_K dequantiser)."""
+    codes, sub, d = unpack_q6k(packed, scales, n, k)
+    columns = np.arange(k)
+    step = d[:, columns // 256] * sub[:, columns // 16].astype(np.float32)
+    return (step * (codes.astype(np.float32) - np.float32(32))).astype(np.float32)
+
+
+def gather_q6k(packed, scales, indices, n, k):
+    """GatherQ6K: rows ``indices`` of ``dequantize_q6k`` -> float32 [T, K]."""
+    return dequantize_q6k(packed, scales, n, k)[np.asarray(indices, np.int64)]
+
+
+def matmul_q6k(x, packed, scales, n, bias=None, activation_bits=8):
+    """MatMulQ6K: y[t, r] = sum over blocks b and their halves h of dx[t,b] * d[r, b / 8] * sc[r, 2b + h] *
+    ((q - 32)[r, half] . xq[t, half]) (+ bias[r]), with ``quantize_activations``' int8 activations (16
+    bits: summed over x's row and its residual's): the integer dot products exactly, the rest in float64."""
+    x = np.asarray(x, np.float32)
+    t, k = x.shape
+    codes, sub, d = unpack_q6k(packed, scales, n, k)
+    xq, dx, _ = quantize_activations(x, residual=activation_bits == 16)
+    rows, k_blocks = dx.shape
+    signed = np.zeros((n, k_blocks * Q_BLOCK), np.int64)
+    signed[:, :k] = codes.astype(np.int64) - 32
+    halves = (rows, k_blocks, 2, 16)
+    dots = np.einsum("tbhi,nbhi->tnbh", xq.reshape(halves).astype(np.int64), signed.reshape(n, k_blocks, 2, 16))
+    sc = np.zeros((n, 2 * k_blocks), np.float64)
+    sc[:, : sub.shape[1]] = sub
+    step = sc.reshape(n, k_blocks, 2) * d.astype(np.float64)[:, np.arange(k_blocks) // Q6K_SCALE_BLOCKS, None]
+    y = np.einsum("tnbh,nbh,tb->tn", dots.astype(np.float64), step, dx.astype(np.float64))
+    y = y.reshape(t, rows // t if t else 1, n).sum(axis=1)
+    if bias is not None:
+        y += np.asarray(bias, np.float64)
+    return y.astype(np.float32)
+
+
 def quantize_activations(x, residual=False):
     """MatMulQ4's and MatMulQ8's int8 activations: per row and block of 32 columns (zero-padded), amax = max |x|,
     xq = rint(x * (127 / amax)) (0 where amax = 0), dx = amax / 127, all in float32 ->

@@ -1,5 +1,5 @@
 """GGUF quantised blocks -> the codes and scales of MatMulQ4 / Q5 / Q8 / Q4NL (blocks of 32, via
-``qweight.from_blocks``) and MatMulNBits (Q6_K's blocks of 16), with no rounding anywhere.
+``qweight.from_blocks``) and MatMulQ6K (``q6k.py``), with no rounding anywhere.
 
 Every llama.cpp block format below is ``w = s * q + o`` per sub-block: integer codes ``q``, a
 float scale ``s`` and either a constant integer zero point (``o = -s * z``) or a float offset
@@ -14,7 +14,7 @@ float scale ``s`` and either a constant integer zero point (``o = -s * z``) or a
 | Q8_0 | MatMulQ8 (codes + 128)    | d                | z = 128            |
 | Q5_1 | MatMulQ5                  | d                | o = m              |
 | Q5_K | MatMulQ5                  | d * scale[j]     | o = -dmin * min[j] |
-| Q6_K | MatMulNBits 8 bits, blocks of 16 | d * scale[j] | z = 32          |
+| Q6_K | MatMulQ6K (``q6k.py``)   | d * scale[j], per 16 columns | z = 32 |
 | IQ4_NL | MatMulQ4NL (kvalues + 128) | d            | z = 128            |
 | IQ4_XS | MatMulQ4NL (kvalues + 128) | d * (ls[j] - 32) | z = 128        |
 
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .nbits import QuantizedWeight, pack
+from .nbits import BLOCK_SIZE, QuantizedWeight, pack
 
 _ONE = np.array([1.0], np.float16).view(np.uint8)
 _ZERO = np.array([0.0], np.float16).view(np.uint8)
@@ -46,19 +46,13 @@ _ZERO = np.array([0.0], np.float16).view(np.uint8)
 
 @dataclass(frozen=True)
 class BlockFormat:
-    bits: int  # MatMulNBits bits (the container gguf's codes are unpacked into)
-    code_bits: int  # the codes' own width: a block-32 format is held by MatMulQ{code_bits}
-    block_size: int  # MatMulNBits block: llama.cpp's (sub-)block
+    bits: int  # the width of the container gguf's codes are unpacked into (``nbits.QuantizedWeight``)
+    code_bits: int  # the codes' own width: the format is held by MatMulQ{code_bits}
     zero_point: int  # every block's integer zero point (0 with float offsets)
     offsets: bool  # float block offsets o (Q4_1, Q5_1, Q4_K, Q5_K)
     header: tuple[int, ...]  # byte offsets of the fp16 fields set to (1, 0, ...) to read codes
     scales: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray | None]] | None = None  # K-quants
     nonlinear: bool = False  # IQ4: code_bits-wide indices of the codes ``kvalue + 128`` (MatMulQ4NL)
-
-    @property
-    def key(self) -> tuple[int, int, bool]:
-        """Linears fused into one MatMulNBits must agree on this."""
-        return self.bits, self.block_size, self.offsets
 
 
 def _half(blocks: np.ndarray, at: int) -> np.ndarray:
@@ -70,10 +64,6 @@ def _k_scales(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     from gguf.quants import Q4_K
 
     return Q4_K.get_scale_min(blocks[:, 4:16])
-
-
-def _q6_scales(blocks: np.ndarray) -> tuple[np.ndarray, None]:
-    return blocks[:, 192:208].view(np.int8), None
 
 
 def _iq4_xs_scales(blocks: np.ndarray) -> tuple[np.ndarray, None]:
@@ -88,16 +78,15 @@ def _iq4_xs_scales(blocks: np.ndarray) -> tuple[np.ndarray, None]:
 
 
 FORMATS: dict[str, BlockFormat] = {
-    "Q4_0": BlockFormat(4, 4, 32, 8, False, (0,)),
-    "Q5_0": BlockFormat(8, 5, 32, 16, False, (0,)),
-    "Q8_0": BlockFormat(8, 8, 32, 128, False, (0,)),
-    "Q6_K": BlockFormat(8, 6, 16, 32, False, (208,), _q6_scales),
-    "Q4_1": BlockFormat(4, 4, 32, 0, True, (0, 2)),
-    "Q5_1": BlockFormat(8, 5, 32, 0, True, (0, 2)),
-    "Q4_K": BlockFormat(4, 4, 32, 0, True, (0, 2), _k_scales),
-    "Q5_K": BlockFormat(8, 5, 32, 0, True, (0, 2), _k_scales),
-    "IQ4_NL": BlockFormat(8, 4, 32, 128, False, (0,), nonlinear=True),
-    "IQ4_XS": BlockFormat(8, 4, 32, 128, False, (0,), _iq4_xs_scales, nonlinear=True),
+    "Q4_0": BlockFormat(4, 4, 8, False, (0,)),
+    "Q5_0": BlockFormat(8, 5, 16, False, (0,)),
+    "Q8_0": BlockFormat(8, 8, 128, False, (0,)),
+    "Q4_1": BlockFormat(4, 4, 0, True, (0, 2)),
+    "Q5_1": BlockFormat(8, 5, 0, True, (0, 2)),
+    "Q4_K": BlockFormat(4, 4, 0, True, (0, 2), _k_scales),
+    "Q5_K": BlockFormat(8, 5, 0, True, (0, 2), _k_scales),
+    "IQ4_NL": BlockFormat(8, 4, 128, False, (0,), nonlinear=True),
+    "IQ4_XS": BlockFormat(8, 4, 128, False, (0,), _iq4_xs_scales, nonlinear=True),
 }
 
 
@@ -105,7 +94,8 @@ _ROWS = 4096  # rows per chunk: bounds the float temporaries of a large embeddin
 
 
 def import_blocks(raw: np.ndarray, qtype_name: str, rows: int, cols: int) -> QuantizedWeight:
-    """A GGUF tensor's raw bytes (``rows`` rows of ``cols`` weights) as an exact MatMulNBits weight."""
+    """A GGUF tensor's raw bytes (``rows`` rows of ``cols`` weights) as its exact codes and scales per block of
+    32, in the nbits container (``qweight.from_blocks`` makes them a MatMulQ weight)."""
     data = np.ascontiguousarray(raw).view(np.uint8).reshape(rows, -1)
     parts = [_import_rows(data[r : r + _ROWS], qtype_name, cols) for r in range(0, rows, _ROWS)]
     if len(parts) == 1:
@@ -135,14 +125,12 @@ def _import_rows(data: np.ndarray, qtype_name: str, cols: int) -> QuantizedWeigh
     for at in fmt.header[1:]:
         unit[:, at : at + 2] = _ZERO
     # q - z (symmetric formats) or scale[j] * q (K-quants) or q (Q4_1 / Q5_1), exactly, per weight
-    unpacked = gguf.quants.dequantize(unit.reshape(rows, -1), qtype).reshape(
-        -1, block // fmt.block_size, fmt.block_size
-    )
+    unpacked = gguf.quants.dequantize(unit.reshape(rows, -1), qtype).reshape(-1, block // BLOCK_SIZE, BLOCK_SIZE)
 
     if fmt.scales is None:
-        scales = np.repeat(d[:, None], block // fmt.block_size, axis=1)
+        scales = np.repeat(d[:, None], block // BLOCK_SIZE, axis=1)
         codes = unpacked + np.float32(fmt.zero_point)
-        offsets = np.repeat(_half(blocks, 2)[:, None], block // fmt.block_size, axis=1) if fmt.offsets else None
+        offsets = np.repeat(_half(blocks, 2)[:, None], block // BLOCK_SIZE, axis=1) if fmt.offsets else None
     else:
         sub_scales, mins = fmt.scales(blocks)
         factor = sub_scales.astype(np.float32)
@@ -151,8 +139,8 @@ def _import_rows(data: np.ndarray, qtype_name: str, cols: int) -> QuantizedWeigh
         scales = d[:, None] * factor  # float32 products, as gguf's dequantiser forms them
         offsets = -(_half(blocks, 2)[:, None] * mins.astype(np.float32)) if mins is not None else None
 
-    k_blocks = cols // fmt.block_size
-    codes = codes.astype(np.uint8).reshape(rows, k_blocks, fmt.block_size)
+    k_blocks = cols // BLOCK_SIZE
+    codes = codes.astype(np.uint8).reshape(rows, k_blocks, BLOCK_SIZE)
     scales = np.ascontiguousarray(scales.reshape(rows, k_blocks), np.float32)
     zero_points = np.full((rows, k_blocks), fmt.zero_point, np.uint8)
     if offsets is not None:
@@ -162,6 +150,6 @@ def _import_rows(data: np.ndarray, qtype_name: str, cols: int) -> QuantizedWeigh
         scales=scales,
         zero_points=pack(zero_points, fmt.bits),
         bits=fmt.bits,
-        block_size=fmt.block_size,
+        block_size=BLOCK_SIZE,
         offsets=offsets,
     )

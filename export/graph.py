@@ -10,16 +10,16 @@ Everything is 2-D over the flattened batch [T, ·]: no padding, no batch axis. P
 
 Hidden states are gathered at ``logits_indices`` before the final norm and the LM head.
 CPU-fast ORT contrib ops: SimplifiedLayerNormalization, SkipSimplifiedLayerNormalization,
-SkipLayerNormalization, MatMulNBits, GatherBlockQuantized; ours (domain ``ortserve``):
-PackedPagedAttention, GatedActivation, MatMulF, MatMulQ4 / MatMulQ8, GatherQ4 / GatherQ8. Every node
+SkipLayerNormalization; ours (domain ``ortserve``): PackedPagedAttention, GatedActivation, MatMulF,
+MatMulQ4 / Q5 / Q8 / Q4NL / Q6K, GatherQ4 / Q5 / Q8 / Q4NL / Q6K. Every node
 is a kernel launch and a decode step of a small model is mostly launches, so each layer is as few
 nodes as we can make it: the norm or gated activation in front of a linear runs inside the linear's
 node (``linear_inputs``), so a Llama layer is five nodes. fp32 linears are ``MatMulF`` on the
 checkpoint's [out, in] weights, which the op repacks at load (a tied fp32 LM head passes the
 embedding itself); quantised ones ``MatMulQ4`` / ``MatMulQ8`` (w = d * q + m per block of 32: GGUF
-codes kept exactly, float weights quantised, see ``qweight.py``), with 8- or 16-bit activations
-(``activation_bits``); only Q6_K's blocks of 16 stay ``MatMulNBits`` (int8 activations). A tied
-quantised LM head serves the embedding lookup too.
+codes kept exactly, float weights quantised, see ``qweight.py``; GGUF's Q6_K ``MatMulQ6K``, ``q6k.py``),
+with 8- or 16-bit activations (``activation_bits``). A tied quantised LM head serves the embedding
+lookup too.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from collections.abc import Callable
 import numpy as np
 import onnx
 from onnx import helper
-from ortserve.ops.paged_attention_reference import Q_BLOCK as QBLOCK
 
 from ortserve.artifact import LOGITS_OUTPUT
 
@@ -41,7 +40,7 @@ from .errors import ExportError
 from .gptq import quantize_calibrated
 from .graph_io import MS, OURS, make_model
 from .linear_inputs import NO_BIAS, fuse_linear_inputs
-from .nbits import ACCURACY_LEVEL, concat_rows
+from .q6k import Q6KWeight, concat_q6k
 from .qweight import QWeight, concat_q, from_blocks, quantize_q
 from .rope import RopeTable, rope_frequencies, rope_step_nodes
 from .weights import WeightJob, WeightSource
@@ -140,12 +139,10 @@ class DecoderBuilder:
         precision: str | None,
         share: str | None = None,
         conv1d: bool | None = None,
-        gather_too: bool = False,
     ) -> str:
         """y = x @ W.T + b for W = concat(parts) [N, K]; parts are (module, rows), each stored as
         ``storage.plan`` says (parts stored differently get one node each, then a Concat).
-        ``share`` names an fp32 initializer to use as W; ``gather_too`` also writes a quantised
-        W's scales and zero points in GatherBlockQuantized's layout (for a tied embedding)."""
+        ``share`` names an fp32 initializer to use as W."""
         transpose = self.arch.conv1d if conv1d is None else conv1d
         weights = [share] if share else [self.src.expect(f"{m}.weight", (rows, k), transpose) for m, rows in parts]
         plans = [
@@ -173,32 +170,7 @@ class DecoderBuilder:
             return self.op("MatMulF", [x, w] + ([bias] if bias else []), domain=OURS, name=label)[0]
 
         n = sum(rows for _, rows in parts)
-        if plan.block_size == QBLOCK:
-            return self.q_linear(x, label, weights, plans, transpose, n, k, bias)
-
-        def make_nbits() -> dict[str, np.ndarray]:  # Q6_K: blocks of 16, codes exactly
-            q = concat_rows([self.src.import_blocks(w) for w in weights])
-            arrays = {f"{label}.qweight": q.packed, f"{label}.scales": q.scales, f"{label}.zero_points": q.zero_points}
-            if gather_too:
-                arrays[f"{label}.scales_3d"] = q.scales[..., None]
-                arrays[f"{label}.zero_points_3d"] = q.unpacked_zero_points()[..., None]
-            return arrays
-
-        self.plan(f"{label} ({plan.label})", make_nbits)
-        inputs = [x, f"{label}.qweight", f"{label}.scales", f"{label}.zero_points"]
-        if bias:
-            inputs += ["", bias]
-        return self.op(
-            "MatMulNBits",
-            inputs,
-            domain=MS,
-            name=label,
-            K=k,
-            N=n,
-            bits=plan.bits,
-            block_size=plan.block_size,
-            accuracy_level=ACCURACY_LEVEL,
-        )[0]
+        return self.q_linear(x, label, weights, plans, transpose, n, k, bias)
 
     def q_linear(
         self,
@@ -211,18 +183,21 @@ class DecoderBuilder:
         k: int,
         bias: str | None,
     ) -> str:
-        """One MatMulQ4 / Q5 / Q8 / Q4NL node: each part's GGUF codes as they are, or float weights quantised."""
+        """One MatMulQ4 / Q5 / Q8 / Q4NL / Q6K node: each part's GGUF codes as they are, or float weights quantised."""
         bits = plans[0].bits
 
-        def part(w: str, plan: storage.Storage) -> QWeight:
+        def part(w: str, plan: storage.Storage) -> QWeight | Q6KWeight:
             if plan.kind == "exact":
-                return from_blocks(self.src.import_blocks(w), k, plan.bits, plan.nonlinear)
+                blocks = self.src.import_blocks(w)
+                return blocks if isinstance(blocks, Q6KWeight) else from_blocks(blocks, k, plan.bits, plan.nonlinear)
             gram = self.importance.gram(label) if self.importance else None
             weight = self.src.read(w, transpose)
             return quantize_q(weight, bits) if gram is None else quantize_calibrated(weight, bits, gram)
 
         def make() -> dict[str, np.ndarray]:
-            codes, scales = concat_q([part(w, p) for w, p in zip(weights, plans)]).packed()
+            parts = [part(w, p) for w, p in zip(weights, plans)]
+            whole = concat_q6k(parts) if isinstance(parts[0], Q6KWeight) else concat_q(parts)  # type: ignore[arg-type]
+            codes, scales = whole.packed()
             return {f"{label}.codes": codes, f"{label}.scales": scales}
 
         self.plan(f"{label} ({plans[0].label})", make)
@@ -382,10 +357,10 @@ class DecoderBuilder:
         head_plan = (
             storage.plan(self.src, embed, self.lm_head_precision, self.tensor_precision) if tied else storage.FP32
         )
-        # A tied, quantised LM head also serves the embedding lookup (GatherQ4 / GatherQ8, or for a Q6_K
-        # head GatherBlockQuantized, on the same bytes): no float copy of the largest tensor.
+        # A tied, quantised LM head also serves the embedding lookup (GatherQ4 / Q5 / Q8 / Q4NL / Q6K, on the
+        # same bytes): no float copy of the largest tensor.
         shared = tied and head_plan.kind != "fp32"
-        if shared and head_plan.block_size == QBLOCK:
+        if shared:
             h = self.op(
                 f"GatherQ{head_plan.q_format}",
                 ["lm_head.codes", "lm_head.scales", "input_ids"],
@@ -394,18 +369,6 @@ class DecoderBuilder:
                 N=s.vocab_size,
                 K=s.hidden_size,
             )[0]
-        elif shared:
-            h = self.op(
-                "GatherBlockQuantized",
-                ["lm_head.qweight", "input_ids", "lm_head.scales_3d", "lm_head.zero_points_3d"],
-                domain=MS,
-                name="embed",
-                bits=head_plan.bits,
-                block_size=head_plan.block_size,
-                gather_axis=0,
-                quantize_axis=2,
-            )[0]
-            h = self.op("Reshape", [h, self.ints(-1, s.hidden_size)], name="embed_rows")[0]
         else:
             self.plan(embed, lambda: {embed: self.src.read(embed)})
             h = self.op("Gather", [embed, "input_ids"], axis=0, name="embed")[0]
@@ -436,9 +399,7 @@ class DecoderBuilder:
         x, _ = self.skip_norm(delta, h, n.final_norm)
         share = embed if tied and head_plan.kind == "fp32" else None
         head = [(n.embed if tied else n.lm_head, s.vocab_size)]
-        logits = self.linear(
-            x, "lm_head", head, s.hidden_size, self.lm_head_precision, share=share, conv1d=False, gather_too=shared
-        )
+        logits = self.linear(x, "lm_head", head, s.hidden_size, self.lm_head_precision, share=share, conv1d=False)
         if s.final_softcap:
             cap = self.scalar(s.final_softcap)
             logits = self.op("Mul", [self.op("Tanh", [self.op("Div", [logits, cap])[0]])[0], cap])[0]

@@ -1,12 +1,12 @@
 """Folds the norm or the gated activation in front of a linear into the linear's own node: the input
-stage of MatMulF and MatMulQ4 / Q5 / Q8 (contrib_ops/linear_input.h, since op_version 9). Every node
+stage of MatMulF and MatMulQ4 / Q5 / Q8 / Q4NL / Q6K (contrib_ops/linear_input.h, since op_version 9). Every node
 is a kernel launch, and a small model's decode step is mostly launches: a Llama layer goes from eight
 nodes to five (qkv with the attention norm, attention, o, gate_up with the MLP norm, down with the
 gated activation).
 
 The pass runs on the builder's finished node list. A norm or activation is folded only when its output
 feeds exactly one such linear as its x; anything else (a linear split by precision and concatenated,
-Q6_K's MatMulNBits, Gemma's post-norms, GPT-2's LayerNorm) stays a node of its own. The linear takes
+Gemma's post-norms, GPT-2's LayerNorm) stays a node of its own. The linear takes
 the folded node's place in the list, where all of its inputs exist, so the order stays topological.
 """
 
@@ -19,7 +19,8 @@ from onnx import helper
 
 from .graph_io import MS, OURS
 
-LINEARS = {"MatMulF": 1, "MatMulQ4": 2, "MatMulQ5": 2, "MatMulQ8": 2, "MatMulQ4NL": 2}  # op: weight inputs after x
+# op: its weight inputs after x
+LINEARS = {"MatMulF": 1, "MatMulQ4": 2, "MatMulQ5": 2, "MatMulQ8": 2, "MatMulQ4NL": 2, "MatMulQ6K": 2}
 NO_BIAS = "const.f32.no_bias"  # a [0] tensor: the bias slot of a linear without one, before the stage's inputs
 
 

@@ -1,10 +1,8 @@
-"""GGUF codes in ``com.microsoft.MatMulNBits``'s packing: ``w = scale * (code - zero_point)`` per block
+"""Quantised codes in ``com.microsoft.MatMulNBits``'s packing: ``w = scale * (code - zero_point)`` per block
 of ``block_size`` weights of one output row (along K), plus, for formats with float block minimums
-(Q4_1, Q4_K, ...), a float ``offset`` per block. ``gguf_blocks.import_blocks`` unpacks every exact
-format into this container; blocks of 32 then become MatMulQ4 / MatMulQ8 weights (``qweight.py``), and
-Q6_K's blocks of 16 stay MatMulNBits with this packing as it is.
-
-``accuracy_level`` 4 makes the CPU kernel quantise activations to int8 and use VNNI.
+(Q4_1, Q4_K, ...), a float ``offset`` per block. ``gguf_blocks.import_blocks`` and ``hf_quantized`` unpack
+every exact format with blocks of 32 into this container, which then becomes a MatMulQ4 / Q5 / Q8 / Q4NL
+weight (``qweight.from_blocks``); GGUF's Q6_K has its own (``q6k.py``).
 """
 
 from __future__ import annotations
@@ -14,17 +12,15 @@ from dataclasses import dataclass
 import numpy as np
 
 BLOCK_SIZE = 32
-ACCURACY_LEVEL = 4
 BITS = {"int4": 4, "int5": 5, "int8": 8}
 
 
 @dataclass(frozen=True)
 class CodeLayout:
-    """How a source tensor's own codes are held exactly: MatMulQ{bits} for blocks of 32 (``nonlinear``:
-    MatMulQ4NL, 4-bit indices of GGUF's IQ4 values), MatMulNBits for Q6_K's blocks of 16."""
+    """How a source tensor's own codes are held exactly: MatMulQ{bits} (``nonlinear``: MatMulQ4NL, 4-bit
+    indices of GGUF's IQ4 values; 6 bits: MatMulQ6K, GGUF's Q6_K)."""
 
     bits: int
-    block_size: int = BLOCK_SIZE
     nonlinear: bool = False
 
 

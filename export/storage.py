@@ -2,7 +2,7 @@
 quantised here. One rule, decided per tensor before any weight is read:
 
 - ``--precision fp32``: fp32 (a GGUF tensor is dequantised exactly).
-- a GGUF tensor of a format in ``gguf_blocks.FORMATS``, or a quantised Hugging Face checkpoint's
+- a GGUF tensor of a format in ``gguf_blocks.FORMATS`` or Q6_K, or a quantised Hugging Face checkpoint's
   linear grouped in blocks of 32 (``hf_quantized``): its codes, imported exactly, whatever the
   precision (Q8_0 stays 8-bit under int4: re-quantising would only lose information).
 - a GGUF tensor of another quantised format (Q2_K, Q3_K, IQ1-IQ3), or a quantised checkpoint's
@@ -25,15 +25,14 @@ from typing import Literal
 from ortserve.artifact import PRECISIONS
 
 from .errors import ExportError
-from .nbits import BITS, BLOCK_SIZE
+from .nbits import BITS
 from .weights import WeightSource
 
 
 @dataclass(frozen=True)
 class Storage:
     kind: Literal["fp32", "exact", "quantize"]
-    bits: int = 32
-    block_size: int = BLOCK_SIZE  # 32: MatMulQ4 / Q5 / Q8; 16 (Q6_K): MatMulNBits
+    bits: int = 32  # 4, 5, 8 (MatMulQ4 / Q5 / Q8), 6 (GGUF's Q6_K: MatMulQ6K)
     source_type: str = "F32"  # the GGUF type of the source tensor (F32 for safetensors)
     nonlinear: bool = False  # IQ4_NL / IQ4_XS: MatMulQ4NL
 
@@ -41,12 +40,12 @@ class Storage:
     def key(self) -> tuple:
         """Parts of a fused linear with equal keys share one node: each MatMulQ op's d * q + m holds
         every format of its width (MatMulQ4NL only the IQ4 formats)."""
-        return self.kind == "fp32", self.bits, self.block_size, self.nonlinear
+        return self.kind == "fp32", self.bits, self.nonlinear
 
     @property
     def q_format(self) -> str:
-        """The MatMulQ / GatherQ op's suffix for blocks of 32: '4', '5', '8' or '4NL'."""
-        return f"{self.bits}NL" if self.nonlinear else str(self.bits)
+        """The MatMulQ / GatherQ op's suffix: '4', '5', '8', '4NL' or '6K'."""
+        return f"{self.bits}NL" if self.nonlinear else "6K" if self.bits == 6 else str(self.bits)
 
     @property
     def label(self) -> str:
@@ -94,10 +93,10 @@ def plan(source: WeightSource, name: str, precision: str | None, rules: Sequence
     source_type = source.gguf_type(name)
     if precision == "fp32":
         return Storage("fp32", source_type=source_type)
-    layout = source.code_layout(name)  # MatMulQ4 / Q5 / Q8 / Q4NL (blocks of 32), or MatMulNBits
+    layout = source.code_layout(name)  # MatMulQ4 / Q5 / Q8 / Q4NL / Q6K
     if layout is not None:
-        return Storage("exact", layout.bits, layout.block_size, source_type, layout.nonlinear)
+        return Storage("exact", layout.bits, source_type, layout.nonlinear)
     if source_type in FLOAT_TYPES and precision is None:
         return Storage("fp32", source_type=source_type)
     nearest = "int8" if " fp8 " in f"{source_type} " else "int4"  # an FP8 checkpoint keeps 8 bits
-    return Storage("quantize", BITS[precision or nearest], BLOCK_SIZE, source_type)
+    return Storage("quantize", BITS[precision or nearest], source_type)

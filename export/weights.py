@@ -102,8 +102,8 @@ class WeightSource:
         return self.checkpoint.code_layout(name)
 
     def import_blocks(self, name: str):
-        """A quantised tensor's own codes (GGUF blocks, or a quantised Hugging Face checkpoint's) as
-        an exact MatMulNBits-packed weight, in [out, in] row order."""
+        """A quantised tensor's own codes and scales, exactly (GGUF blocks, or a quantised Hugging Face
+        checkpoint's), in [out, in] row order: ``nbits.QuantizedWeight``, or ``q6k.Q6KWeight`` for Q6_K."""
         return self.checkpoint.import_blocks(name)
 
     def num_parameters(self) -> int:

@@ -1,6 +1,6 @@
-"""A GGUF's quantised tensors are imported exactly: every linear's MatMulQ4 / Q5 / Q8 (blocks of 32)
-or MatMulNBits (Q6_K) initialisers dequantise, bit for bit, to what gguf's own ``dequantize()`` gives
-for the same tensor, and the graph computes with those weights."""
+"""A GGUF's quantised tensors are imported exactly: every linear's MatMulQ4 / Q5 / Q8 / Q4NL / Q6K
+initialisers dequantise, bit for bit, to what gguf's own ``dequantize()`` gives for the same tensor,
+and the graph computes with those weights."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def test_imported_weights_dequantise_bit_exactly_to_ggufs_own(qtype, tiny_gguf):
     w = gguf_weights(path)
     rows_q = CONFIG["heads"] * CONFIG["head_dim"]
     model = onnx.load(artifact / "model.onnx", load_external_data=False)
-    op = {"Q4": "MatMulQ4", "Q5": "MatMulQ5", "Q8": "MatMulQ8", "Q6": "MatMulNBits", "IQ": "MatMulQ4NL"}[qtype[:2]]
+    op = {"Q4": "MatMulQ4", "Q5": "MatMulQ5", "Q8": "MatMulQ8", "Q6": "MatMulQ6K", "IQ": "MatMulQ4NL"}[qtype[:2]]
     assert next(n.op_type for n in model.graph.node if n.name.startswith("layers.0.qkv")) == op  # codes at their width
     qkv = imported(artifact, "layers.0.qkv")
     # our rows are Hugging Face's order; llama.cpp's converter permutes Q and K rows
@@ -84,7 +84,8 @@ def test_imported_weights_dequantise_bit_exactly_to_ggufs_own(qtype, tiny_gguf):
         assert np.array_equal(ours, reference), f"{label}: max |diff| {np.abs(ours - reference).max()}"
     manifest = load_manifest(artifact)
     assert manifest.weight_formats == {f"{qtype} (exact)": 8}  # q, k, v, o, gate, up, down, the head
-    assert manifest.op_version == (10 if qtype.startswith("IQ4") else 9)  # MatMulQ4NL came with op_version 10
+    # MatMulQ4NL came with op_version 10, MatMulQ6K with 11
+    assert manifest.op_version == (10 if qtype.startswith("IQ4") else 11 if qtype == "Q6_K" else 9)
 
 
 @pytest.mark.parametrize(
@@ -116,18 +117,14 @@ def run(artifact: Path) -> list[np.ndarray]:
 
 
 @pytest.mark.parametrize("qtype", FORMATS)
-def test_the_graph_computes_with_the_imported_weights(qtype, tiny_gguf, tmp_path, monkeypatch):
-    """The quantised artifact (MatMulQ4 / MatMulQ8 with 16-bit activations, MatMulNBits at accuracy
-    level 0 for Q6_K, a GatherQ / GatherBlockQuantized embedding) equals the fp32 export of the same
-    file: to float rounding, and for 16-bit activations to their rounding (1e-5 to 4e-4 of the logits'
-    range; a weight in the wrong place moves them by ~100 %)."""
-    from ortserve.export import graph
-
+def test_the_graph_computes_with_the_imported_weights(qtype, tiny_gguf, tmp_path):
+    """The quantised artifact (MatMulQ4 / Q5 / Q8 / Q4NL / Q6K with 16-bit activations, a GatherQ embedding)
+    equals the fp32 export of the same file: to float rounding, and for 16-bit activations to their
+    rounding (1e-5 to 4e-4 of the logits' range; a weight in the wrong place moves them by ~100 %)."""
     path, _ = tiny_gguf(qtype)
     _, fp32 = tiny_gguf(qtype, "fp32")
-    monkeypatch.setattr(graph, "ACCURACY_LEVEL", 0)
     export_model(path, tmp_path / "exact", activation_bits=16, progress=False)
-    tolerance = 1e-4 if qtype == "Q6_K" else 1e-3  # seen: 2e-5 (Q4_0 ... Q8_0), 4e-4 (Q4_K, Q5_K: large minimums)
+    tolerance = 2e-3  # seen: 5e-5 (Q8_0), 2e-4 (IQ4_XS), 3e-4 to 1e-3 (the K-quants' large random scales)
     for ours, reference in zip(run(tmp_path / "exact"), run(fp32)):
         assert np.abs(ours - reference).max() <= tolerance * max(1.0, float(np.abs(reference).max()))
 

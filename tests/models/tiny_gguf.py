@@ -32,7 +32,9 @@ def random_blocks(rows: int, cols: int, qtype: str, rng: np.random.Generator) ->
     block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
     blocks = rng.integers(0, 256, (rows * cols // block, size), dtype=np.uint8)
     for at in _HALF_AT[qtype]:
-        size_of_d = 2e-4 if qtype == "IQ4_XS" else 2e-3  # its d is scaled by ls - 32 (up to 32) again
+        # IQ4_XS's d is scaled by ls - 32 (up to 32) again, Q6_K's by an int8 (up to 127, against the other
+        # K-quants' 6 bits) times a code up to 32 (not 15): the weights of every format in one range
+        size_of_d = {"IQ4_XS": 2e-4, "Q6_K": 5e-4}.get(qtype, 2e-3)
         scale = (rng.uniform(0.2, 1.0, len(blocks)) * rng.choice([-1, 1], len(blocks)) * size_of_d).astype(np.float16)
         blocks[:, at : at + 2] = scale.view(np.uint8).reshape(-1, 2)
     return blocks.reshape(rows, -1)
