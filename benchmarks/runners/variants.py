@@ -11,8 +11,9 @@
   many sequences, shared prefixes);
 - ortserve with int8 activations in its quantised linears (``--activation-bits 8``, exported so):
   the same activation rounding as llama.cpp's, against ortserve's default of 16 bits;
-- llama.cpp's IQ4_XS file of the model (llama-quantize from f32, no importance matrix), served by
-  llama.cpp and by ortserve (its codes imported exactly, MatMulQ4NL).
+- llama.cpp's IQ4_XS and Q4_K_M files of the model (llama-quantize from f32, no importance matrix),
+  each served by llama.cpp and by ortserve (its codes imported exactly: MatMulQ4NL; MatMulQ4 / Q5 /
+  Q8 / Q6K for Q4_K_M's mix).
 """
 
 from __future__ import annotations
@@ -101,35 +102,55 @@ class OrtserveA8(Variant):
         return ortserve_runner.run(model, precision, workloads, cls.SYSTEM, export_flags=("--activation-bits", "8"))
 
 
-class LlamaCppIq4Xs(Variant):
-    SYSTEM = "llama.cpp-iq4xs"
+class LlamaCppFile(Variant):
+    """llama.cpp on its own llama-quantize file of FILE_TYPE (from f32, no importance matrix)."""
+
+    FILE_TYPE: str
     BASE = llamacpp
     PRECISIONS = ("int4",)
     WORKLOADS_SUPPORTED = ("decode", "prefill", "serve-c16")
 
     @classmethod
     def run(cls, model: Model, precision: str, workloads: list[str]):
-        return llamacpp.run(model, precision, workloads, cls.SYSTEM, gguf_type="iq4_xs")
+        return llamacpp.run(model, precision, workloads, cls.SYSTEM, gguf_type=cls.FILE_TYPE)
 
-    @staticmethod
-    def weights(model_name: str, precision: str) -> Path:
-        return llamacpp.gguf_path(model_name, "iq4_xs")
+    @classmethod
+    def weights(cls, model_name: str, precision: str) -> Path:
+        return llamacpp.gguf_path(model_name, cls.FILE_TYPE)
 
 
-class OrtserveIq4Xs(Variant):
-    SYSTEM = "ortserve-iq4xs"
+class OrtserveFile(Variant):
+    """ortserve serving that same file (its codes imported exactly)."""
+
+    FILE_TYPE: str
     PRECISIONS = ("int4",)
     WORKLOADS_SUPPORTED = ("decode", "prefill", "serve-c16")
 
     @classmethod
     def run(cls, model: Model, precision: str, workloads: list[str]):
-        source = llamacpp.gguf(model, precision, "iq4_xs")
+        source = llamacpp.gguf(model, precision, cls.FILE_TYPE)
         return ortserve_runner.run(model, precision, workloads, cls.SYSTEM, source=source)
 
-    @staticmethod
-    def weights(model_name: str, precision: str) -> Path:
-        source = llamacpp.gguf_path(model_name, "iq4_xs")
+    @classmethod
+    def weights(cls, model_name: str, precision: str) -> Path:
+        source = llamacpp.gguf_path(model_name, cls.FILE_TYPE)
         return ortserve_runner.artifact_path(model_name, precision, f"-from-{source.stem}") / "model.onnx"
+
+
+class LlamaCppIq4Xs(LlamaCppFile):
+    SYSTEM, FILE_TYPE = "llama.cpp-iq4xs", "iq4_xs"
+
+
+class OrtserveIq4Xs(OrtserveFile):
+    SYSTEM, FILE_TYPE = "ortserve-iq4xs", "iq4_xs"
+
+
+class LlamaCppQ4KM(LlamaCppFile):
+    SYSTEM, FILE_TYPE = "llama.cpp-q4km", "q4_k_m"
+
+
+class OrtserveQ4KM(OrtserveFile):
+    SYSTEM, FILE_TYPE = "ortserve-q4km", "q4_k_m"
 
 
 VARIANTS = (
@@ -143,4 +164,6 @@ VARIANTS = (
     OrtserveA8,
     LlamaCppIq4Xs,
     OrtserveIq4Xs,
+    LlamaCppQ4KM,
+    OrtserveQ4KM,
 )

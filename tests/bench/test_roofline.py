@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -70,18 +71,19 @@ def test_roofline_is_bandwidth_over_bytes():
     assert roofline_tok_s(20.0, 500_000_000) == 40.0
 
 
-def test_a_variant_on_files_of_its_own_is_measured_by_them(tmp_path, monkeypatch):
-    """ortserve-iq4xs serves an artifact exported from llama.cpp's IQ4_XS file, not the model's int4
-    artifact beside it: its roofline counts the bytes of the one it serves."""
+@pytest.mark.parametrize("system", ["ortserve-iq4xs", "ortserve-q4km"])
+def test_a_variant_on_files_of_its_own_is_measured_by_them(system, tmp_path, monkeypatch):
+    """ortserve-iq4xs serves an artifact exported from llama.cpp's IQ4_XS file (ortserve-q4km: Q4_K_M), not
+    the model's int4 artifact beside it: its roofline counts the bytes of the one it serves."""
     import report
     from runners import ortserve_runner
 
     monkeypatch.setattr(ortserve_runner, "RESULTS", tmp_path)
     plain = ortserve_runner.artifact_path("m", "int4")
-    own = report.RUNNERS["ortserve-iq4xs"].weights("m", "int4")
+    own = report.RUNNERS[system].weights("m", "int4")
     for folder, tied in ((plain, False), (own.parent, True)):
         folder.mkdir(parents=True)
         save_graph(folder / "model.onnx", tied=tied)
     assert own.parent != plain and own.parent.parent == plain.parent
-    assert report.weight_bytes("ortserve-iq4xs", "int4", "m") == W.nbytes + EMB.nbytes
+    assert report.weight_bytes(system, "int4", "m") == W.nbytes + EMB.nbytes
     assert report.weight_bytes("ortserve", "int4", "m") == W.nbytes + LM.nbytes
