@@ -230,7 +230,7 @@ def main() -> int:
         f"{sum(r['exact_diff'] == '-' for r in rows)} of {len(rows)} exact; ortserve's "
         f"tokenizer gives llama.cpp's ids for {sum(r['same_ids'] for r in rows)} of {len(rows)} prompts. Where the "
         "texts differ, the last column gives the first token that differs from llama.cpp's, for the served "
-        f"artifact (the file's codes, 16-bit activations; its Q6_K tensors 8-bit; KV rows `--kv-cache-dtype "
+        f"artifact (the file's codes, 16-bit activations; KV rows `--kv-cache-dtype "
         f"{args.kv_cache_dtype}`) and for the exact computation (the same weights, fp32 activations and KV rows): "
         "llama.cpp, which quantises activations to 8 bits, leaves the exact path at near-ties as well.",
         "",

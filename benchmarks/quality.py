@@ -272,7 +272,7 @@ def main() -> int:
         "(VNNI or AVX2), so each ISA has its rows; a run replaces only its own ISA's (with `--ortserve-only`, "
         "only its ortserve rows: llama.cpp's do not depend on ortserve's kernels). 'AVX2 kernels on ...' rows "
         "run ortserve's AVX2 kernels (`ORTSERVE_KERNEL_ISA=avx2`) on a wider CPU, where onnxruntime's own "
-        "kernels (the fp32 reference's MatMul, MatMulNBits for Q6_K) still use its full width.",
+        "kernels (the fp32 reference's MatMul; MatMulNBits for Q6_K before op_version 11) still use its full width.",
         "",
         GEMMA_NOTE,
         "",
