@@ -94,16 +94,25 @@ ALWAYS_INLINE void GroupRowsQ6K(const uint8_t* codes, const S* scales, const int
 
 constexpr bool kQ6KUnsignedRows = false;
 
-// Vector v's codes for rows 8h..8h+7 as signed bytes (columns 4v..4v+3).
+// 0xFF in byte i where bit i of ``bits`` is set (FifthBits without its final mask).
+ALWAYS_INLINE __m256i BitBytes(uint32_t bits) {
+  const __m256i byte_of_bit = _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303);
+  const __m256i bit_of_byte = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201));
+  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int32_t>(bits)), byte_of_bit);
+  return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit_of_byte), bit_of_byte);
+}
+
+// Vector v's codes for rows 8h..8h+7 as signed bytes (columns 4v..4v+3): the nibble, + 16 where the fifth
+// bit is set, - 32 where the sixth is not.
 ALWAYS_INLINE __m256i Q6KSigned(const uint8_t* c, int v, int64_t h) {
   const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * (v % 4) + 32 * h));
   const __m256i low = _mm256_and_si256(_mm256_srli_epi16(raw, 4 * (v / 4)), _mm256_set1_epi8(0x0F));
   uint32_t fifth, sixth;
   __builtin_memcpy(&fifth, c + kQ4BlockBytes + 8 * v + 4 * h, 4);
   __builtin_memcpy(&sixth, c + kQ6KSixthBits + 8 * v + 4 * h, 4);
-  const __m256i six = FifthBits(sixth);  // 16 where set: doubled, the sixth bit
-  const __m256i high = _mm256_or_si256(FifthBits(fifth), _mm256_add_epi8(six, six));
-  return _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32));
+  const __m256i plus = _mm256_and_si256(BitBytes(fifth), _mm256_set1_epi8(16));
+  const __m256i minus = _mm256_andnot_si256(BitBytes(sixth), _mm256_set1_epi8(-32));
+  return _mm256_add_epi8(low, _mm256_add_epi8(plus, minus));
 }
 
 // sc * d of rows 8h..8h+7 for the block's half `half`.
