@@ -161,14 +161,8 @@ ALWAYS_INLINE void GroupPairsQ6K(const uint8_t* codes, const S* scales, const in
       }
     }
   }
-  for (int64_t h = 0; h < 2 && 8 * h < valid; ++h) {
-    const int64_t n = MinI(8, valid - 8 * h);
-    for (int o = 0; o < kOut; ++o) {
-      float out[8];
-      _mm256_storeu_ps(out, acc[o][h]);
-      for (int64_t r = 0; r < n; ++r) y[o * y_stride + 8 * h + r] = out[r] + (bias ? bias[8 * h + r] : 0.f);
-    }
-  }
+  for (int64_t h = 0; h < 2 && 8 * h < valid; ++h)
+    for (int o = 0; o < kOut; ++o) StoreHalf(acc[o][h], h, valid, bias, y + o * y_stride);
 }
 
 template <typename S, int MT, bool Pairs>
@@ -201,12 +195,7 @@ ALWAYS_INLINE void GroupRowsQ6K(const uint8_t* codes, const S* scales, const int
         acc[o] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(hi, ones)), _mm256_mul_ps(step_hi, dx), acc[o]);
       }
     }
-    const int64_t n = MinI(8, valid - 8 * h);
-    for (int o = 0; o < MT; ++o) {
-      float out[8];
-      _mm256_storeu_ps(out, acc[o]);
-      for (int64_t r = 0; r < n; ++r) y[o * y_stride + 8 * h + r] = out[r] + (bias ? bias[8 * h + r] : 0.f);
-    }
+    for (int o = 0; o < MT; ++o) StoreHalf(acc[o], h, valid, bias, y + o * y_stride);
   }
 }
 

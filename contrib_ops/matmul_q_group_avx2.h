@@ -81,6 +81,14 @@ ALWAYS_INLINE void QuantizePairAt(const float* in, float inverse, float dx, int8
   sums[1] = HorizontalSum(_mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3])));
 }
 
+// Outputs 8h..8h+7 of a group's row (those below `valid`): a vector of 8 sums, plus the bias.
+ALWAYS_INLINE void StoreHalf(__m256 sums, int64_t h, int64_t valid, const float* bias, float* row) {
+  float out[8];
+  _mm256_storeu_ps(out, sums);
+  const int64_t n = MinI(8, valid - 8 * h);
+  for (int64_t r = 0; r < n; ++r) row[8 * h + r] = out[r] + (bias ? bias[8 * h + r] : 0.f);
+}
+
 template <typename S>
 ALWAYS_INLINE __m256 Load8(const S* p) {
   if constexpr (sizeof(S) == 2) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -232,15 +240,8 @@ ALWAYS_INLINE void GroupPairs(const uint8_t* codes, const S* scales, const int8_
       }
     }
   }
-  for (int64_t h = 0; h < 2 && 8 * h < valid; ++h) {
-    const int64_t n = MinI(8, valid - 8 * h);
-    for (int o = 0; o < kOut; ++o) {
-      float out[8];
-      _mm256_storeu_ps(out, acc[o][h]);
-      float* row = y + o * y_stride + 8 * h;
-      for (int64_t r = 0; r < n; ++r) row[r] = out[r] + (bias ? bias[8 * h + r] : 0.f);
-    }
-  }
+  for (int64_t h = 0; h < 2 && 8 * h < valid; ++h)
+    for (int o = 0; o < kOut; ++o) StoreHalf(acc[o][h], h, valid, bias, y + o * y_stride);
 }
 
 // Pairs [0, R) against a block whose codes are already widened (wide[2v + k][h]), their scaled sums
@@ -331,13 +332,7 @@ ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t
         acc[o] = _mm256_fmadd_ps(m, _mm256_set1_ps(sum), acc[o]);
       }
     }
-    const int64_t n = MinI(8, valid - 8 * h);
-    for (int o = 0; o < kOut; ++o) {
-      float out[8];
-      _mm256_storeu_ps(out, acc[o]);
-      float* row = y + o * y_stride + 8 * h;
-      for (int64_t r = 0; r < n; ++r) row[r] = out[r] + (bias ? bias[8 * h + r] : 0.f);
-    }
+    for (int o = 0; o < kOut; ++o) StoreHalf(acc[o], h, valid, bias, y + o * y_stride);
   }
 }
 
