@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -47,6 +48,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, weights: bool = True, progre
     except Exception as exc:  # the reader raises bare ValueErrors/struct errors on bad files
         raise ModelSourceError(f"{gguf_path} is not a readable GGUF file: {exc}") from exc
     metadata = {key: field.contents() for key, field in reader.fields.items()}
+    _refuse_a_shard(metadata, gguf_path)
     arch = _architecture(metadata, gguf_path)
     config = _config(metadata, reader, arch)
     config.save_pretrained(out_dir)
@@ -57,6 +59,19 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, weights: bool = True, progre
         _write_weights(gguf_path, arch, config.to_dict(), out_dir / "model.safetensors", progress=progress)
     else:
         os.symlink(Path(gguf_path).resolve(), out_dir / GGUF_WEIGHTS)
+
+
+def _refuse_a_shard(metadata: dict[str, Any], gguf_path: Path) -> None:
+    """One shard of a split GGUF (llama.cpp's gguf-split, ``split.count`` > 1) holds only some tensors: a
+    clear refusal that says how to make one file, rather than a missing tensor later."""
+    count = int(metadata.get("split.count") or 1)
+    if count > 1:
+        number = int(metadata.get("split.no") or 0) + 1
+        first = re.sub(r"-\d{5}-of-\d{5}\.gguf$", f"-00001-of-{count:05d}.gguf", gguf_path.name)
+        raise ModelSourceError(
+            f"{gguf_path} is shard {number} of {count} of a split GGUF; ortserve reads a single file: merge the "
+            f"shards first with llama.cpp's `llama-gguf-split --merge {first} merged.gguf`, then use merged.gguf"
+        )
 
 
 def _architecture(metadata: dict[str, Any], gguf_path: Path):

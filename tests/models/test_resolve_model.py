@@ -137,6 +137,22 @@ def test_corrupt_gguf_gives_a_clear_error_and_no_cache_entry(tmp_path: Path, emp
     assert leftovers == []
 
 
+def test_a_shard_of_a_split_gguf_is_refused_naming_the_merge_command(tmp_path: Path, empty_cache: Path):
+    """llama.cpp's gguf-split shards (written here by gguf's own writer) each hold some tensors: ortserve
+    says so and how to merge them, before any conversion, rather than failing on a missing tensor."""
+    from tiny_gguf import write_tiny_llama
+
+    write_tiny_llama(tmp_path / "tiny.gguf", "Q8_0", split_max_tensors=5)
+    shards = sorted(tmp_path.glob("tiny-*.gguf"))
+    assert [p.name for p in shards] == [f"tiny-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    merge = r"llama-gguf-split --merge tiny-00001-of-00003.gguf merged.gguf"
+    with pytest.raises(ModelSourceError, match=rf"is shard 2 of 3 of a split GGUF; .*`{merge}`"):
+        resolve_model(shards[1], progress=False)
+    with pytest.raises(ModelSourceError, match=rf"is shard 1 of 3 of a split GGUF; .*`{merge}`"):
+        resolve_model(shards[0], progress=False)
+    assert not list(empty_cache.rglob("model.gguf"))
+
+
 def test_missing_wheel_names_the_pip_command():
     model = BuiltinModel(
         "x", "test", distribution="llm-not-installed", package="llm_not_installed", gguf_file="x.gguf", license="none"

@@ -66,14 +66,22 @@ def _tokenizer(writer, vocab: int) -> None:
 
 
 def write_tiny_llama(
-    path: Path, qtype: str, *, seed: int = 0, embed_type: str | None = None, metadata: dict | None = None
+    path: Path,
+    qtype: str,
+    *,
+    seed: int = 0,
+    embed_type: str | None = None,
+    metadata: dict | None = None,
+    split_max_tensors: int = 0,
 ) -> dict:
     """A 1-layer tied Llama GGUF; linears in ``qtype``, the embedding in ``embed_type`` (default
-    ``qtype``); ``metadata``: more keys, float or int values. Returns its sizes."""
+    ``qtype``); ``metadata``: more keys, float or int values; ``split_max_tensors``: written as gguf's
+    split shards of at most that many tensors (``<stem>-00001-of-0000N.gguf``, as llama.cpp's
+    gguf-split names them). Returns its sizes."""
     import gguf
 
     c, rng = CONFIG, np.random.default_rng(seed)
-    writer = gguf.GGUFWriter(path, "llama")
+    writer = gguf.GGUFWriter(path, "llama", split_max_tensors=split_max_tensors)
     writer.add_name("tiny llama")
     for key, value in (metadata or {}).items():
         (writer.add_float32 if isinstance(value, float) else writer.add_int32)(key, value)
