@@ -80,8 +80,9 @@ def _exported(source: ModelSource, precision: str | None, activation_bits: int, 
         cache.remove(entry)  # a stale or half-written one; export itself publishes by rename
         try:
             export_model(source.path, entry, precision=precision, activation_bits=activation_bits, progress=progress)
-        except ExportError as exc:
-            raise ModelSourceError(f"{source.label}: {exc}") from exc
+        except ExportError as exc:  # named once: many messages start with the source already
+            message = str(exc)
+            raise ModelSourceError(message if source.label in message else f"{source.label}: {message}") from exc
         (entry / SOURCE_STAMP).write_text(json.dumps({**stamp, "source": source.label}, indent=2) + "\n")
     return entry
 

@@ -148,8 +148,9 @@ def test_a_shard_of_a_split_gguf_is_refused_naming_the_merge_command(tmp_path: P
     merge = r"llama-gguf-split --merge tiny-00001-of-00003.gguf merged.gguf"
     with pytest.raises(ModelSourceError, match=rf"is shard 2 of 3 of a split GGUF; .*`{merge}`"):
         resolve_model(shards[1], progress=False)
-    with pytest.raises(ModelSourceError, match=rf"is shard 1 of 3 of a split GGUF; .*`{merge}`"):
+    with pytest.raises(ModelSourceError, match=rf"is shard 1 of 3 of a split GGUF; .*`{merge}`") as refused:
         resolve_model(shards[0], progress=False)
+    assert str(refused.value).count(shards[0].name) == 2  # the path once, and the merge command's first shard
     assert not list(empty_cache.rglob("model.gguf"))
 
 
