@@ -184,6 +184,16 @@ class DecoderBuilder:
         bias: str | None,
     ) -> str:
         """One MatMulQ4 / Q5 / Q8 / Q4NL / Q6K node: each part's GGUF codes as they are, or float weights quantised."""
+        self.plan_codes(label, weights, plans, transpose, k)
+        inputs = [x, f"{label}.codes", f"{label}.scales"] + ([bias] if bias else [])
+        op_type = f"MatMulQ{plans[0].q_format}"
+        return self.op(op_type, inputs, domain=OURS, name=label, N=n, K=k, activation_bits=self.activation_bits)[0]
+
+    def plan_codes(
+        self, label: str, weights: list[str], plans: list[storage.Storage], transpose: bool, k: int
+    ) -> None:
+        """``{label}.codes`` and ``{label}.scales``: the weights stacked, in the layout of the MatMulQ / GatherQ op
+        of ``plans[0].q_format``."""
         bits = plans[0].bits
 
         def part(w: str, plan: storage.Storage) -> QWeight | Q6KWeight:
@@ -201,9 +211,6 @@ class DecoderBuilder:
             return {f"{label}.codes": codes, f"{label}.scales": scales}
 
         self.plan(f"{label} ({plans[0].label})", make)
-        inputs = [x, f"{label}.codes", f"{label}.scales"] + ([bias] if bias else [])
-        op_type = f"MatMulQ{plans[0].q_format}"
-        return self.op(op_type, inputs, domain=OURS, name=label, N=n, K=k, activation_bits=self.activation_bits)[0]
 
     def bias(self, label: str, parts: list[tuple[str, int]]) -> str | None:
         """One bias for the fused parts (zeros for parts without one), or None if none has one."""
@@ -357,13 +364,19 @@ class DecoderBuilder:
         head_plan = (
             storage.plan(self.src, embed, self.lm_head_precision, self.tensor_precision) if tied else storage.FP32
         )
-        # A tied, quantised LM head also serves the embedding lookup (GatherQ4 / Q5 / Q8 / Q4NL / Q6K, on the
-        # same bytes): no float copy of the largest tensor.
-        shared = tied and head_plan.kind != "fp32"
-        if shared:
+        # The lookup reads quantised rows where there are some (GatherQ4 / Q5 / Q8 / Q4NL / Q6K): a tied,
+        # quantised LM head's bytes, or an untied embedding's own GGUF codes (rows exact, and no fp32 table,
+        # which for a 7B model's 128k x 4096 is 2 GiB); an embedding of floats stays an fp32 Gather.
+        embed_plan = head_plan if tied else storage.plan(self.src, embed, self.precision, self.tensor_precision)
+        codes = "lm_head" if tied and head_plan.kind != "fp32" else None
+        if not tied and embed_plan.kind == "exact":
+            self.plan_codes("embed", [embed], [embed_plan], False, s.hidden_size)
+            self.stored[f"embed/{embed}"] = embed_plan
+            codes = "embed"
+        if codes:
             h = self.op(
-                f"GatherQ{head_plan.q_format}",
-                ["lm_head.codes", "lm_head.scales", "input_ids"],
+                f"GatherQ{embed_plan.q_format}",
+                [f"{codes}.codes", f"{codes}.scales", "input_ids"],
                 domain=OURS,
                 name="embed",
                 N=s.vocab_size,

@@ -88,6 +88,26 @@ def test_imported_weights_dequantise_bit_exactly_to_ggufs_own(qtype, tiny_gguf):
     assert manifest.op_version == (10 if qtype.startswith("IQ4") else 11 if qtype == "Q6_K" else 9)
 
 
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "IQ4_XS", "Q8_0"])
+def test_an_untied_embedding_is_looked_up_in_its_own_codes(qtype, tmp_path):
+    """An untied GGUF (an LM head beside token_embd): the lookup gathers rows from the embedding's own
+    codes, which dequantise bit for bit to gguf's, and the artifact holds no fp32 table of it."""
+    path = tmp_path / "untied.gguf"
+    write_tiny_llama(path, qtype, head_type="Q8_0")
+    export_model(path, tmp_path / "artifact", progress=False)
+    model = onnx.load(tmp_path / "artifact" / "model.onnx", load_external_data=False)
+    embed = next(n for n in model.graph.node if n.name.startswith("embed") and n.op_type.startswith("Gather"))
+    assert embed.op_type == {"Q4_K": "GatherQ4", "Q6_K": "GatherQ6K", "IQ4_XS": "GatherQ4NL", "Q8_0": "GatherQ8"}[qtype]
+    assert list(embed.input[:2]) == ["embed.codes", "embed.scales"]
+    table, f32 = CONFIG["vocab"] * CONFIG["hidden"], onnx.TensorProto.FLOAT
+    assert not [t for t in model.graph.initializer if np.prod(t.dims) == table and t.data_type == f32]
+    ours, reference = imported(tmp_path / "artifact", "embed"), gguf_weights(path)["token_embd.weight"]
+    assert ours.shape == reference.shape and np.array_equal(ours, reference)
+    formats = {f"{qtype} (exact)": 8}  # q, k, v, o, gate, up, down, the embedding; and the Q8_0 head
+    formats["Q8_0 (exact)"] = formats.get("Q8_0 (exact)", 0) + 1
+    assert load_manifest(tmp_path / "artifact").weight_formats == formats
+
+
 @pytest.mark.parametrize(
     "qtype,name,stored",
     [

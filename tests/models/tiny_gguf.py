@@ -73,9 +73,11 @@ def write_tiny_llama(
     embed_type: str | None = None,
     metadata: dict | None = None,
     split_max_tensors: int = 0,
+    head_type: str | None = None,
 ) -> dict:
     """A 1-layer tied Llama GGUF; linears in ``qtype``, the embedding in ``embed_type`` (default
-    ``qtype``); ``metadata``: more keys, float or int values; ``split_max_tensors``: written as gguf's
+    ``qtype``); ``head_type``: untied, with an LM head (``output.weight``) of that type; ``metadata``:
+    more keys, float or int values; ``split_max_tensors``: written as gguf's
     split shards of at most that many tensors (``<stem>-00001-of-0000N.gguf``, as llama.cpp's
     gguf-split names them). Returns its sizes."""
     import gguf
@@ -105,6 +107,8 @@ def write_tiny_llama(
 
     q, kv = c["heads"] * c["head_dim"], c["kv_heads"] * c["head_dim"]
     add("token_embd.weight", (c["vocab"], c["hidden"]), embed_type or qtype, 0.5)
+    if head_type:
+        add("output.weight", (c["vocab"], c["hidden"]), head_type, 0.5)
     add("output_norm.weight", (c["hidden"],), "F32", 1.0)
     for i in range(c["layers"]):
         add(f"blk.{i}.attn_norm.weight", (c["hidden"],), "F32", 1.0)
