@@ -189,9 +189,7 @@ class DecoderBuilder:
         op_type = f"MatMulQ{plans[0].q_format}"
         return self.op(op_type, inputs, domain=OURS, name=label, N=n, K=k, activation_bits=self.activation_bits)[0]
 
-    def plan_codes(
-        self, label: str, weights: list[str], plans: list[storage.Storage], transpose: bool, k: int
-    ) -> None:
+    def plan_codes(self, label: str, weights: list[str], plans: list[storage.Storage], transpose: bool, k: int) -> None:
         """``{label}.codes`` and ``{label}.scales``: the weights stacked, in the layout of the MatMulQ / GatherQ op
         of ``plans[0].q_format``."""
         bits = plans[0].bits
