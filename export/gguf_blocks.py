@@ -40,7 +40,7 @@ import numpy as np
 
 from .nbits import BLOCK_SIZE, QuantizedWeight, pack
 
-_ONE = np.array([1.0], np.float16).view(np.uint8)
+ONE_HALF = np.array([1.0], np.float16).view(np.uint8)  # fp16 1.0's bytes: a block's d set to 1 to read its codes
 _ZERO = np.array([0.0], np.float16).view(np.uint8)
 
 
@@ -57,6 +57,13 @@ class BlockFormat:
 
 def _half(blocks: np.ndarray, at: int) -> np.ndarray:
     return blocks[:, at : at + 2].copy().view(np.float16).astype(np.float32)[:, 0]
+
+
+def unscaled(values: np.ndarray, factor: np.ndarray) -> np.ndarray:
+    """sub-scale * code (``values`` [..., n, m], gguf's dequantiser with d = 1) divided by the sub-scales
+    ``factor`` [..., n]: the codes, exactly; 0 where a sub-scale is 0 (its codes are lost, and any will do)."""
+    safe = np.where(factor == 0, np.float32(1), factor)[..., None]
+    return np.where(factor[..., None] == 0, 0, values / safe)
 
 
 def _k_scales(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -121,7 +128,7 @@ def _import_rows(data: np.ndarray, qtype_name: str, cols: int) -> QuantizedWeigh
     blocks = data.reshape(-1, size)  # [rows * cols / block, size]
     d = _half(blocks, fmt.header[0])
     unit = blocks.copy()
-    unit[:, fmt.header[0] : fmt.header[0] + 2] = _ONE
+    unit[:, fmt.header[0] : fmt.header[0] + 2] = ONE_HALF
     for at in fmt.header[1:]:
         unit[:, at : at + 2] = _ZERO
     # q - z (symmetric formats) or scale[j] * q (K-quants) or q (Q4_1 / Q5_1), exactly, per weight
@@ -134,8 +141,7 @@ def _import_rows(data: np.ndarray, qtype_name: str, cols: int) -> QuantizedWeigh
     else:
         sub_scales, mins = fmt.scales(blocks)
         factor = sub_scales.astype(np.float32)
-        safe = np.where(factor == 0, np.float32(1), factor)[..., None]
-        codes = np.where(factor[..., None] == 0, 0, unpacked / safe) + np.float32(fmt.zero_point)
+        codes = unscaled(unpacked, factor) + np.float32(fmt.zero_point)
         scales = d[:, None] * factor  # float32 products, as gguf's dequantiser forms them
         offsets = -(_half(blocks, 2)[:, None] * mins.astype(np.float32)) if mins is not None else None
 

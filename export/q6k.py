@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 from ortserve.ops.paged_attention_reference import dequantize_q6k, pack_q6k
 
+from .gguf_blocks import ONE_HALF, unscaled
+
 _BYTES, _SCALES_AT, _D_AT = 210, 192, 208  # a Q6_K block of 256 weights: its bytes, where its scales and d start
 _ROWS = 4096  # rows per chunk: bounds the float temporaries of a large embedding
 
@@ -61,9 +63,8 @@ def _import_rows(data: np.ndarray, cols: int) -> Q6KWeight:
     d = blocks[:, _D_AT : _D_AT + 2].copy().view(np.float16).astype(np.float32).reshape(rows, -1)
     sub_scales = blocks[:, _SCALES_AT:_D_AT].view(np.int8).reshape(rows, -1)
     unit = blocks.copy()
-    unit[:, _D_AT : _D_AT + 2] = np.array([1.0], np.float16).view(np.uint8)
+    unit[:, _D_AT : _D_AT + 2] = ONE_HALF
     scaled = gguf.quants.dequantize(unit.reshape(rows, -1), gguf.GGMLQuantizationType.Q6_K)  # sc * (q - 32)
-    factor = sub_scales.astype(np.float32).reshape(rows, -1, 1)
-    signed = np.where(factor == 0, 0, scaled.reshape(rows, -1, 16) / np.where(factor == 0, 1, factor))
+    signed = unscaled(scaled.reshape(rows, -1, 16), sub_scales.astype(np.float32))
     codes = (signed + 32).astype(np.uint8).reshape(rows, cols)
     return Q6KWeight(codes, np.ascontiguousarray(sub_scales), np.ascontiguousarray(d))
