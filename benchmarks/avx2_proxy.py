@@ -33,7 +33,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from runners import llamacpp, ortserve_runner
-from runners.common import BENCH_DIR, LLAMA_BIN, MODELS, PEERS_VENV, RESULTS, kernel_isa, load_model, load_records
+from runners.common import (
+    BENCH_DIR,
+    DEFAULT_MODELS,
+    LLAMA_BIN,
+    MODELS,
+    PEERS_VENV,
+    RESULTS,
+    kernel_isa,
+    load_model,
+    load_records,
+)
 
 AVX2_BUILD = PEERS_VENV / "build-llama.cpp-avx2"
 SHIM = PEERS_VENV / "build-cpuid" / "libcpuid_no_avx512.so"
@@ -157,7 +167,7 @@ def served(models: list[str], avx2: dict[str, str]) -> list[str]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--models", nargs="+", default=list(MODELS))
+    p.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), choices=list(MODELS))
     p.add_argument("--no-served", action="store_true", help="the graphs only, not compare.py's served runs")
     args = p.parse_args()
     cpu = kernel_isa()

@@ -5,7 +5,8 @@
 
 Systems: ortserve, llama.cpp, genai-static, genai-engine, transformers (peers need
 `bash benchmarks/peers/setup.sh` first). Models: smollm2-135m (real weights),
-qwen2.5-0.5b-shape (random, built by make_qwen_shape.py). Workloads: decode, prefill,
+qwen2.5-0.5b-shape (random, built by make_qwen_shape.py; the default two), qwen2.5-1.5b-shape (random,
+its widths multiples of 256, so that llama-quantize's Q4_K_M file is Q4_K and Q6_K). Workloads: decode, prefill,
 serve-c1, serve-c4, serve-c16, serve-c32, shared-prefix.
 
 Resumable: each (model, system, precision, workload) result is a record under
@@ -33,6 +34,7 @@ import report
 from runners import RUNNERS, common
 from runners.common import (
     BENCH_DIR,
+    DEFAULT_MODELS,
     MODELS,
     PEERS_PY,
     RECORDS,
@@ -160,7 +162,7 @@ def run_round(args, round_: int, failures: list[str]) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--systems", nargs="+", default=list(RUNNERS), choices=list(RUNNERS))
-    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), choices=list(MODELS))
     p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     p.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
     p.add_argument("--force", action="store_true", help="re-run parts that already have a record")

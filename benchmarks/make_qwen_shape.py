@@ -1,10 +1,13 @@
-"""A random-weight checkpoint with exactly Qwen2.5-0.5B-Instruct's shape, for benchmarks.
+"""A random-weight checkpoint with exactly Qwen2.5-0.5B-Instruct's (or 1.5B's) shape, for benchmarks.
 
-    python benchmarks/make_qwen_shape.py [--out benchmarks/results/models/qwen2.5-0.5b-shape]
+    python benchmarks/make_qwen_shape.py [--model qwen2.5-1.5b-shape] [--out benchmarks/results/models/<model>]
 
 Shape: Qwen2, hidden 896, 24 layers, 14 query heads / 2 kv heads (head 64), intermediate 4864,
 vocab 151936, tied embeddings, rope_theta 1e6, q/k/v biases; 494M parameters, saved fp32
-(~2 GB). Weights: transformers' own initialisation under torch.manual_seed(--seed).
+(~2 GB). 1.5B: hidden 1536, 28 layers, 12 query heads / 2 kv heads (head 128), intermediate 8960;
+1.54B parameters (~6.2 GB): its widths are multiples of 256, so llama-quantize's Q4_K_M makes its
+linears Q4_K and Q6_K, as in most real models, where the 0.5B's fall back to Q5_0.
+Weights: transformers' own initialisation under torch.manual_seed(--seed).
 
 Tokenizer: Qwen2's tokenizer files are not available offline, so this reuses SmolLM2's byte-level
 BPE vocabulary and merges (49152 tokens, ChatML template, <|im_end|> = 2) and
@@ -42,6 +45,16 @@ QWEN25_05B = dict(
     eos_token_id=2,
     pad_token_id=2,
 )
+SHAPES = {
+    "qwen2.5-0.5b-shape": QWEN25_05B,
+    "qwen2.5-1.5b-shape": {
+        **QWEN25_05B,
+        "hidden_size": 1536,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 12,
+        "intermediate_size": 8960,
+    },
+}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -95,7 +108,7 @@ def check_tokenizer(folder: Path, vocab_size: int) -> None:
     assert hf.decode([vocab_size - 1]) == f" <{vocab_size - 1}>"
 
 
-def build(out: Path, seed: int, tokenizer_source: Path) -> Path:
+def build(out: Path, seed: int, tokenizer_source: Path, shape: dict) -> Path:
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
@@ -103,14 +116,14 @@ def build(out: Path, seed: int, tokenizer_source: Path) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     torch.manual_seed(seed)
-    config = Qwen2Config(**QWEN25_05B)
+    config = Qwen2Config(**shape)
     model = Qwen2ForCausalLM(config).to(torch.float32).eval()
     model.save_pretrained(tmp)
     GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=2, do_sample=False).save_pretrained(tmp)
     padded_tokenizer(tokenizer_source, tmp, config.vocab_size)
     check_tokenizer(tmp, config.vocab_size)
     (tmp / "MODEL_CARD.md").write_text(
-        f"Random weights (torch.manual_seed({seed})) in Qwen2.5-0.5B-Instruct's shape; "
+        f"Random weights (torch.manual_seed({seed})) in {out.name} (Qwen2.5-Instruct's shape); "
         f"tokenizer: {tokenizer_source.name}'s, padded to {config.vocab_size}. Built by benchmarks/make_qwen_shape.py.\n"
     )
     shutil.rmtree(out, ignore_errors=True)
@@ -121,17 +134,19 @@ def build(out: Path, seed: int, tokenizer_source: Path) -> Path:
 def main() -> int:
     here = Path(__file__).resolve().parent
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=here / "results" / "models" / "qwen2.5-0.5b-shape")
+    p.add_argument("--model", choices=SHAPES, default="qwen2.5-0.5b-shape")
+    p.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/models/<model>")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--tokenizer-from", type=Path, default=None, help="HF dir whose tokenizer to pad (default: SmolLM2's)"
     )
     p.add_argument("--force", action="store_true", help="rebuild even if --out exists")
     args = p.parse_args()
-    if (args.out / "config.json").is_file() and not args.force:
-        print(f"exists: {args.out}")
+    target = args.out or here / "results" / "models" / args.model
+    if (target / "config.json").is_file() and not args.force:
+        print(f"exists: {target}")
         return 0
-    out = build(args.out, args.seed, args.tokenizer_from or default_tokenizer_source())
+    out = build(target, args.seed, args.tokenizer_from or default_tokenizer_source(), SHAPES[args.model])
     n = sum(f.stat().st_size for f in out.glob("*.safetensors"))
     print(f"wrote {out} ({n / 1e9:.2f} GB of weights)")
     return 0

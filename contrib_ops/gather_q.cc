@@ -33,6 +33,8 @@ float ScaleValue(const S& s) {
 template <int Bits, typename ScaleT>
 struct GatherQ {
   static constexpr int64_t kBlockBytes = kQBlockBytesOf<Bits>;
+  static constexpr bool kSuperBlockDM = Bits == kQ4K || Bits == kQ5K;  // d and m from a super-block's d and -dmin
+  static constexpr int kCodeBits = Bits == kQ4K ? 4 : Bits == kQ5K ? 5 : Bits;  // the codes' layout
 
   GatherQ(const OrtApi* api, const OrtKernelInfo* info)
       : N_(IntAttribute(api, info, "N", 0)), K_(IntAttribute(api, info, "K", 0)) {}
@@ -55,25 +57,31 @@ struct GatherQ {
     float* out = y.Allocate({T, K_});
     const uint8_t* c = codes.Data();
     const ScaleT* s = scales.Data();
+    const int64_t super_blocks = (KB + kQSuperBlocks - 1) / kQSuperBlocks;
     for (int64_t t = 0; t < T; ++t) {
       const int64_t g = ids[t] / kQGroup, r = ids[t] % kQGroup;
       for (int64_t b = 0; b < KB; ++b) {
         const uint8_t* block = c + (g * KB + b) * kBlockBytes;
         float* row = out + t * K_ + b * kQBlock;
         const int64_t columns = std::min(kQBlock, K_ - b * kQBlock);
-        if constexpr (Bits == kQ6K)
-          Q6KRow(block, ScaleValue(s[(g * ((KB + kQ6KScaleBlocks - 1) / kQ6KScaleBlocks) + b / kQ6KScaleBlocks) * kQGroup + r]),
-                 r, columns, row);
-        else
-          Row(block, s + (g * KB + b) * 2 * kQGroup + r, r, columns, row);
+        if constexpr (Bits == kQ6K) {
+          Q6KRow(block, ScaleValue(s[(g * super_blocks + b / kQSuperBlocks) * kQGroup + r]), r, columns, row);
+        } else if constexpr (kSuperBlockDM) {  // d * sc and -dmin * mn: the sub-scales and mins follow the codes
+          const ScaleT* sb = s + (g * super_blocks + b / kQSuperBlocks) * 2 * kQGroup + r;
+          const uint8_t* sub = block + kQBlockBytesOf<kCodeBits>;
+          Row(block, ScaleValue(sb[0]) * static_cast<float>(sub[r]),
+              ScaleValue(sb[kQGroup]) * static_cast<float>(sub[kQGroup + r]), r, columns, row);
+        } else {
+          const ScaleT* sb = s + (g * KB + b) * 2 * kQGroup + r;
+          Row(block, ScaleValue(sb[0]), ScaleValue(sb[kQGroup]), r, columns, row);
+        }
       }
     }
     return Ort::Status{nullptr};
   }
 
-  // Row r of a block of 32 columns, d * q + m (the row's d and m at sb[0] and sb[kQGroup]).
-  static void Row(const uint8_t* block, const ScaleT* sb, int64_t r, int64_t columns, float* row) {
-    const float d = ScaleValue(sb[0]), m = ScaleValue(sb[kQGroup]);
+  // Row r of a block of 32 columns, d * q + m.
+  static void Row(const uint8_t* block, float d, float m, int64_t r, int64_t columns, float* row) {
     for (int64_t i = 0; i < columns; ++i) row[i] = d * static_cast<float>(Code(block, r, i)) + m;
   }
 
@@ -90,7 +98,7 @@ struct GatherQ {
     const int64_t q = i / 4, lane = 4 * r + i % 4;
     if constexpr (Bits == 8) return block[64 * q + lane];
     int32_t code = q < 4 ? block[64 * q + lane] & 0x0F : block[64 * (q - 4) + lane] >> 4;
-    if constexpr (Bits == 5 || Bits == kQ6K) code |= ((block[kQ4BlockBytes + 8 * q + lane / 8] >> (lane % 8)) & 1) << 4;
+    if constexpr (kCodeBits == 5 || Bits == kQ6K) code |= ((block[kQ4BlockBytes + 8 * q + lane / 8] >> (lane % 8)) & 1) << 4;
     if constexpr (Bits == kQ6K) code |= ((block[kQ6KSixthBits + 8 * q + lane / 8] >> (lane % 8)) & 1) << 5;
     if constexpr (Bits == kQ4NL) code = kQ4NLCodes[code];
     return code;

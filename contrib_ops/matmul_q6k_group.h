@@ -60,7 +60,7 @@ ALWAYS_INLINE void GroupRowsQ6K(const uint8_t* codes, const S* scales, const int
   for (int o = 0; o < kOut; ++o) acc[o] = _mm512_setzero_ps();
   for (int64_t b = 0; b < KB; ++b) {
     const uint8_t* c = codes + b * kQ6KBlockBytes;
-    const S* sd = scales + b / kQ6KScaleBlocks * kQGroup;
+    const S* sd = scales + b / kQSuperBlocks * kQGroup;
     PrefetchAhead<kQ6K>(c, sd);
     __m512i w[8];
     Q6KSigned(c, w);
@@ -133,7 +133,7 @@ ALWAYS_INLINE void GroupPairsQ6K(const uint8_t* codes, const S* scales, const in
   for (int o = 0; o < kOut; ++o) acc[o][0] = acc[o][1] = _mm256_setzero_ps();
   for (int64_t b = 0; b < KB; ++b) {
     const uint8_t* c = codes + b * kQ6KBlockBytes;
-    const S* sd = scales + b / kQ6KScaleBlocks * kQGroup;
+    const S* sd = scales + b / kQSuperBlocks * kQGroup;
     PrefetchAhead<kQ6K>(c, sd);
     const int8_t* xb = xq + 2 * kQBlock * b;
     for (int half = 0; half < 2; ++half) {
@@ -178,7 +178,7 @@ ALWAYS_INLINE void GroupRowsQ6K(const uint8_t* codes, const S* scales, const int
     for (int o = 0; o < MT; ++o) acc[o] = _mm256_setzero_ps();
     for (int64_t b = 0; b < KB; ++b) {
       const uint8_t* c = codes + b * kQ6KBlockBytes;
-      const S* sd = scales + b / kQ6KScaleBlocks * kQGroup;
+      const S* sd = scales + b / kQSuperBlocks * kQGroup;
       if (h == 0) PrefetchAhead<kQ6K>(c, sd);
       __m256i w[8], size[8];  // the signed codes, and their magnitudes for vpmaddubsw
       for (int v = 0; v < 8; ++v) w[v] = Q6KSigned(c, v, h), size[v] = _mm256_abs_epi8(w[v]);
@@ -222,7 +222,7 @@ ALWAYS_INLINE void GroupRowsQ6K(const uint8_t* codes, const S* scales, const int
     for (int i = 0; i < MT; ++i)
       for (int64_t b = 0; b < KB; ++b) {
         const uint8_t* c = codes + b * kQ6KBlockBytes;
-        const float d = Scale(scales + b / kQ6KScaleBlocks * kQGroup + r);
+        const float d = Scale(scales + b / kQSuperBlocks * kQGroup + r);
         const int8_t* xb = xq + i * xq_stride + b * kQBlock;
         for (int64_t half = 0; half < 2; ++half) {
           int32_t dot = 0;

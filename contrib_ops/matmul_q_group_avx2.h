@@ -95,6 +95,22 @@ ALWAYS_INLINE __m256 Load8(const S* p) {
   else return _mm256_loadu_ps(p);
 }
 
+// Rows 8h..8h+7 of block b's d and m: as stored, or (MatMulQ4K / Q5K) the super-block's d and -dmin times the
+// block's u8 sub-scales and mins, which follow its codes at c.
+template <int Bits, typename S>
+ALWAYS_INLINE void BlockDM(const uint8_t* c, const S* scales, int64_t b, int64_t h, __m256& d, __m256& m) {
+  const S* s = BlockScalesAt<Bits>(scales, b) + 8 * h;
+  d = Load8(s), m = Load8(s + kQGroup);
+  if constexpr (SuperBlockDM(Bits)) {
+    const auto bytes = [&](int64_t at) {
+      return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + at))));
+    };
+    const int64_t at = BlockBytes(CodeBits(Bits)) + 8 * h;
+    d = _mm256_mul_ps(d, bytes(at));
+    m = _mm256_mul_ps(m, bytes(at + kQGroup));
+  }
+}
+
 // Bytes 0 or 16: byte i is bit i of ``bits``, as bit 4 (a 5-bit code's fifth bit).
 ALWAYS_INLINE __m256i FifthBits(uint32_t bits) {
   const __m256i byte_of_bit = _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303);
@@ -208,17 +224,17 @@ ALWAYS_INLINE void GroupPairs(const uint8_t* codes, const S* scales, const int8_
   for (int o = 0; o < kOut; ++o) acc[o][0] = acc[o][1] = _mm256_setzero_ps();
   for (int64_t b = 0; b < KB; ++b) {
     const uint8_t* c = codes + b * BlockBytes(Bits);
-    PrefetchAhead<Bits>(c, scales + b * 2 * kQGroup);
+    PrefetchAhead<Bits>(c, BlockScalesAt<Bits>(scales, b));
     const int8_t* xb = xq + 2 * kQBlock * b;
     __m256i sums[kOut][2];
     for (int o = 0; o < kOut; ++o) sums[o][0] = sums[o][1] = _mm256_setzero_si256();
 #pragma GCC unroll 8
     for (int v = 0; v < 8; ++v) {
       __m256i bytes[2];
-      VectorBytes<Bits>(c, v, bytes);
+      VectorBytes<CodeBits(Bits)>(c, v, bytes);
 #pragma GCC unroll 2
       for (int k = 0; k < 2; ++k) {
-        const __m256i w0 = Widened<Bits>(c, v, k, 0, bytes), w1 = Widened<Bits>(c, v, k, 1, bytes);
+        const __m256i w0 = Widened<CodeBits(Bits)>(c, v, k, 0, bytes), w1 = Widened<CodeBits(Bits)>(c, v, k, 1, bytes);
         const int dword = PairDword(v / 4, v % 4, k);
 #pragma GCC unroll 4
         for (int o = 0; o < kOut; ++o) {
@@ -229,9 +245,9 @@ ALWAYS_INLINE void GroupPairs(const uint8_t* codes, const S* scales, const int8_
         }
       }
     }
-    const S* sb = scales + b * 2 * kQGroup;
     for (int h = 0; h < 2; ++h) {
-      const __m256 d = Load8(sb + 8 * h), m = Load8(sb + kQGroup + 8 * h);
+      __m256 d, m;
+      BlockDM<Bits>(c, scales, b, h, d, m);
       for (int o = 0; o < kOut; ++o) {
         const float* sc = xs + 2 * o * xs_stride + 2 * b;  // the pair's scales: dx, dx * sum(q); dx / 256, ...
         const float dx = sc[xs_stride], sum = sc[1] + sc[xs_stride + 1];
@@ -244,11 +260,12 @@ ALWAYS_INLINE void GroupPairs(const uint8_t* codes, const S* scales, const int8_
     for (int o = 0; o < kOut; ++o) StoreHalf(acc[o][h], h, valid, bias, y + o * y_stride);
 }
 
-// Pairs [0, R) against a block whose codes are already widened (wide[2v + k][h]), their scaled sums
+// Pairs [0, R) against a block whose codes are already widened (wide[2v + k][h]) and whose d and m of rows
+// 8h..8h+7 are d[h] and m[h], their scaled sums
 // added to acc[o] (16 floats a pair, in memory): GroupPairsWidenedOnce's tile.
-template <typename S, int R>
-ALWAYS_INLINE void BlockPairs(const __m256i (*wide)[2], const S* sb, const int8_t* xb, int64_t xq_stride,
-                              const float* sc, int64_t xs_stride, float (*acc)[kQGroup]) {
+template <int R>
+ALWAYS_INLINE void BlockPairs(const __m256i (*wide)[2], const __m256* d, const __m256* m, const int8_t* xb,
+                              int64_t xq_stride, const float* sc, int64_t xs_stride, float (*acc)[kQGroup]) {
   __m256i sums[R][2];
   for (int o = 0; o < R; ++o) sums[o][0] = sums[o][1] = _mm256_setzero_si256();
 #pragma GCC unroll 16
@@ -264,13 +281,12 @@ ALWAYS_INLINE void BlockPairs(const __m256i (*wide)[2], const S* sb, const int8_
     }
   }
   for (int h = 0; h < 2; ++h) {
-    const __m256 d = Load8(sb + 8 * h), m = Load8(sb + kQGroup + 8 * h);
     for (int o = 0; o < R; ++o) {
       const float* s = sc + 2 * o * xs_stride;
       const float dx = s[xs_stride], sum = s[1] + s[xs_stride + 1];
       __m256 a = _mm256_load_ps(acc[o] + 8 * h);
-      a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[o][h]), _mm256_mul_ps(d, _mm256_set1_ps(dx)), a);
-      _mm256_store_ps(acc[o] + 8 * h, _mm256_fmadd_ps(m, _mm256_set1_ps(sum), a));
+      a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[o][h]), _mm256_mul_ps(d[h], _mm256_set1_ps(dx)), a);
+      _mm256_store_ps(acc[o] + 8 * h, _mm256_fmadd_ps(m[h], _mm256_set1_ps(sum), a));
     }
   }
 }
@@ -291,16 +307,17 @@ ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t
     for (int o = 0; o < kOut; ++o) acc[o] = _mm256_setzero_ps();
     for (int64_t b = 0; b < KB; ++b) {
       const uint8_t* c = codes + b * BlockBytes(Bits) + 32 * h;
-      if (h == 0) PrefetchAhead<Bits>(c, scales + b * 2 * kQGroup);  // the second half finds them in cache
+      if (h == 0) PrefetchAhead<Bits>(c, BlockScalesAt<Bits>(scales, b));  // the second half finds them in cache
       const int8_t* xb = xq + b * kQBlock;
+      constexpr int kCode = CodeBits(Bits);
       __m256i sums[kOut];
-      if constexpr (Bits == 4 || Bits == 5) {
+      if constexpr (kCode == 4 || kCode == 5) {
         __m256i w[8];  // w[q]: 8 rows x columns 4q..4q+3 of the block
         for (int j = 0; j < 4; ++j) {
           const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * j));
           w[j] = _mm256_and_si256(raw, nibble), w[j + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
         }
-        if constexpr (Bits == 5) {
+        if constexpr (kCode == 5) {
           const uint8_t* fifth = codes + b * BlockBytes(Bits) + kQ4BlockBytes + 4 * h;
           for (int q = 0; q < 8; ++q) {
             uint32_t bits;
@@ -308,7 +325,7 @@ ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t
             w[q] = _mm256_or_si256(w[q], FifthBits(bits));
           }
         }
-        for (int o = 0; o < kOut; ++o) sums[o] = BlockDot<Bits>(w, xb + o * xq_stride, ones);
+        for (int o = 0; o < kOut; ++o) sums[o] = BlockDot<kCode>(w, xb + o * xq_stride, ones);
       } else {
         __m256i halves[16];
         CodeNibbles<Bits>(c, halves);
@@ -323,8 +340,8 @@ ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t
           sums[o] = _mm256_add_epi32(_mm256_madd_epi16(low, ones), _mm256_madd_epi16(high, sixteen));
         }
       }
-      const S* sb = scales + b * 2 * kQGroup + 8 * h;
-      const __m256 d = Load8(sb), m = Load8(sb + kQGroup);
+      __m256 d, m;
+      BlockDM<Bits>(codes + b * BlockBytes(Bits), scales, b, h, d, m);
       for (int o = 0; o < kOut; ++o) {
         const float* sc = xs + o * xs_stride + 2 * b;
         const float dx = sc[0], sum = sc[1];
@@ -355,18 +372,19 @@ void GroupPairsWidenedOnce(const uint8_t* codes, const S* scales, const int8_t* 
     for (int64_t j = 0; j < kQGroup; ++j) acc[o][j] = 0.f;
   for (int64_t b = 0; b < KB; ++b) {
     const uint8_t* c = codes + b * BlockBytes(Bits);
-    const S* sb = scales + b * 2 * kQGroup;
-    PrefetchAhead<Bits>(c, sb);
+    PrefetchAhead<Bits>(c, BlockScalesAt<Bits>(scales, b));
 #pragma GCC unroll 8
     for (int v = 0; v < 8; ++v) {
       __m256i bytes[2];
-      VectorBytes<Bits>(c, v, bytes);
+      VectorBytes<CodeBits(Bits)>(c, v, bytes);
       for (int k = 0; k < 2; ++k)
-        for (int h = 0; h < 2; ++h) _mm256_store_si256(&wide[2 * v + k][h], Widened<Bits>(c, v, k, h, bytes));
+        for (int h = 0; h < 2; ++h) _mm256_store_si256(&wide[2 * v + k][h], Widened<CodeBits(Bits)>(c, v, k, h, bytes));
     }
+    __m256 d[2], m[2];
+    for (int h = 0; h < 2; ++h) BlockDM<Bits>(c, scales, b, h, d[h], m[h]);
     for (int64_t o = 0; o < pairs; o += kPairs)
-      BlockPairs<S, kPairs>(wide, sb, xq + 2 * o * xq_stride + 2 * kQBlock * b, xq_stride,
-                            xs + 2 * o * xs_stride + 2 * b, xs_stride, acc + o);
+      BlockPairs<kPairs>(wide, d, m, xq + 2 * o * xq_stride + 2 * kQBlock * b, xq_stride,
+                         xs + 2 * o * xs_stride + 2 * b, xs_stride, acc + o);
   }
   for (int64_t o = 0; o < pairs; ++o)
     for (int64_t j = 0; j < valid; ++j) y[o * y_stride + j] = acc[o][j] + (bias ? bias[j] : 0.f);

@@ -1,5 +1,5 @@
 // MatMulQ's group kernel for AVX-512 VNNI (see matmul_q_kernel.cc): kTileRows, kRowsOuter, BlockAmax, QuantizeAt,
-// QuantizePairAt and GroupRows, one int32 lane per weight row (vpdpbusd: u8 codes up to 255, Q4NL's too). Included INSIDE
+// QuantizePairAt and GroupRows, one int32 lane per weight row (vpdpbusd: u8 codes up to 255, Q4NL's too), and BlockDM. Included INSIDE
 // matmul_q_kernel.cc's ISA namespace, after its shared helpers; no includes of its own.
 
 // 16 int8 rows (8 pairs) share each unpacked block; 8 rows was 5-20 % slower on a Zen 4 at 32-512 rows
@@ -67,6 +67,21 @@ ALWAYS_INLINE __m512 Load16(const S* p) {
   else return _mm512_loadu_ps(p);
 }
 
+// Block b's d and m of the 16 rows: as stored, or (MatMulQ4K / Q5K) the super-block's d and -dmin times the block's
+// u8 sub-scales and mins, which follow its codes at c.
+template <int Bits, typename S>
+ALWAYS_INLINE void BlockDM(const uint8_t* c, const S* scales, int64_t b, __m512& d, __m512& m) {
+  const S* s = BlockScalesAt<Bits>(scales, b);
+  d = Load16(s), m = Load16(s + kQGroup);
+  if constexpr (SuperBlockDM(Bits)) {
+    const auto bytes = [&](int64_t at) {
+      return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + at))));
+    };
+    d = _mm512_mul_ps(d, bytes(BlockBytes(CodeBits(Bits))));
+    m = _mm512_mul_ps(m, bytes(BlockBytes(CodeBits(Bits)) + kQGroup));
+  }
+}
+
 // A block's integer dot products with one row of x: 16 weight rows, one int32 lane each.
 ALWAYS_INLINE __m512i BlockDot(const __m512i* w, const int8_t* xb) {
   __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();  // two chains: half the latency
@@ -90,9 +105,10 @@ ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t
   const __m512i nibble = _mm512_set1_epi8(0x0F);
   for (int64_t b = 0; b < KB; ++b) {
     const uint8_t* c = codes + b * BlockBytes(Bits);
-    PrefetchAhead<Bits>(c, scales + b * 2 * kQGroup);
+    PrefetchAhead<Bits>(c, BlockScalesAt<Bits>(scales, b));
+    constexpr int kCode = CodeBits(Bits);
     __m512i w[8];  // w[q]: 16 rows x columns 4q..4q+3 of the block
-    if constexpr (Bits == 4 || Bits == 5 || Bits == kQ4NL) {
+    if constexpr (kCode == 4 || kCode == 5 || Bits == kQ4NL) {
       for (int j = 0; j < 4; ++j) {
         const __m512i raw = _mm512_loadu_si512(c + 64 * j);
         w[j] = _mm512_and_si512(raw, nibble);
@@ -102,7 +118,7 @@ ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t
         const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kQ4NLCodes)));
         for (int q = 0; q < 8; ++q) w[q] = _mm512_shuffle_epi8(table, w[q]);
       }
-      if constexpr (Bits == 5) {  // the fifth bits: one 64-bit lane mask per vector
+      if constexpr (kCode == 5) {  // the fifth bits: one 64-bit lane mask per vector
         const __m512i sixteen = _mm512_set1_epi8(16);
         for (int q = 0; q < 8; ++q) {
           uint64_t fifth;
@@ -113,7 +129,8 @@ ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t
     } else {
       for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(c + 64 * j);
     }
-    const __m512 d = Load16(scales + b * 2 * kQGroup), m = Load16(scales + b * 2 * kQGroup + kQGroup);
+    __m512 d, m;
+    BlockDM<Bits>(c, scales, b, d, m);
     for (int o = 0; o < kOut; ++o) {
       const int64_t i = o * kStep;
       const int8_t* xb = xq + i * xq_stride + b * kQBlock;

@@ -70,11 +70,16 @@ ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t
         const int8_t* xb = xq + i * xq_stride + b * kQBlock;
         int32_t dot = 0;
         for (int64_t q = 0; q < 8; ++q)
-          for (int64_t j = 0; j < 4; ++j) dot += Code<Bits>(c, r, q, j) * xb[4 * q + j];
-        const S* sb = scales + b * 2 * kQGroup + r;
+          for (int64_t j = 0; j < 4; ++j) dot += Code<CodeBits(Bits)>(c, r, q, j) * xb[4 * q + j];
+        const S* sb = BlockScalesAt<Bits>(scales, b) + r;
+        float d = Scale(sb), m = Scale(sb + kQGroup);
+        if constexpr (SuperBlockDM(Bits)) {  // d * sc and -dmin * mn: the sub-scale and min follow the codes
+          const uint8_t* sub = c + BlockBytes(CodeBits(Bits));
+          d *= static_cast<float>(sub[r]), m *= static_cast<float>(sub[kQGroup + r]);
+        }
         const float* sc = xs + i * xs_stride + 2 * b;
-        acc[i] += static_cast<float>(dot) * (Scale(sb) * sc[0]);
-        acc[i] += Scale(sb + kQGroup) * sc[1];
+        acc[i] += static_cast<float>(dot) * (d * sc[0]);
+        acc[i] += m * sc[1];
       }
     const float add = bias ? bias[r] : 0.f;
     if constexpr (Pairs) {

@@ -1,6 +1,7 @@
 // MatMulQ kernels (see matmul_q_kernel.h), compiled once per ISA. Per block of 32 columns and
 // group of 16 weight rows, the integer dot products of the 4-, 5- or 8-bit codes (Q4NL: 8-bit codes
-// looked up from 4-bit indices with vpshufb, then as 8-bit codes) with the int8 activations
+// looked up from 4-bit indices with vpshufb, then as 8-bit codes; Q4K and Q5K: 4- and 5-bit codes whose
+// d and m are their super-block's d and -dmin times the block's u8 sub-scales and mins) with the int8 activations
 // run with one int32 lane per weight row (AVX-512 VNNI: vpdpbusd; AVX2: vpmaddubsw + vpmaddwd on 4-bit
 // halves, so the int16 sums cannot saturate), then
 //   acc[row] += dot * (d[row] * dx) + m[row] * (dx * sum(xq))     // w = d * q + m, x ~ dx * xq
@@ -31,12 +32,31 @@ namespace {
 ALWAYS_INLINE int64_t MinI(int64_t a, int64_t b) { return a < b ? a : b; }
 
 constexpr int64_t BlockBytes(int bits) {
-  return bits == 4 || bits == kQ4NL ? kQ4BlockBytes : bits == 5 ? kQ5BlockBytes : bits == kQ6K ? kQ6KBlockBytes : kQ8BlockBytes;
+  return bits == 4 || bits == kQ4NL ? kQ4BlockBytes
+         : bits == 5                ? kQ5BlockBytes
+         : bits == kQ4K             ? kQ4BlockBytes + kQKSubBytes
+         : bits == kQ5K             ? kQ5BlockBytes + kQKSubBytes
+         : bits == kQ6K             ? kQ6KBlockBytes
+                                    : kQ8BlockBytes;
 }
 
-// A group's scales: a (d, m) pair of vectors a block, or MatMulQ6K's one d vector for kQ6KScaleBlocks blocks.
+// MatMulQ4K and Q5K: a super-block's d and dmin, scaled in the kernel by each block's sub-scales and mins.
+constexpr bool SuperBlockDM(int bits) { return bits == kQ4K || bits == kQ5K; }
+
+// The width of the codes' layout (MatMulQ4K's is the 4-bit one, MatMulQ5K's the 5-bit one).
+constexpr int CodeBits(int bits) { return bits == kQ4K ? 4 : bits == kQ5K ? 5 : bits; }
+
+// A group's scales: a (d, m) pair of vectors a block, MatMulQ6K's one d vector for kQSuperBlocks blocks, or
+// MatMulQ4K's and Q5K's (d, -dmin) pair of vectors for kQSuperBlocks blocks.
 constexpr int64_t GroupScales(int bits, int64_t KB) {
-  return bits == kQ6K ? (KB + kQ6KScaleBlocks - 1) / kQ6KScaleBlocks * kQGroup : KB * 2 * kQGroup;
+  const int64_t super_blocks = (KB + kQSuperBlocks - 1) / kQSuperBlocks;
+  return bits == kQ6K ? super_blocks * kQGroup : SuperBlockDM(bits) ? super_blocks * 2 * kQGroup : KB * 2 * kQGroup;
+}
+
+// Where block b's (d, m) vectors start, or (MatMulQ4K / Q5K) its super-block's (d, -dmin).
+template <int Bits, typename S>
+ALWAYS_INLINE const S* BlockScalesAt(const S* scales, int64_t b) {
+  return scales + (SuperBlockDM(Bits) ? b / kQSuperBlocks : b) * 2 * kQGroup;
 }
 
 ALWAYS_INLINE float CodeStep(float amax) { return amax / 127.f; }  // dx: one int8 code's worth of x
@@ -75,7 +95,7 @@ template <int Bits, typename S>
 ALWAYS_INLINE void PrefetchAhead(const uint8_t* block_codes, const S* block_scales) {
   const char* codes = reinterpret_cast<const char*>(block_codes + kPrefetchBytes);
   for (int64_t line = 0; line < BlockBytes(Bits); line += 64) _mm_prefetch(codes + line, _MM_HINT_T0);
-  if constexpr (Bits == kQ6K) return;  // a d per 8 blocks: its scales are in the codes, a few bytes a block
+  if constexpr (Bits == kQ6K || SuperBlockDM(Bits)) return;  // a super-block's d: the rest is in the codes
   const char* scales = reinterpret_cast<const char*>(block_scales + kPrefetchBytes / BlockBytes(Bits) * 2 * kQGroup);
   for (int64_t line = 0; line < static_cast<int64_t>(2 * kQGroup * sizeof(S)); line += 64) _mm_prefetch(scales + line, _MM_HINT_T0);
 }
@@ -138,7 +158,7 @@ void Tile(const uint8_t* codes, const S* scales, const int8_t* xq, const float* 
       const int64_t whole_end = t0 + (t1 - t0) / kTileRows * kTileRows;
       while (KB <= kWidenedMaxBlocks && t1 - t0 >= 2 * kTileRows && t < whole_end) {
         const int64_t rows = MinI(2 * kWidenedMaxPairs, whole_end - t);
-        GroupPairsWidenedOnce<Bits, S>(codes + g * KB * BlockBytes(Bits), scales + g * KB * 2 * kQGroup,
+        GroupPairsWidenedOnce<Bits, S>(codes + g * KB * BlockBytes(Bits), scales + g * GroupScales(Bits, KB),
                                        xq + t * xq_stride, xq_stride, xs + t * xs_stride, xs_stride,
                                        bias ? bias + n0 : nullptr, y + t / 2 * N + n0, N, KB, MinI(kQGroup, N - n0),
                                        rows / 2);
@@ -214,6 +234,10 @@ void QTile(int bits, const uint8_t* codes, const void* scales, bool half, bool p
     TileOfBits<kQ4NL>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
   else if (bits == kQ6K)
     TileOfBits<kQ6K>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
+  else if (bits == kQ4K)
+    TileOfBits<kQ4K>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
+  else if (bits == kQ5K)
+    TileOfBits<kQ5K>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
   else if (bits == 5)
     TileOfBits<5>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
   else

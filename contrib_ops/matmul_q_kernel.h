@@ -18,8 +18,12 @@
 //          MatMulQ6K (GGUF's Q6_K, w = d * sc * (q - 32), q in 0..63, an int8 sc per row and 16 columns, a d per
 //          row and 256): u8 [G, KB, 416], the 5-bit layout of q & 31, then the sixth bits in the fifth bits'
 //          layout (bytes 320..383), then the int8 sc of the group's 16 rows for columns 0..15 and for 16..31.
+//          MatMulQ4K / MatMulQ5K (GGUF's Q4_K / Q5_K, w = d * sc * q - dmin * mn, u8 sc and mn (6 bits) per row and
+//          32 columns, d and dmin per row and 256): u8 [G, KB, 288 | 352], the 4- or 5-bit layout of q, then the u8
+//          sc of the group's 16 rows, then their mn; a block's d * sc and -dmin * mn are its d and m (exact in f32).
 //          Either way a 64-byte load (and a nibble mask) gives 16 rows x 4 columns: an int32 lane a row.
-//   scales f16 or f32 [G, KB, 2, 16]: d then m of the group's 16 rows; MatMulQ6K: [G, ceil(KB / 8), 16], d.
+//   scales f16 or f32 [G, KB, 2, 16]: d then m of the group's 16 rows; MatMulQ6K: [G, ceil(KB / 8), 16], d;
+//   MatMulQ4K / Q5K: [G, ceil(KB / 8), 2, 16], d then -dmin.
 #pragma once
 
 #include <cstdint>
@@ -37,11 +41,20 @@ constexpr uint8_t kQ4NLCodes[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 1
 
 // The kernels' Bits of MatMulQ6K; where its block's sixth bits and sub-block scales start; blocks a d covers.
 constexpr int kQ6K = 0x16;
-constexpr int64_t kQ6KBlockBytes = 416, kQ6KSixthBits = 320, kQ6KSubScales = 384, kQ6KScaleBlocks = 8;
+constexpr int64_t kQ6KBlockBytes = 416, kQ6KSixthBits = 320, kQ6KSubScales = 384;
+
+// The kernels' Bits of MatMulQ4K and MatMulQ5K; the bytes a block's sub-scales and mins add to its codes.
+constexpr int kQ4K = 0x24, kQ5K = 0x25;
+constexpr int64_t kQKSubBytes = 32;
+
+// Blocks of 32 columns in a GGUF super-block (256 columns): MatMulQ6K's d, MatMulQ4K's and Q5K's d and dmin.
+constexpr int64_t kQSuperBlocks = 8;
 
 template <int Bits>  // a constant, not a function: nothing here is compiled once per ISA
 constexpr int64_t kQBlockBytesOf = Bits == 4 || Bits == kQ4NL ? kQ4BlockBytes
                                    : Bits == 5                ? kQ5BlockBytes
+                                   : Bits == kQ4K             ? kQ4BlockBytes + kQKSubBytes
+                                   : Bits == kQ5K             ? kQ5BlockBytes + kQKSubBytes
                                    : Bits == kQ6K             ? kQ6KBlockBytes
                                                               : kQ8BlockBytes;
 
@@ -58,7 +71,7 @@ constexpr int64_t kQBlockBytesOf = Bits == 4 || Bits == kQ4NL ? kQ4BlockBytes
 // (the AVX-512 build's MatMulQ6K: as unsigned bytes x + 128; every other kernel: as they are).
 // QTile: y[t, 16g + r] = sum_b xs[t,b,0] * d * dot(q, xq) + m * xs[t,b,1] (+ bias) for rows
 // [t0, t1) of xq and groups [g0, g1); only columns < N are written. pairs: y[t / 2] gets the sum of
-// rows t and t + 1 (t0, t1 even). bits: 4, 5, 8, kQ4NL or kQ6K; half: scales are fp16 (else f32).
+// rows t and t + 1 (t0, t1 even). bits: 4, 5, 8, kQ4NL, kQ4K, kQ5K or kQ6K; half: scales are fp16 (else f32).
 #define ORTSERVE_Q_KERNELS                                                                              \
   void QuantizeRows(const float* x, int64_t T, int64_t K, bool residual, int8_t* xq, float* xs);        \
   void AdaptRows(int bits, int8_t* xq, int64_t count);                                                  \

@@ -264,9 +264,14 @@ def pack_q(codes, d, m, bits=4, scale_dtype=np.float16):
 
 def unpack_q(packed, scales, n, k, nonlinear=False):
     """pack_q's inverse: (codes uint8 [N, K], d float32 [N, KB], m float32 [N, KB]); ``nonlinear``
-    (MatMulQ4NL): the 4-bit codes looked up in Q4NL_CODES."""
+    (MatMulQ4NL): the 4-bit codes looked up in Q4NL_CODES. A MatMulQ4K / Q5K weight (``pack_qk``) gives its
+    blocks' d * sc and -dmin * mn as d and m (float32 products, exact)."""
     groups, k_blocks, width = packed.shape
     packed = np.asarray(packed, np.uint8)
+    if width in QK_BLOCK_BYTES.values():
+        codes, sub_scales, mins, d, dmin = unpack_qk(packed, scales, n, k)
+        super_block = np.arange(k_blocks) // Q_SUPER_BLOCKS
+        return codes, d[:, super_block] * sub_scales, -dmin[:, super_block] * mins
     nibbles = width != Q_BLOCK_BYTES[8]
     low = packed[..., : Q_BLOCK_BYTES[4] if nibbles else width]
     q = low.reshape(groups, k_blocks, -1, Q_GROUP, 4)  # [G, KB, c, r, j]
@@ -285,20 +290,60 @@ def unpack_q(packed, scales, n, k, nonlinear=False):
 
 
 def dequantize_q(packed, scales, n, k, nonlinear=False):
-    """The float32 weight [N, K] a MatMulQ4 / Q5 / Q8 (``nonlinear``: Q4NL) node holds: d * q + m, in
-    float32 and in that order."""
+    """The float32 weight [N, K] a MatMulQ4 / Q5 / Q8 / Q4K / Q5K (``nonlinear``: Q4NL) node holds: d * q + m, in
+    float32 and in that order (Q4K / Q5K: (d * sc) * q + (-dmin * mn), as gguf's dequantiser)."""
     codes, d, m = unpack_q(packed, scales, n, k, nonlinear)
     blocks = np.repeat(np.arange(d.shape[1]), Q_BLOCK)[:k]
     return (codes.astype(np.float32) * d[:, blocks] + m[:, blocks]).astype(np.float32)
 
 
 def gather_q(packed, scales, indices, n, k, nonlinear=False):
-    """GatherQ4 / Q5 / Q8 / Q4NL: rows ``indices`` of ``dequantize_q`` -> float32 [T, K]."""
+    """GatherQ4 / Q5 / Q8 / Q4NL / Q4K / Q5K: rows ``indices`` of ``dequantize_q`` -> float32 [T, K]."""
     return dequantize_q(packed, scales, n, k, nonlinear)[np.asarray(indices, np.int64)]
 
 
+Q_SUPER_BLOCKS = 8  # blocks of 32 columns per GGUF super-block of 256: MatMulQ6K's d, MatMulQ4K's / Q5K's d and dmin
+QK_SUB_BYTES = 32  # MatMulQ4K / Q5K: a block's u8 sub-scales of its 16 rows, then their mins, after its codes
+QK_BLOCK_BYTES = {4: Q_BLOCK_BYTES[4] + QK_SUB_BYTES, 5: Q_BLOCK_BYTES[5] + QK_SUB_BYTES}
+
+
+def pack_qk(codes, sub_scales, mins, d, dmin, bits=4, scale_dtype=np.float16):
+    """MatMulQ4K's or MatMulQ5K's weight layout (contrib_ops/matmul_q_kernel.h) of W = d * sc * q - dmin * mn,
+    GGUF's Q4_K / Q5_K: codes uint8 [N, K] (0..2^bits - 1), sc and mn uint8 [N, ceil(K / 32)] per row and block,
+    d and dmin [N, ceil(K / 256)] per row and super-block -> (packed uint8 [G, KB, 288 or 352], scales
+    [G, ceil(KB / 8), 2, 16] of scale_dtype: d, then -dmin). A block is pack_q's block of the codes, then the
+    16 rows' sc, then their mn; padding is 0."""
+    codes = np.asarray(codes, np.uint8)
+    n, k = codes.shape
+    groups, k_blocks = -(-n // Q_GROUP), -(-k // Q_BLOCK)
+    none = np.zeros((n, k_blocks), np.float32)
+    packed, _ = pack_q(codes, none, none, bits)
+    sub = np.zeros((groups * Q_GROUP, k_blocks, 2), np.uint8)
+    sub[:n, :, 0], sub[:n, :, 1] = sub_scales, mins
+    sub = sub.reshape(groups, Q_GROUP, k_blocks, 2).transpose(0, 2, 3, 1).reshape(groups, k_blocks, QK_SUB_BYTES)
+    super_blocks = -(-k_blocks // Q_SUPER_BLOCKS)
+    scales = np.zeros((groups * Q_GROUP, super_blocks, 2), np.float32)
+    scales[:n, :, 0], scales[:n, :, 1] = d, -np.asarray(dmin, np.float32)
+    scales = scales.reshape(groups, Q_GROUP, super_blocks, 2).transpose(0, 2, 3, 1)
+    packed = np.concatenate([packed, sub], axis=-1)
+    return np.ascontiguousarray(packed), np.ascontiguousarray(scales.astype(scale_dtype))
+
+
+def unpack_qk(packed, scales, n, k):
+    """pack_qk's inverse: (codes uint8 [N, K], sc uint8 [N, KB], mn uint8 [N, KB], d float32 [N, ceil(K / 256)],
+    dmin float32 [N, ceil(K / 256)])."""
+    groups, k_blocks, width = packed.shape
+    packed = np.asarray(packed, np.uint8)
+    unit = np.zeros((groups, k_blocks, 2, Q_GROUP), np.float16)
+    codes, _, _ = unpack_q(packed[..., : width - QK_SUB_BYTES], unit, n, k)
+    sub = packed[..., width - QK_SUB_BYTES :].reshape(groups, k_blocks, 2, Q_GROUP).transpose(0, 3, 1, 2)
+    sub = sub.reshape(groups * Q_GROUP, k_blocks, 2)[:n]
+    s = np.asarray(scales, np.float32).transpose(0, 3, 1, 2).reshape(groups * Q_GROUP, -1, 2)[:n]
+    fields = (sub[..., 0], sub[..., 1], s[..., 0], -s[..., 1])
+    return (codes, *(np.ascontiguousarray(f) for f in fields))
+
+
 Q6K_BLOCK_BYTES = 416  # MatMulQ6K: the 5-bit layout of q & 31 (320), the sixth bits (64), 2 x 16 int8 sub-scales
-Q6K_SCALE_BLOCKS = 8  # blocks of 32 columns per d (GGUF's super-block of 256)
 
 
 def pack_q6k(codes, sub_scales, d, scale_dtype=np.float16):
@@ -317,7 +362,7 @@ def pack_q6k(codes, sub_scales, d, scale_dtype=np.float16):
     sub[:n, : sub_scales.shape[1]] = sub_scales
     sub = sub.reshape(groups, Q_GROUP, k_blocks, 2).transpose(0, 2, 3, 1).reshape(groups, k_blocks, 2 * Q_GROUP)
     packed = np.concatenate([low, sixth[..., Q_BLOCK_BYTES[4] :], sub.view(np.uint8)], axis=-1)
-    super_blocks = -(-k_blocks // Q6K_SCALE_BLOCKS)
+    super_blocks = -(-k_blocks // Q_SUPER_BLOCKS)
     scales = np.zeros((groups * Q_GROUP, super_blocks), np.float32)
     scales[:n, : d.shape[1]] = d
     scales = scales.reshape(groups, Q_GROUP, super_blocks).transpose(0, 2, 1)
@@ -368,7 +413,7 @@ def matmul_q6k(x, packed, scales, n, bias=None, activation_bits=8):
     dots = np.einsum("tbhi,nbhi->tnbh", xq.reshape(halves).astype(np.int64), signed.reshape(n, k_blocks, 2, 16))
     sc = np.zeros((n, 2 * k_blocks), np.float64)
     sc[:, : sub.shape[1]] = sub
-    step = sc.reshape(n, k_blocks, 2) * d.astype(np.float64)[:, np.arange(k_blocks) // Q6K_SCALE_BLOCKS, None]
+    step = sc.reshape(n, k_blocks, 2) * d.astype(np.float64)[:, np.arange(k_blocks) // Q_SUPER_BLOCKS, None]
     y = np.einsum("tnbh,nbh,tb->tn", dots.astype(np.float64), step, dx.astype(np.float64))
     y = y.reshape(t, rows // t if t else 1, n).sum(axis=1)
     if bias is not None:
@@ -417,7 +462,8 @@ def _codes(blocks, inverse):
 
 
 def matmul_q(x, packed, scales, n, bias=None, activation_bits=8, nonlinear=False):
-    """MatMulQ4 / Q5 / Q8 / Q4NL (``nonlinear``): y[t, r] = sum_b dx[t,b] * d[r,b] * (q[r, block b] . xq[t, block b]) +
+    """MatMulQ4 / Q5 / Q8 / Q4NL (``nonlinear``) / Q4K / Q5K (d and m from ``unpack_q``):
+    y[t, r] = sum_b dx[t,b] * d[r,b] * (q[r, block b] . xq[t, block b]) +
     m[r,b] * dx[t,b] * sum(xq[t, block b]) (+ bias[r]), with the int8 activations of ``quantize_activations``
     (16 bits: the sum of that over x's row and its residual's): the integer dot products exactly, the rest
     accumulated in float64. x [T, K] -> y float32 [T, N]."""

@@ -2,7 +2,7 @@
 
 Modules, in data-flow order: ``checkpoint`` (safetensors reader), ``config`` + ``architectures``
 (what a model is), ``rope`` (rotary tables), ``graph`` (the shared decoder builder), ``qweight`` (MatMulQ
-weights) + ``q6k`` (GGUF's Q6_K) + ``nbits`` (the container of imported codes), ``weights`` (streaming
+weights) + ``kquants`` (GGUF's Q4_K, Q5_K, Q6_K) + ``nbits`` (the container of imported codes), ``weights`` (streaming
 initializers to model.onnx.data), ``pipeline``
 (stages, temp dir, atomic rename), ``validate`` (run an artifact; compare with transformers),
 ``cli``. Nothing here imports torch except ``validate``'s transformers comparison.

@@ -1,7 +1,8 @@
-"""GGUF quantised blocks -> the codes and scales of MatMulQ4 / Q5 / Q8 / Q4NL (blocks of 32, via
-``qweight.from_blocks``) and MatMulQ6K (``q6k.py``), with no rounding anywhere.
+"""GGUF quantised blocks of 32 -> the codes and scales of MatMulQ4 / Q5 / Q8 / Q4NL (via
+``qweight.from_blocks``), with no rounding anywhere; the K-quants (Q4_K, Q5_K, Q6_K) have ops of their
+own (``kquants.py``).
 
-Every llama.cpp block format below is ``w = s * q + o`` per sub-block: integer codes ``q``, a
+Every llama.cpp block format below is ``w = s * q + o`` per block: integer codes ``q``, a
 float scale ``s`` and either a constant integer zero point (``o = -s * z``) or a float offset
 ``o``. MatMulQ4 / Q5 / Q8 hold ``d * q + m``: d = s and m = o (or -s * z):
 
@@ -9,12 +10,9 @@ float scale ``s`` and either a constant integer zero point (``o = -s * z``) or a
 |------|---------------------------|------------------|--------------------|
 | Q4_0 | MatMulQ4                  | d                | z = 8 (m = -8d)    |
 | Q4_1 | MatMulQ4                  | d                | o = m              |
-| Q4_K | MatMulQ4                  | d * scale[j]     | o = -dmin * min[j] |
 | Q5_0 | MatMulQ5                  | d                | z = 16             |
 | Q8_0 | MatMulQ8 (codes + 128)    | d                | z = 128            |
 | Q5_1 | MatMulQ5                  | d                | o = m              |
-| Q5_K | MatMulQ5                  | d * scale[j]     | o = -dmin * min[j] |
-| Q6_K | MatMulQ6K (``q6k.py``)   | d * scale[j], per 16 columns | z = 32 |
 | IQ4_NL | MatMulQ4NL (kvalues + 128) | d            | z = 128            |
 | IQ4_XS | MatMulQ4NL (kvalues + 128) | d * (ls[j] - 32) | z = 128        |
 
@@ -27,8 +25,8 @@ product stays exact in float32: IQ4_XS's d (fp16, 11 bits) * (ls - 32) (at most 
 ``s`` and ``o`` are computed exactly as gguf's dequantiser computes them (float32 products), so
 ``s * q + o`` equals ``gguf.quants.dequantize`` bit for bit (tests/models/test_gguf_import.py).
 
-The bit unpacking is gguf's own: a copy of the blocks with ``d = 1`` and ``dmin = 0`` (``m = 0``)
-dequantises to ``scale[j] * q`` (or ``q - z``), from which the codes follow exactly.
+The bit unpacking is gguf's own: a copy of the blocks with ``d = 1`` and ``m = 0`` dequantises to
+``scale[j] * q`` (or ``q - z``), from which the codes follow exactly.
 """
 
 from __future__ import annotations
@@ -49,9 +47,9 @@ class BlockFormat:
     bits: int  # the width of the container gguf's codes are unpacked into (``nbits.QuantizedWeight``)
     code_bits: int  # the codes' own width: the format is held by MatMulQ{code_bits}
     zero_point: int  # every block's integer zero point (0 with float offsets)
-    offsets: bool  # float block offsets o (Q4_1, Q5_1, Q4_K, Q5_K)
+    offsets: bool  # float block offsets o (Q4_1, Q5_1)
     header: tuple[int, ...]  # byte offsets of the fp16 fields set to (1, 0, ...) to read codes
-    scales: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray | None]] | None = None  # K-quants
+    sub_scales: Callable[[np.ndarray], np.ndarray] | None = None  # IQ4_XS's per 32 columns
     nonlinear: bool = False  # IQ4: code_bits-wide indices of the codes ``kvalue + 128`` (MatMulQ4NL)
 
 
@@ -66,14 +64,7 @@ def unscaled(values: np.ndarray, factor: np.ndarray) -> np.ndarray:
     return np.where(factor[..., None] == 0, 0, values / safe)
 
 
-def _k_scales(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q4_K / Q5_K: the 6-bit sub-block scales and mins, unpacked by gguf."""
-    from gguf.quants import Q4_K
-
-    return Q4_K.get_scale_min(blocks[:, 4:16])
-
-
-def _iq4_xs_scales(blocks: np.ndarray) -> tuple[np.ndarray, None]:
+def _iq4_xs_scales(blocks: np.ndarray) -> np.ndarray:
     """IQ4_XS: the 8 sub-block scales ls - 32 (6 bits: 4 low bits in bytes 4-7, 2 high bits in the
     uint16 at 2), as gguf's dequantiser unpacks them."""
     high = blocks[:, 2:4].copy().view(np.uint16)  # [n, 1]
@@ -81,7 +72,7 @@ def _iq4_xs_scales(blocks: np.ndarray) -> tuple[np.ndarray, None]:
     j = np.arange(8)
     low_bits = (low[:, j // 2] >> (4 * (j % 2))) & 0x0F
     high_bits = (high >> (2 * j)).astype(np.uint8) & 0x03
-    return (low_bits | (high_bits << 4)).astype(np.int8) - np.int8(32), None
+    return (low_bits | (high_bits << 4)).astype(np.int8) - np.int8(32)
 
 
 FORMATS: dict[str, BlockFormat] = {
@@ -90,8 +81,6 @@ FORMATS: dict[str, BlockFormat] = {
     "Q8_0": BlockFormat(8, 8, 128, False, (0,)),
     "Q4_1": BlockFormat(4, 4, 0, True, (0, 2)),
     "Q5_1": BlockFormat(8, 5, 0, True, (0, 2)),
-    "Q4_K": BlockFormat(4, 4, 0, True, (0, 2), _k_scales),
-    "Q5_K": BlockFormat(8, 5, 0, True, (0, 2), _k_scales),
     "IQ4_NL": BlockFormat(8, 4, 128, False, (0,), nonlinear=True),
     "IQ4_XS": BlockFormat(8, 4, 128, False, (0,), _iq4_xs_scales, nonlinear=True),
 }
@@ -131,19 +120,17 @@ def _import_rows(data: np.ndarray, qtype_name: str, cols: int) -> QuantizedWeigh
     unit[:, fmt.header[0] : fmt.header[0] + 2] = ONE_HALF
     for at in fmt.header[1:]:
         unit[:, at : at + 2] = _ZERO
-    # q - z (symmetric formats) or scale[j] * q (K-quants) or q (Q4_1 / Q5_1), exactly, per weight
+    # q - z (symmetric formats) or scale[j] * (q - z) (IQ4_XS) or q (Q4_1 / Q5_1), exactly, per weight
     unpacked = gguf.quants.dequantize(unit.reshape(rows, -1), qtype).reshape(-1, block // BLOCK_SIZE, BLOCK_SIZE)
 
-    if fmt.scales is None:
+    offsets = np.repeat(_half(blocks, 2)[:, None], block // BLOCK_SIZE, axis=1) if fmt.offsets else None
+    if fmt.sub_scales is None:
         scales = np.repeat(d[:, None], block // BLOCK_SIZE, axis=1)
         codes = unpacked + np.float32(fmt.zero_point)
-        offsets = np.repeat(_half(blocks, 2)[:, None], block // BLOCK_SIZE, axis=1) if fmt.offsets else None
     else:
-        sub_scales, mins = fmt.scales(blocks)
-        factor = sub_scales.astype(np.float32)
+        factor = fmt.sub_scales(blocks).astype(np.float32)
         codes = unscaled(unpacked, factor) + np.float32(fmt.zero_point)
         scales = d[:, None] * factor  # float32 products, as gguf's dequantiser forms them
-        offsets = -(_half(blocks, 2)[:, None] * mins.astype(np.float32)) if mins is not None else None
 
     k_blocks = cols // BLOCK_SIZE
     codes = codes.astype(np.uint8).reshape(rows, k_blocks, BLOCK_SIZE)

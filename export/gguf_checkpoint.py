@@ -4,7 +4,7 @@ A GGUF source is exported from a folder that holds its ``config.json`` and token
 ``ortserve.models`` from the file's metadata) and ``model.gguf``, a link to the file itself.
 ``GgufCheckpoint`` answers what ``Checkpoint`` answers -- tensors by Hugging Face name, in
 Hugging Face layout, as float32 -- and one more thing: ``import_blocks``, a quantised tensor's own
-codes and scales, exactly (``gguf_blocks.py``, ``q6k.py``). Names map through gguf's own tensor
+codes and scales, exactly (``gguf_blocks.py``, ``kquants.py``). Names map through gguf's own tensor
 name table; what llama.cpp's converter changed is undone from the architecture's ``GgufLayout``
 (Q/K row order, norm offsets, transposed GPT-2 weights).
 """
@@ -23,8 +23,10 @@ from .checkpoint import Checkpoint, sha256_files
 from .errors import ExportError
 from .gguf_blocks import FORMATS, import_blocks
 from .hf_quantized import QuantizedCheckpoint, quantization_method
+from .kquants import QK_FORMATS, KQuantWeight, import_kquant
 from .nbits import CodeLayout, QuantizedWeight
-from .q6k import Q6KWeight, import_q6k
+
+_KQUANT_BITS = {**QK_FORMATS, "Q6_K": 6}  # the K-quants held exactly at their own width (MatMulQ4K / Q5K / Q6K)
 
 GGUF_WEIGHTS = "model.gguf"  # in a GGUF source's checkpoint folder: a link to the file
 
@@ -137,21 +139,21 @@ class GgufCheckpoint:
         return self.read(name)[:count]
 
     def code_layout(self, name: str) -> CodeLayout | None:
-        """How the codes ``import_blocks`` gives are held exactly: MatMulQ{code bits} (or Q4NL), or
-        MatMulQ6K for Q6_K; None for a format without an exact form."""
+        """How the codes ``import_blocks`` gives are held exactly: MatMulQ{code bits} (or Q4NL), or MatMulQ4K /
+        Q5K / Q6K for the K-quants; None for a format without an exact form."""
         qtype = self.gguf_type(name)
-        if qtype == "Q6_K":
-            return CodeLayout(6)
+        if qtype in _KQUANT_BITS:
+            return CodeLayout(_KQUANT_BITS[qtype], "K")
         fmt = FORMATS.get(qtype)
-        return None if fmt is None else CodeLayout(fmt.code_bits, fmt.nonlinear)
+        return None if fmt is None else CodeLayout(fmt.code_bits, "NL" if fmt.nonlinear else "")
 
-    def import_blocks(self, name: str) -> QuantizedWeight | Q6KWeight:
-        """The tensor's codes and scales, exactly ([out, in] rows): Q6_K's as they are, every other format's
-        per block of 32 in the nbits container (``qweight.from_blocks`` makes them a MatMulQ weight)."""
+    def import_blocks(self, name: str) -> QuantizedWeight | KQuantWeight:
+        """The tensor's codes and scales, exactly ([out, in] rows): the K-quants' as they are (``kquants``), every
+        other format's per block of 32 in the nbits container (``qweight.from_blocks`` makes them a MatMulQ weight)."""
         tensor = self._tensor(name)
         cols, rows = (int(n) for n in tensor.shape)
-        if tensor.tensor_type.name == "Q6_K":
-            q: QuantizedWeight | Q6KWeight = import_q6k(tensor.data, rows, cols)
+        if tensor.tensor_type.name in _KQUANT_BITS:
+            q: QuantizedWeight | KQuantWeight = import_kquant(tensor.data, tensor.tensor_type.name, rows, cols)
         else:
             q = import_blocks(tensor.data, tensor.tensor_type.name, rows, cols)
         return q.take_rows(rotary_row_order(rows, self._heads[name])) if name in self._heads else q

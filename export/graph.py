@@ -11,13 +11,14 @@ Everything is 2-D over the flattened batch [T, ·]: no padding, no batch axis. P
 Hidden states are gathered at ``logits_indices`` before the final norm and the LM head.
 CPU-fast ORT contrib ops: SimplifiedLayerNormalization, SkipSimplifiedLayerNormalization,
 SkipLayerNormalization; ours (domain ``ortserve``): PackedPagedAttention, GatedActivation, MatMulF,
-MatMulQ4 / Q5 / Q8 / Q4NL / Q6K, GatherQ4 / Q5 / Q8 / Q4NL / Q6K. Every node
+MatMulQ4 / Q5 / Q8 / Q4NL / Q4K / Q5K / Q6K and their GatherQ lookups. Every node
 is a kernel launch and a decode step of a small model is mostly launches, so each layer is as few
 nodes as we can make it: the norm or gated activation in front of a linear runs inside the linear's
 node (``linear_inputs``), so a Llama layer is five nodes. fp32 linears are ``MatMulF`` on the
 checkpoint's [out, in] weights, which the op repacks at load (a tied fp32 LM head passes the
 embedding itself); quantised ones ``MatMulQ4`` / ``MatMulQ8`` (w = d * q + m per block of 32: GGUF
-codes kept exactly, float weights quantised, see ``qweight.py``; GGUF's Q6_K ``MatMulQ6K``, ``q6k.py``),
+codes kept exactly, float weights quantised, see ``qweight.py``; GGUF's K-quants ``MatMulQ4K`` / ``Q5K`` /
+``Q6K`` at their own widths, ``kquants.py``),
 with 8- or 16-bit activations (``activation_bits``). A tied quantised LM head serves the embedding
 lookup too.
 """
@@ -39,8 +40,9 @@ from .config import ModelSpec
 from .errors import ExportError
 from .gptq import quantize_calibrated
 from .graph_io import MS, OURS, make_model
+from .kquants import KQuantWeight, concat_kquant
 from .linear_inputs import NO_BIAS, fuse_linear_inputs
-from .q6k import Q6KWeight, concat_q6k
+from .nbits import QuantizedWeight
 from .qweight import QWeight, concat_q, from_blocks, quantize_q
 from .rope import RopeTable, rope_frequencies, rope_step_nodes
 from .weights import WeightJob, WeightSource
@@ -183,7 +185,8 @@ class DecoderBuilder:
         k: int,
         bias: str | None,
     ) -> str:
-        """One MatMulQ4 / Q5 / Q8 / Q4NL / Q6K node: each part's GGUF codes as they are, or float weights quantised."""
+        """One MatMulQ4 / Q5 / Q8 / Q4NL / Q4K / Q5K / Q6K node: each part's GGUF codes as they are, or float weights
+        quantised."""
         self.plan_codes(label, weights, plans, transpose, k)
         inputs = [x, f"{label}.codes", f"{label}.scales"] + ([bias] if bias else [])
         op_type = f"MatMulQ{plans[0].q_format}"
@@ -194,17 +197,21 @@ class DecoderBuilder:
         of ``plans[0].q_format``."""
         bits = plans[0].bits
 
-        def part(w: str, plan: storage.Storage) -> QWeight | Q6KWeight:
+        def part(w: str, plan: storage.Storage) -> QWeight | KQuantWeight:
             if plan.kind == "exact":
                 blocks = self.src.import_blocks(w)
-                return blocks if isinstance(blocks, Q6KWeight) else from_blocks(blocks, k, plan.bits, plan.nonlinear)
+                return (
+                    from_blocks(blocks, k, plan.bits, plan.variant == "NL")
+                    if isinstance(blocks, QuantizedWeight)
+                    else blocks
+                )
             gram = self.importance.gram(label) if self.importance else None
             weight = self.src.read(w, transpose)
             return quantize_q(weight, bits) if gram is None else quantize_calibrated(weight, bits, gram)
 
         def make() -> dict[str, np.ndarray]:
             parts = [part(w, p) for w, p in zip(weights, plans)]
-            whole = concat_q6k(parts) if isinstance(parts[0], Q6KWeight) else concat_q(parts)  # type: ignore[arg-type]
+            whole = concat_q(parts) if isinstance(parts[0], QWeight) else concat_kquant(parts)  # type: ignore[arg-type,type-var]
             codes, scales = whole.packed()
             return {f"{label}.codes": codes, f"{label}.scales": scales}
 
@@ -362,7 +369,7 @@ class DecoderBuilder:
         head_plan = (
             storage.plan(self.src, embed, self.lm_head_precision, self.tensor_precision) if tied else storage.FP32
         )
-        # The lookup reads quantised rows where there are some (GatherQ4 / Q5 / Q8 / Q4NL / Q6K): a tied,
+        # The lookup reads quantised rows where there are some (GatherQ4 / Q5 / Q8 / Q4NL / Q4K / Q5K / Q6K): a tied,
         # quantised LM head's bytes, or an untied embedding's own GGUF codes (rows exact, and no fp32 table,
         # which for a 7B model's 128k x 4096 is 2 GiB); an embedding of floats stays an fp32 Gather.
         embed_plan = head_plan if tied else storage.plan(self.src, embed, self.precision, self.tensor_precision)

@@ -2,7 +2,7 @@
 of ``block_size`` weights of one output row (along K), plus, for formats with float block minimums
 (Q4_1, Q4_K, ...), a float ``offset`` per block. ``gguf_blocks.import_blocks`` and ``hf_quantized`` unpack
 every exact format with blocks of 32 into this container, which then becomes a MatMulQ4 / Q5 / Q8 / Q4NL
-weight (``qweight.from_blocks``); GGUF's Q6_K has its own (``q6k.py``).
+weight (``qweight.from_blocks``); GGUF's K-quants have their own (``kquants.py``).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ BITS = {"int4": 4, "int5": 5, "int8": 8}
 
 @dataclass(frozen=True)
 class CodeLayout:
-    """How a source tensor's own codes are held exactly: MatMulQ{bits} (``nonlinear``: MatMulQ4NL, 4-bit
-    indices of GGUF's IQ4 values; 6 bits: MatMulQ6K, GGUF's Q6_K)."""
+    """How a source tensor's own codes are held exactly: MatMulQ{bits}{variant} (variant "NL": MatMulQ4NL, 4-bit
+    indices of GGUF's IQ4 values; "K": MatMulQ4K / Q5K / Q6K, GGUF's K-quants, ``kquants.py``)."""
 
     bits: int
-    nonlinear: bool = False
+    variant: str = ""
 
 
 SCALE_CANDIDATES = np.linspace(0.80, 1.04, 13, dtype=np.float32)  # x the min/max step (qweight's search)

@@ -2,8 +2,9 @@
 quantised here. One rule, decided per tensor before any weight is read:
 
 - ``--precision fp32``: fp32 (a GGUF tensor is dequantised exactly).
-- a GGUF tensor of a format in ``gguf_blocks.FORMATS`` or Q6_K, or a quantised Hugging Face checkpoint's
-  linear grouped in blocks of 32 (``hf_quantized``): its codes, imported exactly, whatever the
+- a GGUF tensor of a format in ``gguf_blocks.FORMATS`` or a K-quant (``kquants``: Q4_K, Q5_K, Q6_K), or a
+  quantised Hugging Face checkpoint's linear grouped in blocks of 32 (``hf_quantized``): its codes, imported
+  exactly, whatever the
   precision (Q8_0 stays 8-bit under int4: re-quantising would only lose information).
 - a GGUF tensor of another quantised format (Q2_K, Q3_K, IQ1-IQ3), or a quantised checkpoint's
   linear without an exact integer form (FP8, groups under 32 columns): dequantised, then quantised
@@ -32,20 +33,20 @@ from .weights import WeightSource
 @dataclass(frozen=True)
 class Storage:
     kind: Literal["fp32", "exact", "quantize"]
-    bits: int = 32  # 4, 5, 8 (MatMulQ4 / Q5 / Q8), 6 (GGUF's Q6_K: MatMulQ6K)
+    bits: int = 32  # the codes' width: 4, 5, 8 (MatMulQ4 / Q5 / Q8 and their variants), 6 (MatMulQ6K)
     source_type: str = "F32"  # the GGUF type of the source tensor (F32 for safetensors)
-    nonlinear: bool = False  # IQ4_NL / IQ4_XS: MatMulQ4NL
+    variant: str = ""  # "NL": IQ4_NL / IQ4_XS (MatMulQ4NL); "K": GGUF's K-quant super-blocks (MatMulQ4K / Q5K / Q6K)
 
     @property
     def key(self) -> tuple:
         """Parts of a fused linear with equal keys share one node: each MatMulQ op's d * q + m holds
-        every format of its width (MatMulQ4NL only the IQ4 formats)."""
-        return self.kind == "fp32", self.bits, self.nonlinear
+        every format of its width (MatMulQ4NL only the IQ4 formats, MatMulQ4K / Q5K / Q6K only their K-quant)."""
+        return self.kind == "fp32", self.bits, self.variant
 
     @property
     def q_format(self) -> str:
-        """The MatMulQ / GatherQ op's suffix: '4', '5', '8', '4NL' or '6K'."""
-        return f"{self.bits}NL" if self.nonlinear else "6K" if self.bits == 6 else str(self.bits)
+        """The MatMulQ / GatherQ op's suffix: '4', '5', '8', '4NL', '4K', '5K' or '6K'."""
+        return f"{self.bits}{self.variant}"
 
     @property
     def label(self) -> str:
@@ -93,9 +94,9 @@ def plan(source: WeightSource, name: str, precision: str | None, rules: Sequence
     source_type = source.gguf_type(name)
     if precision == "fp32":
         return Storage("fp32", source_type=source_type)
-    layout = source.code_layout(name)  # MatMulQ4 / Q5 / Q8 / Q4NL / Q6K
+    layout = source.code_layout(name)  # MatMulQ4 / Q5 / Q8 / Q4NL / Q4K / Q5K / Q6K
     if layout is not None:
-        return Storage("exact", layout.bits, source_type, layout.nonlinear)
+        return Storage("exact", layout.bits, source_type, layout.variant)
     if source_type in FLOAT_TYPES and precision is None:
         return Storage("fp32", source_type=source_type)
     nearest = "int8" if " fp8 " in f"{source_type} " else "int4"  # an FP8 checkpoint keeps 8 bits

@@ -23,12 +23,17 @@ FORMAT_VERSION = 1
 # 5 = + AddBlockOffsets with fp16 offsets, 6 = + MatMulQ4 / MatMulQ8, GatherQ4 / GatherQ8, 7 = + MatMulQ5,
 # GatherQ5, 8 = + MatMulF, 9 = + the input stage of MatMulF and MatMulQ (a norm or a gated activation
 # inside the linear, contrib_ops/linear_input.h), 10 = + MatMulQ4NL, GatherQ4NL (GGUF's IQ4 codes at 4 bits),
-# 11 = + MatMulQ6K, GatherQ6K (GGUF's Q6_K at its own 6.5625 bits a weight).
+# 11 = + MatMulQ6K, GatherQ6K (GGUF's Q6_K at its own 6.5625 bits a weight), 12 = + MatMulQ4K, MatMulQ5K,
+# GatherQ4K, GatherQ5K (GGUF's Q4_K and Q5_K at 4.625 and 5.625 bits a weight, with their sub-scales).
 # An artifact records the set its graph needs (needed_op_version), so that a new export of a graph
 # without the latest ops still loads on an installation one version behind.
-OP_VERSION = 11
+OP_VERSION = 12
 EXPORT_BASE_OP_VERSION = 9  # every graph this exporter writes: the linears' input stage
-OP_ADDED_AFTER_BASE = {"MatMulQ4NL": 10, "GatherQ4NL": 10, "MatMulQ6K": 11, "GatherQ6K": 11}
+OP_ADDED_AFTER_BASE = {
+    **{op: 10 for op in ("MatMulQ4NL", "GatherQ4NL")},
+    **{op: 11 for op in ("MatMulQ6K", "GatherQ6K")},
+    **{op: 12 for op in ("MatMulQ4K", "MatMulQ5K", "GatherQ4K", "GatherQ5K")},
+}
 MANIFEST = "ortserve.json"
 MODEL_FILE = "model.onnx"
 # The tokenizer files an artifact copies from its checkpoint, chat template included (whichever exist).

@@ -69,18 +69,20 @@ def load_model(name: str) -> Model:
         from ortserve.models import prepare_checkpoint
 
         return Model(name, Path(prepare_checkpoint("smollm2-135m-instruct", progress=False)))
-    if name == "qwen2.5-0.5b-shape":
-        out = RESULTS / "models" / "qwen2.5-0.5b-shape"
+    if name in QWEN_SHAPES:
+        out = RESULTS / "models" / name
         if not (out / "config.json").is_file():
             run_logged(
-                [sys.executable, str(BENCH_DIR / "make_qwen_shape.py"), "--out", str(out)],
-                RESULTS / "logs" / "make_qwen_shape.log",
+                [sys.executable, str(BENCH_DIR / "make_qwen_shape.py"), "--model", name, "--out", str(out)],
+                RESULTS / "logs" / f"make_{name}.log",
             )
         return Model(name, out)
-    raise SystemExit(f"unknown model {name!r}: smollm2-135m or qwen2.5-0.5b-shape")
+    raise SystemExit(f"unknown model {name!r}: one of {', '.join(MODELS)}")
 
 
-MODELS = ("smollm2-135m", "qwen2.5-0.5b-shape")
+QWEN_SHAPES = ("qwen2.5-0.5b-shape", "qwen2.5-1.5b-shape")  # random weights, built by make_qwen_shape.py
+MODELS = ("smollm2-135m", *QWEN_SHAPES)
+DEFAULT_MODELS = MODELS[:2]  # the targets' models (RESULTS.md); the 1.5B shape (mostly Q4_K) on request
 
 
 # ---- records -------------------------------------------------------------------------------

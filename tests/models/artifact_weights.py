@@ -10,11 +10,11 @@ from ortserve.ops.paged_attention_reference import dequantize_q, dequantize_q6k
 
 
 def imported(artifact: Path, label: str) -> np.ndarray:
-    """The [N, K] weight of the MatMulQ4 / Q5 / Q8 / Q4NL / Q6K (or GatherQ) node ``label``, dequantised
+    """The [N, K] weight of the MatMulQ4 / Q5 / Q8 / Q4NL / Q4K / Q5K / Q6K (or GatherQ) node ``label``, dequantised
     from its initialisers."""
     model = onnx.load(artifact / "model.onnx", load_external_data=False)
     onnx.external_data_helper.load_external_data_for_model(model, str(artifact))
-    ops = [f"{kind}Q{suffix}" for kind in ("MatMul", "Gather") for suffix in ("4", "5", "8", "4NL", "6K")]
+    ops = [f"{kind}Q{suffix}" for kind in ("MatMul", "Gather") for suffix in ("4", "5", "8", "4NL", "4K", "5K", "6K")]
     node = next(n for n in model.graph.node if n.op_type in ops and n.name.startswith(label))
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     init = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer if t.name.startswith(label)}

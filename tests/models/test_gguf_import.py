@@ -1,4 +1,4 @@
-"""A GGUF's quantised tensors are imported exactly: every linear's MatMulQ4 / Q5 / Q8 / Q4NL / Q6K
+"""A GGUF's quantised tensors are imported exactly: every linear's MatMulQ4 / Q5 / Q8 / Q4NL / Q4K / Q5K / Q6K
 initialisers dequantise, bit for bit, to what gguf's own ``dequantize()`` gives for the same tensor,
 and the graph computes with those weights."""
 
@@ -56,7 +56,8 @@ def test_imported_weights_dequantise_bit_exactly_to_ggufs_own(qtype, tiny_gguf):
     w = gguf_weights(path)
     rows_q = CONFIG["heads"] * CONFIG["head_dim"]
     model = onnx.load(artifact / "model.onnx", load_external_data=False)
-    op = {"Q4": "MatMulQ4", "Q5": "MatMulQ5", "Q8": "MatMulQ8", "Q6": "MatMulQ6K", "IQ": "MatMulQ4NL"}[qtype[:2]]
+    k_quant = {"Q4_K": "MatMulQ4K", "Q5_K": "MatMulQ5K", "Q6_K": "MatMulQ6K"}
+    op = k_quant.get(qtype) or {"Q4": "MatMulQ4", "Q5": "MatMulQ5", "Q8": "MatMulQ8", "IQ": "MatMulQ4NL"}[qtype[:2]]
     assert next(n.op_type for n in model.graph.node if n.name.startswith("layers.0.qkv")) == op  # codes at their width
     qkv = imported(artifact, "layers.0.qkv")
     # our rows are Hugging Face's order; llama.cpp's converter permutes Q and K rows
@@ -84,8 +85,8 @@ def test_imported_weights_dequantise_bit_exactly_to_ggufs_own(qtype, tiny_gguf):
         assert np.array_equal(ours, reference), f"{label}: max |diff| {np.abs(ours - reference).max()}"
     manifest = load_manifest(artifact)
     assert manifest.weight_formats == {f"{qtype} (exact)": 8}  # q, k, v, o, gate, up, down, the head
-    # MatMulQ4NL came with op_version 10, MatMulQ6K with 11
-    assert manifest.op_version == (10 if qtype.startswith("IQ4") else 11 if qtype == "Q6_K" else 9)
+    # MatMulQ4NL came with op_version 10, MatMulQ6K with 11, MatMulQ4K and Q5K with 12
+    assert manifest.op_version == {"IQ4_NL": 10, "IQ4_XS": 10, "Q6_K": 11, "Q4_K": 12, "Q5_K": 12}.get(qtype, 9)
 
 
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "IQ4_XS", "Q8_0"])
@@ -97,7 +98,9 @@ def test_an_untied_embedding_is_looked_up_in_its_own_codes(qtype, tmp_path):
     export_model(path, tmp_path / "artifact", progress=False)
     model = onnx.load(tmp_path / "artifact" / "model.onnx", load_external_data=False)
     embed = next(n for n in model.graph.node if n.name.startswith("embed") and n.op_type.startswith("Gather"))
-    assert embed.op_type == {"Q4_K": "GatherQ4", "Q6_K": "GatherQ6K", "IQ4_XS": "GatherQ4NL", "Q8_0": "GatherQ8"}[qtype]
+    assert (
+        embed.op_type == {"Q4_K": "GatherQ4K", "Q6_K": "GatherQ6K", "IQ4_XS": "GatherQ4NL", "Q8_0": "GatherQ8"}[qtype]
+    )
     assert list(embed.input[:2]) == ["embed.codes", "embed.scales"]
     table, f32 = CONFIG["vocab"] * CONFIG["hidden"], onnx.TensorProto.FLOAT
     assert not [t for t in model.graph.initializer if np.prod(t.dims) == table and t.data_type == f32]
@@ -113,17 +116,18 @@ def test_an_untied_embedding_is_looked_up_in_its_own_codes(qtype, tmp_path):
     [
         ("Q4_0", ".scales", np.float16),
         ("Q4_1", ".scales", np.float16),
-        ("Q4_K", ".scales", np.float32),
+        ("Q4_K", ".scales", np.float16),
         ("Q8_0", ".scales", np.float16),
         ("Q5_1", ".scales", np.float16),
-        ("Q5_K", ".scales", np.float32),
+        ("Q5_K", ".scales", np.float16),
         ("IQ4_NL", ".scales", np.float16),
         ("IQ4_XS", ".scales", np.float32),
     ],
 )
 def test_scales_and_minimums_are_fp16_where_fp16_holds_them_exactly(qtype, name, stored, tiny_gguf):
     """Q4_0's d and -8d, Q4_1's d and m, Q8_0's d and -128d are fp16 values, stored as such (5 bits a
-    weight for Q4_1, as in the file); the K-quants' d * scale[j] and dmin * min[j] need fp32. Either
+    weight for Q4_1, as in the file), as are Q4_K's and Q5_K's d and -dmin per 256 columns (their 6-bit
+    sub-scales and mins sit beside the codes); IQ4_XS's d * (ls - 32) per block need fp32. Either
     way the weights stay exact (test_imported_weights_dequantise_bit_exactly_to_ggufs_own)."""
     _, artifact = tiny_gguf(qtype)
     model = onnx.load(artifact / "model.onnx", load_external_data=False)

@@ -1,0 +1,134 @@
+"""GGUF's K-quants, held exactly at their own widths: Q4_K and Q5_K for ``ortserve.MatMulQ4K`` / ``MatMulQ5K``
+(``w = d * sc * q - dmin * mn``: 4- or 5-bit codes q, a 6-bit sub-scale sc and min mn per row and 32 columns,
+fp16 d and dmin per row and 256, llama.cpp's super-block), and Q6_K for ``ortserve.MatMulQ6K``
+(``w = d * sc * (q - 32)``: 6-bit codes, an int8 sc per row and 16 columns, an fp16 d per row and 256). The ops'
+layouts hold 4.625, 5.625 and 6.5625 bits a weight against the file's 4.5, 5.5 and 6.5625 (their sub-scales
+take a byte each); their numpy references are ``pack_qk`` / ``pack_q6k`` in ``contrib_ops``.
+
+The codes are read as gguf's own dequantiser reads them: a copy of the blocks with d = 1 (and dmin = 0)
+dequantises to sc * q (Q6_K: sc * (q - 32)), and dividing by sc gives the codes exactly (a sub-block of sc = 0
+holds zeros whatever its codes: any do).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import TypeVar
+
+import numpy as np
+from ortserve.ops.paged_attention_reference import dequantize_q, dequantize_q6k, pack_q6k, pack_qk
+
+from .gguf_blocks import ONE_HALF, unscaled
+
+_ROWS = 4096  # rows per chunk: bounds the float temporaries of a large embedding
+_Q6K_BYTES, _Q6K_SCALES_AT, _Q6K_D_AT = 210, 192, 208  # a Q6_K block of 256 weights: its bytes, scales, d
+QK_FORMATS = {"Q4_K": 4, "Q5_K": 5}  # GGUF type -> its codes' width
+
+
+class _RowMajor:
+    """A weight whose array fields all run along N, its output rows."""
+
+    def take_rows(self, order: np.ndarray):  # -> Self
+        """The weight with its output rows reordered."""
+        return replace(self, **{f.name: getattr(self, f.name)[order] for f in _arrays(self)})  # type: ignore[type-var]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.codes.shape  # type: ignore[attr-defined,no-any-return]
+
+
+@dataclass(frozen=True)
+class QKWeight(_RowMajor):
+    codes: np.ndarray  # uint8 [N, K], 0..2^bits - 1
+    sub_scales: np.ndarray  # uint8 [N, K / 32], 0..63
+    mins: np.ndarray  # uint8 [N, K / 32], 0..63
+    d: np.ndarray  # float32 [N, K / 256], fp16 values
+    dmin: np.ndarray  # float32 [N, K / 256], fp16 values
+    bits: int  # 4 (Q4_K) or 5 (Q5_K)
+
+    def packed(self) -> tuple[np.ndarray, np.ndarray]:
+        """(codes [G, KB, 288 | 352], scales fp16 [G, KB / 8, 2, 16]) as MatMulQ4K / Q5K read them."""
+        return pack_qk(self.codes, self.sub_scales, self.mins, self.d, self.dmin, self.bits, np.float16)
+
+    def dequantize(self) -> np.ndarray:
+        """[N, K] float32: (d * sc) * q - dmin * mn, as gguf forms it."""
+        return dequantize_q(*self.packed(), *self.shape)
+
+
+@dataclass(frozen=True)
+class Q6KWeight(_RowMajor):
+    codes: np.ndarray  # uint8 [N, K], 0..63
+    sub_scales: np.ndarray  # int8 [N, K / 16]
+    d: np.ndarray  # float32 [N, K / 256], fp16 values
+
+    def packed(self) -> tuple[np.ndarray, np.ndarray]:
+        """(codes [G, KB, 416], scales fp16 [G, KB / 8, 16]) as MatMulQ6K reads them."""
+        return pack_q6k(self.codes, self.sub_scales, self.d, np.float16)
+
+    def dequantize(self) -> np.ndarray:
+        """[N, K] float32: (d * sc) * (q - 32), as gguf forms it."""
+        return dequantize_q6k(*self.packed(), *self.shape)
+
+
+KQuantWeight = QKWeight | Q6KWeight
+W = TypeVar("W", QKWeight, Q6KWeight)
+
+
+def _arrays(weight: object) -> list:
+    return [f for f in fields(weight) if isinstance(getattr(weight, f.name), np.ndarray)]  # type: ignore[arg-type]
+
+
+def concat_kquant(parts: list[W]) -> W:
+    """The parts of a fused linear stacked along N (all of one format and width)."""
+    if len(parts) == 1:
+        return parts[0]
+    return replace(parts[0], **{f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in _arrays(parts[0])})
+
+
+def import_kquant(raw: np.ndarray, qtype_name: str, rows: int, cols: int) -> KQuantWeight:
+    """A Q4_K, Q5_K or Q6_K tensor's raw bytes (``rows`` rows of ``cols`` weights) as its codes and scales, exactly."""
+    data = np.ascontiguousarray(raw).view(np.uint8).reshape(rows, -1)
+    read = _q6k_rows if qtype_name == "Q6_K" else _qk_rows
+    return concat_kquant([read(data[r : r + _ROWS], qtype_name, cols) for r in range(0, rows, _ROWS)])  # type: ignore[type-var]
+
+
+def _half(blocks: np.ndarray, at: int, rows: int) -> np.ndarray:
+    """The fp16 field at byte ``at`` of every block, float32 [rows, blocks a row]."""
+    return blocks[:, at : at + 2].copy().view(np.float16).astype(np.float32).reshape(rows, -1)
+
+
+def _dequantized_with_unit_scale(
+    blocks: np.ndarray, qtype_name: str, rows: int, d_at: int, dmin_at: int | None
+) -> np.ndarray:
+    """gguf's dequantisation of a copy of the blocks with d = 1 (and dmin = 0): sc * q, or sc * (q - 32)."""
+    import gguf
+
+    unit = blocks.copy()
+    unit[:, d_at : d_at + 2] = ONE_HALF
+    if dmin_at is not None:
+        unit[:, dmin_at : dmin_at + 2] = 0
+    return gguf.quants.dequantize(unit.reshape(rows, -1), gguf.GGMLQuantizationType[qtype_name])
+
+
+def _qk_rows(data: np.ndarray, qtype_name: str, cols: int) -> QKWeight:
+    """Q4_K / Q5_K: d (bytes 0-1), dmin (2-3), 12 bytes of 6-bit sub-scales and mins (unpacked by gguf), codes."""
+    from gguf.quants import Q4_K
+
+    rows = data.shape[0]
+    blocks = data.reshape(rows * cols // 256, -1)
+    sub_scales, mins = (a.reshape(rows, -1) for a in Q4_K.get_scale_min(blocks[:, 4:16]))
+    scaled = _dequantized_with_unit_scale(blocks, qtype_name, rows, 0, 2).reshape(rows, -1, 32)
+    codes = unscaled(scaled, sub_scales.astype(np.float32)).astype(np.uint8).reshape(rows, cols)
+    fields_ = (sub_scales, mins, _half(blocks, 0, rows), _half(blocks, 2, rows))
+    return QKWeight(codes, *(np.ascontiguousarray(f) for f in fields_), QK_FORMATS[qtype_name])
+
+
+def _q6k_rows(data: np.ndarray, qtype_name: str, cols: int) -> Q6KWeight:
+    """Q6_K: 128 bytes of low nibbles, 64 of high bit pairs, 16 int8 sub-scales, d."""
+    rows = data.shape[0]
+    blocks = data.reshape(-1, _Q6K_BYTES)
+    sub_scales = blocks[:, _Q6K_SCALES_AT:_Q6K_D_AT].view(np.int8).reshape(rows, -1)
+    scaled = _dequantized_with_unit_scale(blocks, qtype_name, rows, _Q6K_D_AT, None)  # sc * (q - 32)
+    signed = unscaled(scaled.reshape(rows, -1, 16), sub_scales.astype(np.float32))
+    codes = (signed + 32).astype(np.uint8).reshape(rows, cols)
+    return Q6KWeight(codes, np.ascontiguousarray(sub_scales), _half(blocks, _Q6K_D_AT, rows))
