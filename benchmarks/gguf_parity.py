@@ -15,7 +15,8 @@ Tolerance: f32 files: ortserve within 1e-3 of transformers on the original check
 1e-2 of llama.cpp (whose GELU is an fp16 lookup table: Gemma and GPT-2 logits move by ~4e-3, the
 SiLU families by ~3e-5). Quantised files: llama.cpp quantises activations to 8 bits (per 32 or 256
 values in q8_0 / q8_K); ortserve holds them to about 16 bits by default (MatMulQ4 / Q5 / Q8 / Q4NL /
-Q6K; until op_version 11 Q6_K tensors, such as the LM head of Q4_0 and Q4_K_M files, went through
+Q4K / Q5K / Q6K; MatMulQ4K and Q5K compute bit for bit what MatMulQ4 and Q5 did for Q4_K and Q5_K before
+op_version 12, so this table stands; until op_version 11 Q6_K tensors, such as the LM head of Q4_0 and Q4_K_M files, went through
 onnxruntime's MatMulNBits with 8-bit activations), so the two differ by llama.cpp's rounding; ortserve passes when its logits are no
 further from the exact result (the same file's weights, fp32 activations) than 1.5x llama.cpp's own
 distance.

@@ -12,8 +12,8 @@
 - ortserve with int8 activations in its quantised linears (``--activation-bits 8``, exported so):
   the same activation rounding as llama.cpp's, against ortserve's default of 16 bits;
 - llama.cpp's IQ4_XS and Q4_K_M files of the model (llama-quantize from f32, no importance matrix),
-  each served by llama.cpp and by ortserve (its codes imported exactly: MatMulQ4NL; MatMulQ4 / Q5 /
-  Q8 / Q6K for Q4_K_M's mix).
+  each served by llama.cpp and by ortserve (its codes imported exactly: MatMulQ4NL; MatMulQ4K / Q5 / Q8 /
+  Q6K for Q4_K_M's mix).
 """
 
 from __future__ import annotations
