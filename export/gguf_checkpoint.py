@@ -12,11 +12,12 @@ name table; what llama.cpp's converter changed is undone from the architecture's
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from ortserve.models.source import shard_name, shard_paths
 
 from .architectures import Architecture
 from .checkpoint import Checkpoint, sha256_files
@@ -28,7 +29,72 @@ from .nbits import CodeLayout, QuantizedWeight
 
 _KQUANT_BITS = {**QK_FORMATS, "Q6_K": 6}  # the K-quants held exactly at their own width (MatMulQ4K / Q5K / Q6K)
 
-GGUF_WEIGHTS = "model.gguf"  # in a GGUF source's checkpoint folder: a link to the file
+GGUF_WEIGHTS = "model.gguf"  # in a GGUF source's checkpoint folder: a link to the file (a split GGUF's first shard)
+
+
+@dataclass(frozen=True)
+class GgufModel:
+    """A GGUF model's readers: one file, or every shard of a split one (llama.cpp's gguf-split), in order; the
+    first holds the metadata, each some of the tensors."""
+
+    paths: list[Path]
+    readers: list  # gguf.GGUFReader
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return {key: field.contents() for key, field in self.readers[0].fields.items()}
+
+    @property
+    def tensors(self) -> list:
+        return [tensor for reader in self.readers for tensor in reader.tensors]
+
+
+def read_gguf(path: Path) -> GgufModel:
+    """The GGUF model at ``path``: the file, or a split GGUF's first shard and the others found beside it by
+    name. A later shard, a missing one or a renamed one is an ExportError that says which file to give."""
+    first = _reader(path)
+    count, number = (_split_field(first, key) for key in ("split.count", "split.no"))
+    if count <= 1:
+        return GgufModel([path], [first])
+    paths = shard_paths(path)
+    if number != 0:
+        name = shard_name(path.name, 1, count)
+        raise ExportError(
+            f"{path} is shard {number + 1} of {count} of a split GGUF: give the first, {name} (the others are read "
+            "from beside it)"
+        )
+    if len(paths) != count:
+        raise ExportError(
+            f"{path} is the first of {count} shards of a split GGUF, but its name does not end in "
+            f"-00001-of-{count:05d}.gguf, so the others cannot be found: keep the names llama-gguf-split gave them"
+        )
+    missing = [p.name for p in paths if not p.is_file()]
+    if missing:
+        raise ExportError(
+            f"{path} is the first of {count} shards of a split GGUF, and {len(missing)} of the others are not beside "
+            f"it in {path.parent}: {', '.join(missing)}"
+        )
+    readers = [first, *(_reader(p) for p in paths[1:])]
+    for i, (p, reader) in enumerate(zip(paths, readers)):
+        if _split_field(reader, "split.no") != i or _split_field(reader, "split.count") != count:
+            raise ExportError(
+                f"{p} is not shard {i + 1} of {count} of the split GGUF {path.name}: its split.no / split.count differ"
+            )
+    return GgufModel(paths, readers)
+
+
+def _reader(path: Path):
+    import gguf
+
+    try:
+        return gguf.GGUFReader(path, "r")
+    except Exception as exc:  # the reader raises bare ValueErrors/struct errors on bad files
+        raise ExportError(f"{path} is not a readable GGUF file: {exc}") from exc
+
+
+def _split_field(reader, key: str) -> int:
+    field = reader.fields.get(key)
+    return 0 if field is None else int(field.contents())
 
 
 def open_checkpoint(
@@ -74,19 +140,16 @@ def rotary_row_order(rows: int, heads: int) -> np.ndarray:
 
 
 class GgufCheckpoint:
-    """The tensors of one GGUF file by Hugging Face name; reads return float32 arrays."""
+    """The tensors of one GGUF model (a file, or a split GGUF's shards) by Hugging Face name; reads return
+    float32 arrays."""
 
     def __init__(self, path: Path, arch: Architecture, config: dict[str, Any]):
-        import gguf
-
         self.path = Path(path)
         self.layout = arch.gguf
-        try:
-            reader = gguf.GGUFReader(self.path, "r")
-        except Exception as exc:  # the reader raises bare ValueErrors/struct errors on bad files
-            raise ExportError(f"{self.path} is not a readable GGUF file: {exc}") from exc
+        model = read_gguf(self.path)
+        self.paths = model.paths
         layers = int(config.get("num_hidden_layers") or config.get("n_layer") or 0)
-        by_name = {t.name: t for t in reader.tensors}
+        by_name = {t.name: t for t in model.tensors}
         self._where = {hf: by_name[g] for hf, g in gguf_tensor_names(arch, layers).items() if g in by_name}
         self._heads: dict[str, int] = {}
         if self.layout is not None and self.layout.permute_qk:
@@ -159,11 +222,11 @@ class GgufCheckpoint:
         return q.take_rows(rotary_row_order(rows, self._heads[name])) if name in self._heads else q
 
     def files(self) -> list[Path]:
-        return [self.path]
+        return list(self.paths)
 
     def fingerprint(self, progress: Callable[[int], None] | None = None) -> str:
-        """sha256 of the GGUF file."""
-        return sha256_files([self.path], progress)
+        """sha256 of the GGUF file (or its shards)."""
+        return sha256_files(self.paths, progress)
 
     def total_bytes(self) -> int:
-        return self.path.stat().st_size
+        return sum(p.stat().st_size for p in self.paths)

@@ -9,7 +9,8 @@ torch-free GGUF tokenizer converter, and the weights read by ``ortserve.export``
 
 Output: ``config.json``, ``tokenizer.json``, ``tokenizer_config.json``, ``chat_template.jinja``
 (when the file has a template), ``generation_config.json``, and either ``model.gguf`` (a link to
-the file: what export reads, keeping the file's quantised codes) or ``model.safetensors`` (fp32,
+the file, or to a split GGUF's first shard, beside which export finds the others: what export reads,
+keeping the file's quantised codes) or ``model.safetensors`` (fp32,
 ``weights=True``: a checkpoint transformers loads, for validation and tests).
 """
 
@@ -18,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -40,17 +40,18 @@ _TURN_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|e
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path, *, weights: bool = True, progress: bool = True) -> None:
-    """Write the checkpoint of ``gguf_path`` into the existing, empty ``out_dir``."""
-    import gguf
+    """Write the checkpoint of ``gguf_path`` (a file, or a split GGUF's first shard) into the existing, empty
+    ``out_dir``."""
+    from ortserve.export import ExportError
+    from ortserve.export.gguf_checkpoint import read_gguf
 
     try:
-        reader = gguf.GGUFReader(gguf_path, "r")
-    except Exception as exc:  # the reader raises bare ValueErrors/struct errors on bad files
-        raise ModelSourceError(f"{gguf_path} is not a readable GGUF file: {exc}") from exc
-    metadata = {key: field.contents() for key, field in reader.fields.items()}
-    _refuse_a_shard(metadata, gguf_path)
+        model = read_gguf(Path(gguf_path))
+    except ExportError as exc:
+        raise ModelSourceError(str(exc)) from exc
+    metadata = model.metadata
     arch = _architecture(metadata, gguf_path)
-    config = _config(metadata, reader, arch)
+    config = _config(metadata, model, arch)
     config.save_pretrained(out_dir)
     tokenizer = _tokenizer(metadata)
     tokenizer.save_pretrained(out_dir)
@@ -59,19 +60,6 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, weights: bool = True, progre
         _write_weights(gguf_path, arch, config.to_dict(), out_dir / "model.safetensors", progress=progress)
     else:
         os.symlink(Path(gguf_path).resolve(), out_dir / GGUF_WEIGHTS)
-
-
-def _refuse_a_shard(metadata: dict[str, Any], gguf_path: Path) -> None:
-    """One shard of a split GGUF (llama.cpp's gguf-split, ``split.count`` > 1) holds only some tensors: a
-    clear refusal that says how to make one file, rather than a missing tensor later."""
-    count = int(metadata.get("split.count") or 1)
-    if count > 1:
-        number = int(metadata.get("split.no") or 0) + 1
-        first = re.sub(r"-\d{5}-of-\d{5}\.gguf$", f"-00001-of-{count:05d}.gguf", gguf_path.name)
-        raise ModelSourceError(
-            f"{gguf_path} is shard {number} of {count} of a split GGUF; ortserve reads a single file: merge the "
-            f"shards first with llama.cpp's `llama-gguf-split --merge {first} merged.gguf`, then use merged.gguf"
-        )
 
 
 def _architecture(metadata: dict[str, Any], gguf_path: Path):
@@ -115,18 +103,18 @@ def _rope_scaling(metadata: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
-def _freq_factors(reader, names: tuple[str, ...]) -> list[list[float]] | None:
-    tensors = {t.name: t for t in reader.tensors}
+def _freq_factors(model, names: tuple[str, ...]) -> list[list[float]] | None:
+    tensors = {t.name: t for t in model.tensors}
     if not all(n in tensors for n in names):
         return None
     return [np.asarray(tensors[n].data, np.float32).ravel().tolist() for n in names]
 
 
-def _llama(metadata: dict[str, Any], reader, values: dict[str, Any]) -> dict[str, Any]:
-    names = {t.name for t in reader.tensors}
+def _llama(metadata: dict[str, Any], model, values: dict[str, Any]) -> dict[str, Any]:
+    names = {t.name for t in model.tensors}
     extra = {"attention_bias": "blk.0.attn_q.bias" in names, "mlp_bias": "blk.0.ffn_up.bias" in names}
     rope = {"rope_type": "default", "rope_theta": values.get("rope_theta", 10000.0), **_rope_scaling(metadata)}
-    factors = _freq_factors(reader, ("rope_freqs.weight",))
+    factors = _freq_factors(model, ("rope_freqs.weight",))
     if factors:  # Llama 3's frequency factors, as llama.cpp stores them: inv_freq / factor
         rope = {
             "rope_type": "longrope",
@@ -142,14 +130,14 @@ def _llama(metadata: dict[str, Any], reader, values: dict[str, Any]) -> dict[str
     return extra
 
 
-def _phi3(metadata: dict[str, Any], reader, values: dict[str, Any]) -> dict[str, Any]:
+def _phi3(metadata: dict[str, Any], model, values: dict[str, Any]) -> dict[str, Any]:
     head_dim = values["hidden_size"] // values["num_attention_heads"]
     rope: dict[str, Any] = {
         "rope_type": "default",
         "rope_theta": values.get("rope_theta", 10000.0),
         "partial_rotary_factor": int(_key(metadata, "rope.dimension_count", head_dim)) / head_dim,
     }
-    factors = _freq_factors(reader, ("rope_factors_short.weight", "rope_factors_long.weight"))
+    factors = _freq_factors(model, ("rope_factors_short.weight", "rope_factors_long.weight"))
     original = _key(metadata, "rope.scaling.original_context_length")
     if factors:
         rope.update(rope_type="longrope", short_factor=factors[0], long_factor=factors[1])
@@ -162,7 +150,7 @@ def _phi3(metadata: dict[str, Any], reader, values: dict[str, Any]) -> dict[str,
     }
 
 
-def _gemma(metadata: dict[str, Any], reader, values: dict[str, Any]) -> dict[str, Any]:
+def _gemma(metadata: dict[str, Any], model, values: dict[str, Any]) -> dict[str, Any]:
     extra: dict[str, Any] = {"hidden_activation": "gelu_pytorch_tanh", "hidden_act": "gelu_pytorch_tanh"}
     gguf_arch = metadata["general.architecture"]
     if gguf_arch == "gemma":
@@ -190,7 +178,7 @@ def _gemma(metadata: dict[str, Any], reader, values: dict[str, Any]) -> dict[str
     return extra
 
 
-def _gpt2(metadata: dict[str, Any], reader, values: dict[str, Any]) -> dict[str, Any]:
+def _gpt2(metadata: dict[str, Any], model, values: dict[str, Any]) -> dict[str, Any]:
     return {
         "n_positions": values.pop("n_ctx"),
         "n_inner": values.pop("feed_forward_length", None),
@@ -208,7 +196,7 @@ _CONFIG_HOOKS: dict[str, Callable[[dict[str, Any], Any, dict[str, Any]], dict[st
 }
 
 
-def _config(metadata: dict[str, Any], reader, arch):
+def _config(metadata: dict[str, Any], model, arch):
     """The transformers config: the key table, the family's hook, then what holds for all."""
     from transformers import AutoConfig
 
@@ -219,11 +207,11 @@ def _config(metadata: dict[str, Any], reader, arch):
         values.setdefault("head_dim", int(_key(metadata, "attention.key_length")))
     hook = _CONFIG_HOOKS.get(gguf_arch)
     if hook is not None:
-        values.update(hook(metadata, reader, values))
+        values.update(hook(metadata, model, values))
     if "rope_parameters" in values:
         values.pop("rope_theta", None)
     model_type = values.pop("model_type", arch.model_types[0])
-    values["tie_word_embeddings"] = all(t.name != "output.weight" for t in reader.tensors)
+    values["tie_word_embeddings"] = all(t.name != "output.weight" for t in model.tensors)
     for role, key in (("bos", "bos"), ("eos", "eos"), ("pad", "padding"), ("unk", "unknown")):
         token_id = metadata.get(f"tokenizer.ggml.{key}_token_id")
         if token_id is not None:

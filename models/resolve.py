@@ -31,7 +31,7 @@ from ortserve.artifact import DEFAULT_ACTIVATION_BITS, FORMAT_VERSION, PRECISION
 from . import cache
 from .gguf_checkpoint import CONVERTER_VERSION, convert_gguf
 from .registry import ModelSourceError, builtin_names, find_builtin
-from .source import ModelSource, file_hash, find_source
+from .source import ModelSource, find_source, gguf_hash
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def gguf_checkpoint(gguf_path: Path, *, progress: bool = True) -> Path:
     """The checkpoint folder export reads for a .gguf file: its config and tokenizer, converted
     from the metadata once, and ``model.gguf``, a link to the file (whose codes export keeps)."""
     gguf_path = Path(gguf_path).resolve()
-    content = file_hash(gguf_path)
+    content = gguf_hash(gguf_path)
     entry = cache.cache_dir() / "checkpoints" / "gguf" / f"{ModelSource('gguf', gguf_path, '').stem}-{content[:16]}"
     stamp = {"converter_version": CONVERTER_VERSION, "content_sha256": content, "gguf": str(gguf_path)}
     return _converted(gguf_path, entry, stamp, weights=False, progress=progress)
@@ -113,8 +113,8 @@ def prepare_checkpoint(name_or_gguf_path: str | Path, *, progress: bool = True) 
                 "nor an existing .gguf file."
             )
         gguf_path = gguf_path.resolve()
-        entry = cache.cache_dir() / "checkpoints" / "gguf-fp32" / f"{gguf_path.stem}-{file_hash(gguf_path)[:16]}"
-    stamp = {"converter_version": CONVERTER_VERSION, "content_sha256": file_hash(gguf_path)}
+        entry = cache.cache_dir() / "checkpoints" / "gguf-fp32" / f"{gguf_path.stem}-{gguf_hash(gguf_path)[:16]}"
+    stamp = {"converter_version": CONVERTER_VERSION, "content_sha256": gguf_hash(gguf_path)}  # memoised
     return _converted(gguf_path, entry, stamp, weights=True, progress=progress)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -43,8 +44,10 @@ class ModelSource:
         return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:64] or "model"
 
     def files(self) -> list[Path]:
-        if self.kind in ("gguf", "builtin"):
+        if self.kind == "builtin":
             return [self.path]
+        if self.kind == "gguf":  # a split GGUF's shards, those present (conversion names any missing)
+            return [p for p in shard_paths(self.path) if p.is_file()]
         files = [self.path / name for name in CHECKPOINT_FILES if (self.path / name).is_file()]
         index = self.path / "model.safetensors.index.json"
         if index.is_file():
@@ -61,6 +64,36 @@ class ModelSource:
         for path in self.files():
             digest.update(path.name.encode() + b"\0" + file_hash(path).encode())
         return digest.hexdigest()
+
+
+_SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)  # llama.cpp's gguf-split: NAME-00001-of-00003.gguf
+
+
+def shard_name(name: str, number: int, count: int) -> str:
+    """A split GGUF's shard ``number`` (from 1) of ``count``, named after another shard's ``name``."""
+    return _SHARD.sub(f"-{number:05d}-of-{count:05d}.gguf", name)
+
+
+def shard_paths(path: Path) -> list[Path]:
+    """The files of the GGUF model whose file or first shard is ``path``, by name alone: ``path``, or for
+    ``NAME-00001-of-0000N.gguf`` the N shards beside it, whether they exist or not (the exporter's
+    ``read_gguf`` checks them against their metadata)."""
+    match = _SHARD.search(path.name)
+    if match is None or int(match[1]) != 1:
+        return [path]
+    count = int(match[2])
+    return [path.with_name(shard_name(path.name, i, count)) for i in range(1, count + 1)]
+
+
+def gguf_hash(path: Path) -> str:
+    """sha256 of a .gguf file, or over a split GGUF's shards (their names and hashes, in order)."""
+    shards = [p for p in shard_paths(path) if p.is_file()]
+    if len(shards) == 1:
+        return file_hash(path)
+    digest = hashlib.sha256()
+    for shard in shards:
+        digest.update(shard.name.encode() + b"\0" + file_hash(shard).encode())
+    return digest.hexdigest()
 
 
 def find_source(name_or_path: str | os.PathLike | None) -> ModelSource:

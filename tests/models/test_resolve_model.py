@@ -7,6 +7,7 @@ import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from ortserve.models import (
     BUILTIN_MODELS,
@@ -137,20 +138,60 @@ def test_corrupt_gguf_gives_a_clear_error_and_no_cache_entry(tmp_path: Path, emp
     assert leftovers == []
 
 
-def test_a_shard_of_a_split_gguf_is_refused_naming_the_merge_command(tmp_path: Path, empty_cache: Path):
-    """llama.cpp's gguf-split shards (written here by gguf's own writer) each hold some tensors: ortserve
-    says so and how to merge them, before any conversion, rather than failing on a missing tensor."""
+def split_and_whole(folder: Path) -> tuple[list[Path], Path]:
+    """The same tiny Llama written as llama.cpp's gguf-split shards (by gguf's own writer, 5 tensors a shard)
+    and as one file: (the shards, the file)."""
     from tiny_gguf import write_tiny_llama
 
-    write_tiny_llama(tmp_path / "tiny.gguf", "Q8_0", split_max_tensors=5)
-    shards = sorted(tmp_path.glob("tiny-*.gguf"))
+    (folder / "split").mkdir()
+    (folder / "whole").mkdir()
+    write_tiny_llama(folder / "split" / "tiny.gguf", "Q8_0", split_max_tensors=5)
+    write_tiny_llama(folder / "whole" / "tiny.gguf", "Q8_0")
+    shards = sorted((folder / "split").glob("tiny-*.gguf"))
     assert [p.name for p in shards] == [f"tiny-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
-    merge = r"llama-gguf-split --merge tiny-00001-of-00003.gguf merged.gguf"
-    with pytest.raises(ModelSourceError, match=rf"is shard 2 of 3 of a split GGUF; .*`{merge}`"):
+    return shards, folder / "whole" / "tiny.gguf"
+
+
+def initializers(artifact: Path) -> dict[str, np.ndarray]:
+    import onnx
+
+    model = onnx.load(artifact / MODEL_FILE)
+    return {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+
+
+def test_a_split_gguf_serves_from_its_first_shard_as_the_whole_file_does(tmp_path: Path, empty_cache: Path):
+    """Given its first shard, a split GGUF's other shards are read from beside it: the artifact holds the
+    same weights, bit for bit, as the one file's."""
+    shards, whole = split_and_whole(tmp_path)
+    from_shards, from_file = resolve_model(shards[0], progress=False), resolve_model(whole, progress=False)
+    ours, theirs = initializers(from_shards), initializers(from_file)
+    assert ours.keys() == theirs.keys() and all(np.array_equal(ours[k], theirs[k]) for k in ours)
+    assert resolve_model(shards[0], progress=False) == from_shards  # cached under all three shards' content
+
+
+def test_a_changed_later_shard_is_a_changed_model(tmp_path: Path, empty_cache: Path):
+    from ortserve.models.source import find_source
+    from tiny_gguf import write_tiny_llama
+
+    shards, _ = split_and_whole(tmp_path)
+    source = find_source(shards[0])
+    assert source.files() == shards
+    before = source.content_hash()
+    (tmp_path / "other").mkdir()
+    write_tiny_llama(tmp_path / "other" / "tiny.gguf", "Q8_0", seed=1, split_max_tensors=5)
+    shutil.copy(tmp_path / "other" / shards[2].name, shards[2])
+    assert find_source(shards[0]).content_hash() != before
+
+
+def test_a_later_or_missing_shard_of_a_split_gguf_is_a_clear_error(tmp_path: Path, empty_cache: Path):
+    """A later shard names the first one to give; a first shard without the others names the missing ones;
+    nothing is converted either way."""
+    shards, _ = split_and_whole(tmp_path)
+    with pytest.raises(ModelSourceError, match=r"is shard 2 of 3 of a split GGUF: give the first, tiny-00001-of-00003"):
         resolve_model(shards[1], progress=False)
-    with pytest.raises(ModelSourceError, match=rf"is shard 1 of 3 of a split GGUF; .*`{merge}`") as refused:
+    shards[2].unlink()
+    with pytest.raises(ModelSourceError, match=r"first of 3 shards .* 1 of the others are not beside .*: tiny-00003"):
         resolve_model(shards[0], progress=False)
-    assert str(refused.value).count(shards[0].name) == 2  # the path once, and the merge command's first shard
     assert not list(empty_cache.rglob("model.gguf"))
 
 
