@@ -43,6 +43,21 @@ def session(m, threads: int) -> ort.InferenceSession:
     return ort.InferenceSession(m.SerializeToString(), o, providers=["CPUExecutionProvider"])
 
 
+def median_times(sessions: dict[str, ort.InferenceSession], x: np.ndarray, iters: int) -> dict[str, float]:
+    """Each session's median run time on x, microseconds: 5 rounds of runs of one session after the other
+    (a session's idle pool threads spin for a while after each run and would slow the other's next one)."""
+    times: dict[str, list[float]] = {key: [] for key in sessions}
+    runs = max(3, iters * 16 // max(x.shape[0], 16) // 5)
+    for _ in range(5):
+        for key, s in sessions.items():
+            time.sleep(0.05)
+            for _ in range(runs):
+                start = time.perf_counter()
+                s.run(None, {"x": x})
+                times[key].append(time.perf_counter() - start)
+    return {key: statistics.median(t) * 1e6 for key, t in times.items()}
+
+
 def q4_session(w: QWeight, k: int, n: int, threads: int, activation_bits: int = 8) -> ort.InferenceSession:
     codes, scales = w.packed()
     node = helper.make_node(
@@ -108,19 +123,10 @@ def main() -> None:
         for rows in args.rows:
             x = rng.normal(size=(rows, k)).astype(np.float32)
             reference = matmul_q(x, *w.packed(), n)
-            times: dict[str, list[float]] = {key: [] for key in sessions}
             for key, s in sessions.items():  # warm-up, and a check that both compute the same
                 y = s.run(None, {"x": x})[0]
                 assert np.abs(y - reference).max() <= 0.05 * np.abs(reference).max(), key
-            runs = max(3, args.iters * 16 // max(rows, 16) // 5)
-            for _ in range(5):  # rounds of runs of one session, after the other's pool threads stopped spinning
-                for key, s in sessions.items():
-                    time.sleep(0.05)
-                    for _ in range(runs):
-                        start = time.perf_counter()
-                        s.run(None, {"x": x})
-                        times[key].append(time.perf_counter() - start)
-            q4, q4_16, nbits = (statistics.median(times[key]) * 1e6 for key in ("q4", "q4-16", "nbits"))
+            q4, q4_16, nbits = median_times(sessions, x, args.iters).values()
             print(f"| {name} {k}x{n} | {rows} | {q4:,.1f} | {q4_16:,.1f} | {nbits:,.1f} | {nbits / q4:.2f}x |")
 
 

@@ -12,11 +12,9 @@ step (1), batched decodes (4, 16) and prefill chunks (64, 512). Times are median
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import numpy as np
-from bench_matmul_q import model, session
+from bench_matmul_q import median_times, model, session
 from onnx import TensorProto, helper, numpy_helper
 from ortserve.ops.paged_attention_reference import pack_q, pack_qk, unpack_q
 from runners.common import kernel_isa
@@ -64,16 +62,7 @@ def main() -> None:
             x = rng.normal(size=(rows, k)).astype(np.float32)
             answers = [s.run(None, {"x": x})[0] for s in sessions.values()]  # warm-up, and the same answer
             assert np.array_equal(*answers)
-            times: dict[str, list[float]] = {key: [] for key in sessions}
-            runs = max(3, args.iters * 16 // max(rows, 16) // 5)
-            for _ in range(5):  # rounds of runs of one session, after the other's pool threads stopped spinning
-                for key, s in sessions.items():
-                    time.sleep(0.05)
-                    for _ in range(runs):
-                        start = time.perf_counter()
-                        s.run(None, {"x": x})
-                        times[key].append(time.perf_counter() - start)
-            ours, before = (statistics.median(times[key]) * 1e6 for key in ("k", "blocks"))
+            ours, before = median_times(sessions, x, args.iters).values()
             print(
                 f"| {name} {k}x{n} | {rows} | {megabytes['k']:.1f} | {ours:,.1f} | {megabytes['blocks']:.1f} "
                 f"| {before:,.1f} | {before / ours:.2f}x |"
