@@ -2,11 +2,11 @@
 32 columns, codes q in 0..15 or 0..255 and a float scale d and minimum m per block (llama.cpp's Q4_1
 form).
 
-Every GGUF format with blocks of 32 is this form exactly (``from_blocks``: Q4_0 has m = -8d, Q4_1 its d and m, Q4_K
-d * scale[j] and -dmin * min[j]; Q8_0 q + 128 and m = -128d, Q5_0 m = -16d, Q5_1 and Q5_K as Q4_1 and Q4_K; IQ4_NL
-and IQ4_XS 4-bit indices of the 8-bit codes ``Q4NL_CODES`` for MatMulQ4NL); float weights are quantised here
+Every GGUF format with blocks of 32 is this form exactly (``from_blocks``: Q4_0 has m = -8d, Q4_1 its d and m;
+Q8_0 q + 128 and m = -128d, Q5_0 m = -16d, Q5_1 as Q4_1; IQ4_NL and IQ4_XS 4-bit indices of the 8-bit codes
+``Q4NL_CODES`` for MatMulQ4NL; the K-quants have ops of their own, ``kquants.py``); float weights are quantised here
 (``quantize_q``) with d and m that fp16 holds, searched per block for the least squared error. The scales are stored
-as fp16 when fp16 holds every d and m exactly, else as fp32 (the K-quants' products). The ops' layout and their
+as fp16 when fp16 holds every d and m exactly, else as fp32 (IQ4_XS's products). The ops' layout and their
 numpy reference are in ``contrib_ops`` (``pack_q``, ``matmul_q``).
 """
 
