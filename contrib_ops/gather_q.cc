@@ -33,8 +33,6 @@ float ScaleValue(const S& s) {
 template <int Bits, typename ScaleT>
 struct GatherQ {
   static constexpr int64_t kBlockBytes = kQBlockBytesOf<Bits>;
-  static constexpr bool kSuperBlockDM = Bits == kQ4K || Bits == kQ5K;  // d and m from a super-block's d and -dmin
-  static constexpr int kCodeBits = Bits == kQ4K ? 4 : Bits == kQ5K ? 5 : Bits;  // the codes' layout
 
   GatherQ(const OrtApi* api, const OrtKernelInfo* info)
       : N_(IntAttribute(api, info, "N", 0)), K_(IntAttribute(api, info, "K", 0)) {}
@@ -66,11 +64,14 @@ struct GatherQ {
         const int64_t columns = std::min(kQBlock, K_ - b * kQBlock);
         if constexpr (Bits == kQ6K) {
           Q6KRow(block, ScaleValue(s[(g * super_blocks + b / kQSuperBlocks) * kQGroup + r]), r, columns, row);
-        } else if constexpr (kSuperBlockDM) {  // d * sc and -dmin * mn: the sub-scales and mins follow the codes
+        } else if constexpr (kQSuperBlockDMOf<Bits>) {  // d * sc and -dmin * mn: sub-scales and mins follow the codes
           const ScaleT* sb = s + (g * super_blocks + b / kQSuperBlocks) * 2 * kQGroup + r;
-          const uint8_t* sub = block + kQBlockBytesOf<kCodeBits>;
+          const uint8_t* sub = block + kQCodeBytesOf<Bits>;
           Row(block, ScaleValue(sb[0]) * static_cast<float>(sub[r]),
               ScaleValue(sb[kQGroup]) * static_cast<float>(sub[kQGroup + r]), r, columns, row);
+        } else if constexpr (kQCentredOf<Bits>) {  // m = -middle * d
+          const float d = ScaleValue(s[(g * KB + b) * kQGroup + r]);
+          Row(block, d, -kQMiddleOf<Bits> * d, r, columns, row);
         } else {
           const ScaleT* sb = s + (g * KB + b) * 2 * kQGroup + r;
           Row(block, ScaleValue(sb[0]), ScaleValue(sb[kQGroup]), r, columns, row);
@@ -96,11 +97,12 @@ struct GatherQ {
   // The code of row r and column i of a block: lane 4r + i % 4 of vector i / 4.
   static int32_t Code(const uint8_t* block, int64_t r, int64_t i) {
     const int64_t q = i / 4, lane = 4 * r + i % 4;
-    if constexpr (Bits == 8) return block[64 * q + lane];
+    constexpr int kCode = kQCodeOf<Bits>;
+    if constexpr (kCode == 8) return block[64 * q + lane];
     int32_t code = q < 4 ? block[64 * q + lane] & 0x0F : block[64 * (q - 4) + lane] >> 4;
-    if constexpr (kCodeBits == 5 || Bits == kQ6K) code |= ((block[kQ4BlockBytes + 8 * q + lane / 8] >> (lane % 8)) & 1) << 4;
-    if constexpr (Bits == kQ6K) code |= ((block[kQ6KSixthBits + 8 * q + lane / 8] >> (lane % 8)) & 1) << 5;
-    if constexpr (Bits == kQ4NL) code = kQ4NLCodes[code];
+    if constexpr (kCode == 5 || kCode == kQ6K) code |= ((block[kQ4BlockBytes + 8 * q + lane / 8] >> (lane % 8)) & 1) << 4;
+    if constexpr (kCode == kQ6K) code |= ((block[kQ6KSixthBits + 8 * q + lane / 8] >> (lane % 8)) & 1) << 5;
+    if constexpr (kCode == kQ4NL) code = kQ4NLCodes[code];
     return code;
   }
 

@@ -95,17 +95,22 @@ ALWAYS_INLINE __m256 Load8(const S* p) {
   else return _mm256_loadu_ps(p);
 }
 
-// Rows 8h..8h+7 of block b's d and m: as stored, or (MatMulQ4K / Q5K) the super-block's d and -dmin times the
-// block's u8 sub-scales and mins, which follow its codes at c.
+// Rows 8h..8h+7 of block b's d and m: as stored, -middle * d (centred), or (MatMulQ4K / Q5K) the super-block's d
+// and -dmin times the block's u8 sub-scales and mins, which follow its codes at c.
 template <int Bits, typename S>
 ALWAYS_INLINE void BlockDM(const uint8_t* c, const S* scales, int64_t b, int64_t h, __m256& d, __m256& m) {
   const S* s = BlockScalesAt<Bits>(scales, b) + 8 * h;
-  d = Load8(s), m = Load8(s + kQGroup);
-  if constexpr (SuperBlockDM(Bits)) {
+  d = Load8(s);
+  if constexpr (kQCentredOf<Bits>) {
+    m = _mm256_mul_ps(d, _mm256_set1_ps(-kQMiddleOf<Bits>));
+    return;
+  }
+  m = Load8(s + kQGroup);
+  if constexpr (kQSuperBlockDMOf<Bits>) {
     const auto bytes = [&](int64_t at) {
       return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + at))));
     };
-    const int64_t at = BlockBytes(CodeBits(Bits)) + 8 * h;
+    const int64_t at = kQCodeBytesOf<Bits> + 8 * h;
     d = _mm256_mul_ps(d, bytes(at));
     m = _mm256_mul_ps(m, bytes(at + kQGroup));
   }
@@ -223,7 +228,7 @@ ALWAYS_INLINE void GroupPairs(const uint8_t* codes, const S* scales, const int8_
   __m256 acc[kOut][2];
   for (int o = 0; o < kOut; ++o) acc[o][0] = acc[o][1] = _mm256_setzero_ps();
   for (int64_t b = 0; b < KB; ++b) {
-    const uint8_t* c = codes + b * BlockBytes(Bits);
+    const uint8_t* c = codes + b * kQBlockBytesOf<Bits>;
     PrefetchAhead<Bits>(c, BlockScalesAt<Bits>(scales, b));
     const int8_t* xb = xq + 2 * kQBlock * b;
     __m256i sums[kOut][2];
@@ -231,10 +236,10 @@ ALWAYS_INLINE void GroupPairs(const uint8_t* codes, const S* scales, const int8_
 #pragma GCC unroll 8
     for (int v = 0; v < 8; ++v) {
       __m256i bytes[2];
-      VectorBytes<CodeBits(Bits)>(c, v, bytes);
+      VectorBytes<kQCodeOf<Bits>>(c, v, bytes);
 #pragma GCC unroll 2
       for (int k = 0; k < 2; ++k) {
-        const __m256i w0 = Widened<CodeBits(Bits)>(c, v, k, 0, bytes), w1 = Widened<CodeBits(Bits)>(c, v, k, 1, bytes);
+        const __m256i w0 = Widened<kQCodeOf<Bits>>(c, v, k, 0, bytes), w1 = Widened<kQCodeOf<Bits>>(c, v, k, 1, bytes);
         const int dword = PairDword(v / 4, v % 4, k);
 #pragma GCC unroll 4
         for (int o = 0; o < kOut; ++o) {
@@ -306,10 +311,10 @@ ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t
     __m256 acc[kOut];
     for (int o = 0; o < kOut; ++o) acc[o] = _mm256_setzero_ps();
     for (int64_t b = 0; b < KB; ++b) {
-      const uint8_t* c = codes + b * BlockBytes(Bits) + 32 * h;
+      const uint8_t* c = codes + b * kQBlockBytesOf<Bits> + 32 * h;
       if (h == 0) PrefetchAhead<Bits>(c, BlockScalesAt<Bits>(scales, b));  // the second half finds them in cache
       const int8_t* xb = xq + b * kQBlock;
-      constexpr int kCode = CodeBits(Bits);
+      constexpr int kCode = kQCodeOf<Bits>;
       __m256i sums[kOut];
       if constexpr (kCode == 4 || kCode == 5) {
         __m256i w[8];  // w[q]: 8 rows x columns 4q..4q+3 of the block
@@ -318,7 +323,7 @@ ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t
           w[j] = _mm256_and_si256(raw, nibble), w[j + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
         }
         if constexpr (kCode == 5) {
-          const uint8_t* fifth = codes + b * BlockBytes(Bits) + kQ4BlockBytes + 4 * h;
+          const uint8_t* fifth = codes + b * kQBlockBytesOf<Bits> + kQ4BlockBytes + 4 * h;
           for (int q = 0; q < 8; ++q) {
             uint32_t bits;
             __builtin_memcpy(&bits, fifth + 8 * q, 4);
@@ -328,7 +333,7 @@ ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t
         for (int o = 0; o < kOut; ++o) sums[o] = BlockDot<kCode>(w, xb + o * xq_stride, ones);
       } else {
         __m256i halves[16];
-        CodeNibbles<Bits>(c, halves);
+        CodeNibbles<kCode>(c, halves);
         for (int o = 0; o < kOut; ++o) {  // two int16 chains a row: the low and the high nibbles' sums
           const int8_t* row = xb + o * xq_stride;
           __m256i low = _mm256_setzero_si256(), high = _mm256_setzero_si256();
@@ -341,7 +346,7 @@ ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t
         }
       }
       __m256 d, m;
-      BlockDM<Bits>(codes + b * BlockBytes(Bits), scales, b, h, d, m);
+      BlockDM<Bits>(codes + b * kQBlockBytesOf<Bits>, scales, b, h, d, m);
       for (int o = 0; o < kOut; ++o) {
         const float* sc = xs + o * xs_stride + 2 * b;
         const float dx = sc[0], sum = sc[1];
@@ -371,14 +376,14 @@ void GroupPairsWidenedOnce(const uint8_t* codes, const S* scales, const int8_t* 
   for (int64_t o = 0; o < pairs; ++o)
     for (int64_t j = 0; j < kQGroup; ++j) acc[o][j] = 0.f;
   for (int64_t b = 0; b < KB; ++b) {
-    const uint8_t* c = codes + b * BlockBytes(Bits);
+    const uint8_t* c = codes + b * kQBlockBytesOf<Bits>;
     PrefetchAhead<Bits>(c, BlockScalesAt<Bits>(scales, b));
 #pragma GCC unroll 8
     for (int v = 0; v < 8; ++v) {
       __m256i bytes[2];
-      VectorBytes<CodeBits(Bits)>(c, v, bytes);
+      VectorBytes<kQCodeOf<Bits>>(c, v, bytes);
       for (int k = 0; k < 2; ++k)
-        for (int h = 0; h < 2; ++h) _mm256_store_si256(&wide[2 * v + k][h], Widened<CodeBits(Bits)>(c, v, k, h, bytes));
+        for (int h = 0; h < 2; ++h) _mm256_store_si256(&wide[2 * v + k][h], Widened<kQCodeOf<Bits>>(c, v, k, h, bytes));
     }
     __m256 d[2], m[2];
     for (int h = 0; h < 2; ++h) BlockDM<Bits>(c, scales, b, h, d[h], m[h]);

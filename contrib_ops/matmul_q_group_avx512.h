@@ -67,18 +67,23 @@ ALWAYS_INLINE __m512 Load16(const S* p) {
   else return _mm512_loadu_ps(p);
 }
 
-// Block b's d and m of the 16 rows: as stored, or (MatMulQ4K / Q5K) the super-block's d and -dmin times the block's
-// u8 sub-scales and mins, which follow its codes at c.
+// Block b's d and m of the 16 rows: as stored, -middle * d (centred), or (MatMulQ4K / Q5K) the super-block's d and
+// -dmin times the block's u8 sub-scales and mins, which follow its codes at c.
 template <int Bits, typename S>
 ALWAYS_INLINE void BlockDM(const uint8_t* c, const S* scales, int64_t b, __m512& d, __m512& m) {
   const S* s = BlockScalesAt<Bits>(scales, b);
-  d = Load16(s), m = Load16(s + kQGroup);
-  if constexpr (SuperBlockDM(Bits)) {
+  d = Load16(s);
+  if constexpr (kQCentredOf<Bits>) {
+    m = _mm512_mul_ps(d, _mm512_set1_ps(-kQMiddleOf<Bits>));
+    return;
+  }
+  m = Load16(s + kQGroup);
+  if constexpr (kQSuperBlockDMOf<Bits>) {
     const auto bytes = [&](int64_t at) {
       return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + at))));
     };
-    d = _mm512_mul_ps(d, bytes(BlockBytes(CodeBits(Bits))));
-    m = _mm512_mul_ps(m, bytes(BlockBytes(CodeBits(Bits)) + kQGroup));
+    d = _mm512_mul_ps(d, bytes(kQCodeBytesOf<Bits>));
+    m = _mm512_mul_ps(m, bytes(kQCodeBytesOf<Bits> + kQGroup));
   }
 }
 
@@ -104,17 +109,17 @@ ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t
   for (int o = 0; o < kOut; ++o) acc[o] = _mm512_setzero_ps();
   const __m512i nibble = _mm512_set1_epi8(0x0F);
   for (int64_t b = 0; b < KB; ++b) {
-    const uint8_t* c = codes + b * BlockBytes(Bits);
+    const uint8_t* c = codes + b * kQBlockBytesOf<Bits>;
     PrefetchAhead<Bits>(c, BlockScalesAt<Bits>(scales, b));
-    constexpr int kCode = CodeBits(Bits);
+    constexpr int kCode = kQCodeOf<Bits>;
     __m512i w[8];  // w[q]: 16 rows x columns 4q..4q+3 of the block
-    if constexpr (kCode == 4 || kCode == 5 || Bits == kQ4NL) {
+    if constexpr (kCode == 4 || kCode == 5 || kCode == kQ4NL) {
       for (int j = 0; j < 4; ++j) {
         const __m512i raw = _mm512_loadu_si512(c + 64 * j);
         w[j] = _mm512_and_si512(raw, nibble);
         w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nibble);
       }
-      if constexpr (Bits == kQ4NL) {  // the nibbles index the 8-bit codes: vpshufb in each 128-bit lane
+      if constexpr (kCode == kQ4NL) {  // the nibbles index the 8-bit codes: vpshufb in each 128-bit lane
         const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kQ4NLCodes)));
         for (int q = 0; q < 8; ++q) w[q] = _mm512_shuffle_epi8(table, w[q]);
       }

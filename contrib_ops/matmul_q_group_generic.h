@@ -66,15 +66,15 @@ ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t
     float acc[MT] = {};
     for (int i = 0; i < MT; ++i)
       for (int64_t b = 0; b < KB; ++b) {
-        const uint8_t* c = codes + b * BlockBytes(Bits);
+        const uint8_t* c = codes + b * kQBlockBytesOf<Bits>;
         const int8_t* xb = xq + i * xq_stride + b * kQBlock;
         int32_t dot = 0;
         for (int64_t q = 0; q < 8; ++q)
-          for (int64_t j = 0; j < 4; ++j) dot += Code<CodeBits(Bits)>(c, r, q, j) * xb[4 * q + j];
+          for (int64_t j = 0; j < 4; ++j) dot += Code<kQCodeOf<Bits>>(c, r, q, j) * xb[4 * q + j];
         const S* sb = BlockScalesAt<Bits>(scales, b) + r;
-        float d = Scale(sb), m = Scale(sb + kQGroup);
-        if constexpr (SuperBlockDM(Bits)) {  // d * sc and -dmin * mn: the sub-scale and min follow the codes
-          const uint8_t* sub = c + BlockBytes(CodeBits(Bits));
+        float d = Scale(sb), m = kQCentredOf<Bits> ? -kQMiddleOf<Bits> * d : Scale(sb + kQGroup);
+        if constexpr (kQSuperBlockDMOf<Bits>) {  // d * sc and -dmin * mn: the sub-scale and min follow the codes
+          const uint8_t* sub = c + kQCodeBytesOf<Bits>;
           d *= static_cast<float>(sub[r]), m *= static_cast<float>(sub[kQGroup + r]);
         }
         const float* sc = xs + i * xs_stride + 2 * b;

@@ -31,32 +31,25 @@ namespace {
 
 ALWAYS_INLINE int64_t MinI(int64_t a, int64_t b) { return a < b ? a : b; }
 
-constexpr int64_t BlockBytes(int bits) {
-  return bits == 4 || bits == kQ4NL ? kQ4BlockBytes
-         : bits == 5                ? kQ5BlockBytes
-         : bits == kQ4K             ? kQ4BlockBytes + kQKSubBytes
-         : bits == kQ5K             ? kQ5BlockBytes + kQKSubBytes
-         : bits == kQ6K             ? kQ6KBlockBytes
-                                    : kQ8BlockBytes;
-}
-
-// MatMulQ4K and Q5K: a super-block's d and dmin, scaled in the kernel by each block's sub-scales and mins.
-constexpr bool SuperBlockDM(int bits) { return bits == kQ4K || bits == kQ5K; }
-
-// The width of the codes' layout (MatMulQ4K's is the 4-bit one, MatMulQ5K's the 5-bit one).
-constexpr int CodeBits(int bits) { return bits == kQ4K ? 4 : bits == kQ5K ? 5 : bits; }
-
-// A group's scales: a (d, m) pair of vectors a block, MatMulQ6K's one d vector for kQSuperBlocks blocks, or
-// MatMulQ4K's and Q5K's (d, -dmin) pair of vectors for kQSuperBlocks blocks.
-constexpr int64_t GroupScales(int bits, int64_t KB) {
+// A group's scales: a (d, m) pair of vectors a block (centred: d alone), MatMulQ6K's one d vector for
+// kQSuperBlocks blocks, or MatMulQ4K's and Q5K's (d, -dmin) pair of vectors for kQSuperBlocks blocks.
+template <int Bits>
+constexpr int64_t GroupScales(int64_t KB) {
   const int64_t super_blocks = (KB + kQSuperBlocks - 1) / kQSuperBlocks;
-  return bits == kQ6K ? super_blocks * kQGroup : SuperBlockDM(bits) ? super_blocks * 2 * kQGroup : KB * 2 * kQGroup;
+  return Bits == kQ6K                ? super_blocks * kQGroup
+         : kQSuperBlockDMOf<Bits>    ? super_blocks * 2 * kQGroup
+         : kQCentredOf<Bits>         ? KB * kQGroup
+                                     : KB * 2 * kQGroup;
 }
 
-// Where block b's (d, m) vectors start, or (MatMulQ4K / Q5K) its super-block's (d, -dmin).
+// The scale vectors a block of a centred layout (d) or another (d, m) has.
+template <int Bits>
+constexpr int64_t kScaleVectors = kQCentredOf<Bits> ? 1 : 2;
+
+// Where block b's (d, m) vectors (centred: d) start, or (MatMulQ4K / Q5K) its super-block's (d, -dmin).
 template <int Bits, typename S>
 ALWAYS_INLINE const S* BlockScalesAt(const S* scales, int64_t b) {
-  return scales + (SuperBlockDM(Bits) ? b / kQSuperBlocks : b) * 2 * kQGroup;
+  return scales + (kQSuperBlockDMOf<Bits> ? b / kQSuperBlocks : b) * kScaleVectors<Bits> * kQGroup;
 }
 
 ALWAYS_INLINE float CodeStep(float amax) { return amax / 127.f; }  // dx: one int8 code's worth of x
@@ -94,10 +87,11 @@ constexpr int64_t kPrefetchBytes = 4096;
 template <int Bits, typename S>
 ALWAYS_INLINE void PrefetchAhead(const uint8_t* block_codes, const S* block_scales) {
   const char* codes = reinterpret_cast<const char*>(block_codes + kPrefetchBytes);
-  for (int64_t line = 0; line < BlockBytes(Bits); line += 64) _mm_prefetch(codes + line, _MM_HINT_T0);
-  if constexpr (Bits == kQ6K || SuperBlockDM(Bits)) return;  // a super-block's d: the rest is in the codes
-  const char* scales = reinterpret_cast<const char*>(block_scales + kPrefetchBytes / BlockBytes(Bits) * 2 * kQGroup);
-  for (int64_t line = 0; line < static_cast<int64_t>(2 * kQGroup * sizeof(S)); line += 64) _mm_prefetch(scales + line, _MM_HINT_T0);
+  for (int64_t line = 0; line < kQBlockBytesOf<Bits>; line += 64) _mm_prefetch(codes + line, _MM_HINT_T0);
+  if constexpr (Bits == kQ6K || kQSuperBlockDMOf<Bits>) return;  // a super-block's d: the rest is in the codes
+  constexpr int64_t kScales = kScaleVectors<Bits> * kQGroup;  // a block's
+  const char* scales = reinterpret_cast<const char*>(block_scales + kPrefetchBytes / kQBlockBytesOf<Bits> * kScales);
+  for (int64_t line = 0; line < static_cast<int64_t>(kScales * sizeof(S)); line += 64) _mm_prefetch(scales + line, _MM_HINT_T0);
 }
 #endif
 
@@ -117,8 +111,8 @@ void TileRows(const uint8_t* codes, const S* scales, const int8_t* xq, const flo
   float* y_rows = y + (Pairs ? t / 2 : t) * N;
   for (int64_t g = g0; g < g1; ++g) {
     const int64_t n0 = g * kQGroup;
-    const uint8_t* group_codes = codes + g * KB * BlockBytes(Bits);
-    const S* group_scales = scales + g * GroupScales(Bits, KB);
+    const uint8_t* group_codes = codes + g * KB * kQBlockBytesOf<Bits>;
+    const S* group_scales = scales + g * GroupScales<Bits>(KB);
     const int64_t valid = MinI(kQGroup, N - n0);
     if constexpr (Bits == kQ6K)
       GroupRowsQ6K<S, MT, Pairs>(group_codes, group_scales, xq + t * xq_stride, xq_stride, xs + t * xs_stride,
@@ -158,7 +152,7 @@ void Tile(const uint8_t* codes, const S* scales, const int8_t* xq, const float* 
       const int64_t whole_end = t0 + (t1 - t0) / kTileRows * kTileRows;
       while (KB <= kWidenedMaxBlocks && t1 - t0 >= 2 * kTileRows && t < whole_end) {
         const int64_t rows = MinI(2 * kWidenedMaxPairs, whole_end - t);
-        GroupPairsWidenedOnce<Bits, S>(codes + g * KB * BlockBytes(Bits), scales + g * GroupScales(Bits, KB),
+        GroupPairsWidenedOnce<Bits, S>(codes + g * KB * kQBlockBytesOf<Bits>, scales + g * GroupScales<Bits>(KB),
                                        xq + t * xq_stride, xq_stride, xs + t * xs_stride, xs_stride,
                                        bias ? bias + n0 : nullptr, y + t / 2 * N + n0, N, KB, MinI(kQGroup, N - n0),
                                        rows / 2);
@@ -230,6 +224,14 @@ void QTile(int bits, const uint8_t* codes, const void* scales, bool half, bool p
            int64_t g1) {
   if (bits == 4)
     TileOfBits<4>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
+  else if (bits == (4 | kQCentred))
+    TileOfBits<4 | kQCentred>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
+  else if (bits == (5 | kQCentred))
+    TileOfBits<5 | kQCentred>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
+  else if (bits == (8 | kQCentred))
+    TileOfBits<8 | kQCentred>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
+  else if (bits == (kQ4NL | kQCentred))
+    TileOfBits<kQ4NL | kQCentred>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
   else if (bits == kQ4NL)
     TileOfBits<kQ4NL>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
   else if (bits == kQ6K)

@@ -23,7 +23,9 @@
 //          sc of the group's 16 rows, then their mn; a block's d * sc and -dmin * mn are its d and m (exact in f32).
 //          Either way a 64-byte load (and a nibble mask) gives 16 rows x 4 columns: an int32 lane a row.
 //   scales f16 or f32 [G, KB, 2, 16]: d then m of the group's 16 rows; MatMulQ6K: [G, ceil(KB / 8), 16], d;
-//   MatMulQ4K / Q5K: [G, ceil(KB / 8), 2, 16], d then -dmin.
+//   MatMulQ4K / Q5K: [G, ceil(KB / 8), 2, 16], d then -dmin; the centred MatMulQ4S / Q5S / Q8S / Q4NLS (the layouts
+//   of MatMulQ4 / Q5 / Q8 / Q4NL, their codes centred: GGUF's Q4_0, Q5_0, Q8_0 + 128, IQ4_NL and IQ4_XS + 128):
+//   [G, KB, 16], d, with m = -middle * d (middle 8, 16, 128, 128).
 #pragma once
 
 #include <cstdint>
@@ -50,13 +52,29 @@ constexpr int64_t kQKSubBytes = 32;
 // Blocks of 32 columns in a GGUF super-block (256 columns): MatMulQ6K's d, MatMulQ4K's and Q5K's d and dmin.
 constexpr int64_t kQSuperBlocks = 8;
 
-template <int Bits>  // a constant, not a function: nothing here is compiled once per ISA
-constexpr int64_t kQBlockBytesOf = Bits == 4 || Bits == kQ4NL ? kQ4BlockBytes
-                                   : Bits == 5                ? kQ5BlockBytes
-                                   : Bits == kQ4K             ? kQ4BlockBytes + kQKSubBytes
-                                   : Bits == kQ5K             ? kQ5BlockBytes + kQKSubBytes
-                                   : Bits == kQ6K             ? kQ6KBlockBytes
-                                                              : kQ8BlockBytes;
+// The flag that makes MatMulQ4 / Q5 / Q8 / Q4NL's Bits those of the centred MatMulQ4S / Q5S / Q8S / Q4NLS.
+constexpr int kQCentred = 0x100;
+
+// Constants, not functions: nothing here is compiled once per ISA.
+// The layout a Bits reads its codes in: 4, 5, 8, kQ4NL or kQ6K (MatMulQ4K / Q5K: 4 and 5; centred: as uncentred).
+template <int Bits>
+constexpr int kQCodeOf = (Bits & ~kQCentred) == kQ4K ? 4 : (Bits & ~kQCentred) == kQ5K ? 5 : Bits & ~kQCentred;
+// A centred layout's middle code: m = -middle * d.
+template <int Bits>
+constexpr float kQMiddleOf = kQCodeOf<Bits> == 4 ? 8.f : kQCodeOf<Bits> == 5 ? 16.f : 128.f;
+// MatMulQ4K / Q5K: a block's d and m are its super-block's d and -dmin times its sub-scale and min.
+template <int Bits>
+constexpr bool kQSuperBlockDMOf = Bits == kQ4K || Bits == kQ5K;
+template <int Bits>
+constexpr bool kQCentredOf = (Bits & kQCentred) != 0;
+// The bytes of a block's codes (where MatMulQ4K's / Q5K's sub-scales start), and of the whole block.
+template <int Bits>
+constexpr int64_t kQCodeBytesOf = kQCodeOf<Bits> == 4 || kQCodeOf<Bits> == kQ4NL ? kQ4BlockBytes
+                                  : kQCodeOf<Bits> == 5                          ? kQ5BlockBytes
+                                  : kQCodeOf<Bits> == kQ6K                       ? kQ6KBlockBytes
+                                                                                 : kQ8BlockBytes;
+template <int Bits>
+constexpr int64_t kQBlockBytesOf = kQCodeBytesOf<Bits> + (kQSuperBlockDMOf<Bits> ? kQKSubBytes : 0);
 
 // QuantizeRows: rows of x [T, K] to int8, per block of 32: xq = rint(x * 127 / amax) (amax = max |x| of
 // the block, 0 -> codes 0), into xq [R, KB * 32] (zero-padded) and xs [R, KB, 2] = {dx, dx * sum(xq)}
@@ -71,7 +89,8 @@ constexpr int64_t kQBlockBytesOf = Bits == 4 || Bits == kQ4NL ? kQ4BlockBytes
 // (the AVX-512 build's MatMulQ6K: as unsigned bytes x + 128; every other kernel: as they are).
 // QTile: y[t, 16g + r] = sum_b xs[t,b,0] * d * dot(q, xq) + m * xs[t,b,1] (+ bias) for rows
 // [t0, t1) of xq and groups [g0, g1); only columns < N are written. pairs: y[t / 2] gets the sum of
-// rows t and t + 1 (t0, t1 even). bits: 4, 5, 8, kQ4NL, kQ4K, kQ5K or kQ6K; half: scales are fp16 (else f32).
+// rows t and t + 1 (t0, t1 even). bits: 4, 5, 8, kQ4NL (each of them | kQCentred too), kQ4K, kQ5K or kQ6K; half:
+// scales are fp16 (else f32).
 #define ORTSERVE_Q_KERNELS                                                                              \
   void QuantizeRows(const float* x, int64_t T, int64_t K, bool residual, int8_t* xq, float* xs);        \
   void AdaptRows(int bits, int8_t* xq, int64_t count);                                                  \

@@ -46,8 +46,9 @@ inline EvenTiles TilesOf(int64_t units, int64_t per_tile) {
   return {units, std::max<int64_t>(1, (units + per_tile - 1) / per_tile)};
 }
 
-// The op name's suffix of a quantised op's Bits: "4", "5", "8", "4NL", "4K", "5K" or "6K" (matmul_q_kernel.h's kQ4NL, ...).
+// The op name's suffix of a quantised op's Bits: "4", "5", "8", "4NL" (centred: "4S" ... "4NLS"), "4K", "5K" or "6K".
 inline std::string QSuffix(int bits) {
+  if (bits & kQCentred) return QSuffix(bits & ~kQCentred) + "S";
   return bits == kQ4NL ? "4NL" : bits == kQ4K ? "4K" : bits == kQ5K ? "5K" : bits == kQ6K ? "6K" : std::to_string(bits);
 }
 
@@ -57,10 +58,12 @@ inline std::vector<int64_t> QScalesShape(int bits, int64_t G, int64_t KB) {
   const int64_t super_blocks = (KB + kQSuperBlocks - 1) / kQSuperBlocks;
   if (bits == kQ6K) return {G, super_blocks, kQGroup};
   if (bits == kQ4K || bits == kQ5K) return {G, super_blocks, 2, kQGroup};
+  if (bits & kQCentred) return {G, KB, kQGroup};
   return {G, KB, 2, kQGroup};
 }
 
-// The fourteen kernels of a quantised op, Op<bits, scale type>: 4, 5 and 8 bits, Q4NL, Q4K, Q5K and Q6K, each with fp16
+// The 22 kernels of a quantised op, Op<bits, scale type>: 4, 5 and 8 bits and Q4NL (each centred too: "S"), Q4K, Q5K
+// and Q6K, each with fp16
 // or fp32 scales, named base + QSuffix ("MatMulQ4", "MatMulQ4NL"); onnxruntime picks by the scales' type.
 // Made once.
 template <template <int, typename> class Op>
@@ -79,6 +82,10 @@ std::vector<Ort::Custom::OrtLiteCustomOp*> QuantizedKernels(const std::string& b
     add(std::integral_constant<int, 5>{});
     add(std::integral_constant<int, 8>{});
     add(std::integral_constant<int, kQ4NL>{});
+    add(std::integral_constant<int, 4 | kQCentred>{});
+    add(std::integral_constant<int, 5 | kQCentred>{});
+    add(std::integral_constant<int, 8 | kQCentred>{});
+    add(std::integral_constant<int, kQ4NL | kQCentred>{});
     add(std::integral_constant<int, kQ4K>{});
     add(std::integral_constant<int, kQ5K>{});
     add(std::integral_constant<int, kQ6K>{});

@@ -237,6 +237,8 @@ def pack_q(codes, d, m, bits=4, scale_dtype=np.float16):
     """MatMulQ4's, MatMulQ5's or MatMulQ8's weight layout (contrib_ops/matmul_q_kernel.h) of
     W = d * q + m per row and block of 32 columns: codes uint8 [N, K] (0..2^bits - 1), d and m
     [N, ceil(K / 32)] -> (packed uint8 [G, KB, 256, 320 or 512], scales [G, KB, 2, 16] of scale_dtype).
+    ``m`` None: the centred layout (MatMulQ4S / Q5S / Q8S / Q4NLS), m = -middle * d (``q_middle``), scales
+    [G, KB, 16] of d alone.
     Rows are padded to whole groups of 16 and columns to whole blocks with q = d = m = 0. Byte c * 64 +
     r * 4 + j of a block holds q[16g + r, 32b + 4c + j] (8 bits; 4 and 5 bits: c < 4 in the low nibble,
     and q[16g + r, 32b + 16 + 4c + j] in the high one; 5 bits: then the fifth bits, bit i % 8 of byte
@@ -255,17 +257,29 @@ def pack_q(codes, d, m, bits=4, scale_dtype=np.float16):
         if bits == 5:
             fifth = np.packbits((q >> 4).reshape(groups, k_blocks, 8, 64), axis=-1, bitorder="little")
             packed = np.concatenate([packed, fifth.reshape(groups, k_blocks, 64)], axis=-1)
-    scales = np.zeros((groups * Q_GROUP, k_blocks, 2), np.float32)
-    scales[:n, :, 0], scales[:n, :, 1] = d, m
-    scales = scales.reshape(groups, Q_GROUP, k_blocks, 2).transpose(0, 2, 3, 1)
+    vectors = 1 if m is None else 2
+    scales = np.zeros((groups * Q_GROUP, k_blocks, vectors), np.float32)
+    scales[:n, :, 0] = d
+    if m is not None:
+        scales[:n, :, 1] = m
+    scales = scales.reshape(groups, Q_GROUP, k_blocks, vectors).transpose(0, 2, 3, 1)
+    if m is None:
+        scales = scales[:, :, 0]
     packed = packed.reshape(groups, k_blocks, Q_BLOCK_BYTES[bits])
     return np.ascontiguousarray(packed), np.ascontiguousarray(scales.astype(scale_dtype))
+
+
+def q_middle(width, nonlinear=False):
+    """A centred layout's middle code (m = -middle * d), by its block's bytes: 8 (MatMulQ4S), 16 (Q5S), 128 (Q8S,
+    Q4NLS: the 8-bit codes, 128 + GGUF's IQ4 values)."""
+    return np.float32(128 if nonlinear else {Q_BLOCK_BYTES[4]: 8, Q_BLOCK_BYTES[5]: 16, Q_BLOCK_BYTES[8]: 128}[width])
 
 
 def unpack_q(packed, scales, n, k, nonlinear=False):
     """pack_q's inverse: (codes uint8 [N, K], d float32 [N, KB], m float32 [N, KB]); ``nonlinear``
     (MatMulQ4NL): the 4-bit codes looked up in Q4NL_CODES. A MatMulQ4K / Q5K weight (``pack_qk``) gives its
-    blocks' d * sc and -dmin * mn as d and m (float32 products, exact)."""
+    blocks' d * sc and -dmin * mn as d and m (float32 products, exact); a centred one, scales [G, KB, 16],
+    m = -middle * d."""
     groups, k_blocks, width = packed.shape
     packed = np.asarray(packed, np.uint8)
     if width in QK_BLOCK_BYTES.values():
@@ -283,7 +297,10 @@ def unpack_q(packed, scales, n, k, nonlinear=False):
         )
         q = q | (fifth.reshape(q.shape) << 4)
     codes = q.transpose(0, 3, 1, 2, 4).reshape(groups * Q_GROUP, k_blocks * Q_BLOCK)
-    s = np.asarray(scales, np.float32).transpose(0, 3, 1, 2).reshape(groups * Q_GROUP, k_blocks, 2)
+    s = np.asarray(scales, np.float32)
+    if s.ndim == 3:  # centred: d alone
+        s = np.stack([s, -q_middle(width, nonlinear) * s], axis=2)
+    s = s.transpose(0, 3, 1, 2).reshape(groups * Q_GROUP, k_blocks, 2)
     if nonlinear:
         codes = Q4NL_CODES[codes]
     return np.ascontiguousarray(codes[:n, :k]), np.ascontiguousarray(s[:n, :, 0]), np.ascontiguousarray(s[:n, :, 1])

@@ -4,22 +4,24 @@ own (``kquants.py``).
 
 Every llama.cpp block format below is ``w = s * q + o`` per block: integer codes ``q``, a
 float scale ``s`` and either a constant integer zero point (``o = -s * z``) or a float offset
-``o``. MatMulQ4 / Q5 / Q8 hold ``d * q + m``: d = s and m = o (or -s * z):
+``o``. MatMulQ4 / Q5 / Q8 hold ``d * q + m``: d = s and m = o (or -s * z). Every integer zero point here is
+the middle of its codes' range, so those formats go to the centred ops (MatMulQ4S / Q5S / Q8S / Q4NLS), which
+store d alone and form m = -z * d themselves (since op_version 13; before, m took as many bytes as d):
 
 | GGUF | stored as                 | s                | o / z              |
 |------|---------------------------|------------------|--------------------|
-| Q4_0 | MatMulQ4                  | d                | z = 8 (m = -8d)    |
+| Q4_0 | MatMulQ4S                 | d                | z = 8 (m = -8d)    |
 | Q4_1 | MatMulQ4                  | d                | o = m              |
-| Q5_0 | MatMulQ5                  | d                | z = 16             |
-| Q8_0 | MatMulQ8 (codes + 128)    | d                | z = 128            |
+| Q5_0 | MatMulQ5S                 | d                | z = 16             |
+| Q8_0 | MatMulQ8S (codes + 128)   | d                | z = 128            |
 | Q5_1 | MatMulQ5                  | d                | o = m              |
-| IQ4_NL | MatMulQ4NL (kvalues + 128) | d            | z = 128            |
-| IQ4_XS | MatMulQ4NL (kvalues + 128) | d * (ls[j] - 32) | z = 128        |
+| IQ4_NL | MatMulQ4NLS (kvalues + 128) | d           | z = 128            |
+| IQ4_XS | MatMulQ4NLS (kvalues + 128) | d * (ls[j] - 32) | z = 128       |
 
 The IQ4 formats' 4-bit codes index a table of 16 int8 values (``kvalues``, -127 ... 113): not a
 linear grid, so they are unpacked here as 8-bit codes ``kvalue + 128`` (as Q8_0's) and stored by
-MatMulQ4NL as their 4-bit indices again, whose kernels look the 8-bit codes up (with d and m, 5 bits a
-weight for IQ4_NL and 6 for IQ4_XS, whose d * (ls - 32) need fp32; the files hold 4.5 and 4.25). Every
+MatMulQ4NLS as their 4-bit indices again, whose kernels look the 8-bit codes up (with d alone, 4.5 bits a
+weight for IQ4_NL and 5 for IQ4_XS, whose d * (ls - 32) need fp32; the files hold 4.5 and 4.25). Every
 product stays exact in float32: IQ4_XS's d (fp16, 11 bits) * (ls - 32) (at most 5) * a code (8).
 
 ``s`` and ``o`` are computed exactly as gguf's dequantiser computes them (float32 products), so

@@ -208,7 +208,10 @@ class GgufCheckpoint:
         if qtype in _KQUANT_BITS:
             return CodeLayout(_KQUANT_BITS[qtype], "K")
         fmt = FORMATS.get(qtype)
-        return None if fmt is None else CodeLayout(fmt.code_bits, "NL" if fmt.nonlinear else "")
+        if fmt is None:
+            return None
+        # every format without float offsets has its codes' middle as zero point: centred ("S")
+        return CodeLayout(fmt.code_bits, ("NL" if fmt.nonlinear else "") + ("" if fmt.offsets else "S"))
 
     def import_blocks(self, name: str) -> QuantizedWeight | KQuantWeight:
         """The tensor's codes and scales, exactly ([out, in] rows): the K-quants' as they are (``kquants``), every

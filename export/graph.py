@@ -200,11 +200,9 @@ class DecoderBuilder:
         def part(w: str, plan: storage.Storage) -> QWeight | KQuantWeight:
             if plan.kind == "exact":
                 blocks = self.src.import_blocks(w)
-                return (
-                    from_blocks(blocks, k, plan.bits, plan.variant == "NL")
-                    if isinstance(blocks, QuantizedWeight)
-                    else blocks
-                )
+                if not isinstance(blocks, QuantizedWeight):
+                    return blocks
+                return from_blocks(blocks, k, plan.bits, plan.variant.startswith("NL"), plan.variant.endswith("S"))
             gram = self.importance.gram(label) if self.importance else None
             weight = self.src.read(w, transpose)
             return quantize_q(weight, bits) if gram is None else quantize_calibrated(weight, bits, gram)

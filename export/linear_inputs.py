@@ -20,7 +20,8 @@ from onnx import helper
 from .graph_io import MS, OURS
 
 # op: its weight inputs after x
-LINEARS = {"MatMulF": 1, **{f"MatMulQ{q}": 2 for q in ("4", "5", "8", "4NL", "4K", "5K", "6K")}}
+Q_FORMATS = ("4", "5", "8", "4NL", "4S", "5S", "8S", "4NLS", "4K", "5K", "6K")  # MatMulQ / GatherQ op suffixes
+LINEARS = {"MatMulF": 1, **{f"MatMulQ{q}": 2 for q in Q_FORMATS}}
 NO_BIAS = "const.f32.no_bias"  # a [0] tensor: the bias slot of a linear without one, before the stage's inputs
 
 

@@ -18,7 +18,8 @@ BITS = {"int4": 4, "int5": 5, "int8": 8}
 @dataclass(frozen=True)
 class CodeLayout:
     """How a source tensor's own codes are held exactly: MatMulQ{bits}{variant} (variant "NL": MatMulQ4NL, 4-bit
-    indices of GGUF's IQ4 values; "K": MatMulQ4K / Q5K / Q6K, GGUF's K-quants, ``kquants.py``)."""
+    indices of GGUF's IQ4 values; "S": centred codes, m = -middle * d, not stored; "K": MatMulQ4K / Q5K / Q6K,
+    GGUF's K-quants, ``kquants.py``)."""
 
     bits: int
     variant: str = ""

@@ -30,11 +30,14 @@ class QWeight:
     m: np.ndarray  # float32 [N, ceil(K / 32)]
     bits: int  # 4, 5 or 8 (MatMulQ4, MatMulQ5, MatMulQ8)
     nonlinear: bool = False  # MatMulQ4NL: the 4-bit codes index Q4NL_CODES, and q is Q4NL_CODES[code]
+    centred: bool = False  # m = -middle * d in every block (GGUF's Q4_0, Q5_0, Q8_0, IQ4): MatMulQ4S / ..., d alone
 
     def packed(self) -> tuple[np.ndarray, np.ndarray]:
-        """(codes [G, KB, 256 or 512], scales [G, KB, 2, 16]) as the ops read them."""
-        exact = all(np.array_equal(a.astype(np.float16).astype(np.float32), a) for a in (self.d, self.m))
-        return pack_q(self.codes, self.d, self.m, self.bits, np.float16 if exact else np.float32)
+        """(codes [G, KB, 256 or 512], scales [G, KB, 2, 16], or [G, KB, 16] when centred) as the ops read them."""
+        stored = (self.d,) if self.centred else (self.d, self.m)
+        exact = all(np.array_equal(a.astype(np.float16).astype(np.float32), a) for a in stored)
+        m = None if self.centred else self.m
+        return pack_q(self.codes, self.d, m, self.bits, np.float16 if exact else np.float32)
 
     def dequantize(self) -> np.ndarray:
         """[N, K] float32: d * q + m, in float32 and in that order (as gguf forms ``d * q + m``)."""
@@ -48,7 +51,7 @@ def concat_q(parts: list[QWeight]) -> QWeight:
     if len(parts) == 1:
         return parts[0]
     fields = (np.concatenate([getattr(p, f) for p in parts]) for f in ("codes", "d", "m"))
-    return QWeight(*fields, parts[0].bits, parts[0].nonlinear)
+    return QWeight(*fields, parts[0].bits, parts[0].nonlinear, parts[0].centred)
 
 
 _CHUNK = 1 << 18  # weights per thread task: enough tasks to share out evenly, each worth its dispatch
@@ -66,10 +69,11 @@ def map_rows(work: Callable[[int, int], QWeight], rows: int, chunk_rows: int) ->
         return concat_q(list(pool.map(lambda start: work(start, min(start + size, rows)), starts)))
 
 
-def from_blocks(q: QuantizedWeight, k: int, bits: int, nonlinear: bool = False) -> QWeight:
+def from_blocks(q: QuantizedWeight, k: int, bits: int, nonlinear: bool = False, centred: bool = False) -> QWeight:
     """A GGUF tensor's codes (``gguf_blocks.import_blocks``, blocks of 32) for MatMulQ{bits}: m = offset -
     d * z, exactly (z * d is exact, and the difference is the format's own m). ``nonlinear`` (IQ4, for
-    MatMulQ4NL): the 8-bit codes become their indices in Q4NL_CODES."""
+    MatMulQ4NL): the 8-bit codes become their indices in Q4NL_CODES. ``centred`` (a format whose zero point is
+    its codes' middle, without offsets: MatMulQ4S / Q5S / Q8S / Q4NLS): m is not stored, the op forms it."""
     assert q.block_size == Q_BLOCK, q.block_size
     n, k_blocks, _ = q.packed.shape
     if q.bits == 4:
@@ -84,8 +88,11 @@ def from_blocks(q: QuantizedWeight, k: int, bits: int, nonlinear: bool = False) 
         assert np.all((Q4NL_CODES[indices] == codes) | (scale == 0)), "codes outside the IQ4 table"
         codes = indices
     assert int(codes.max(initial=0)) < 1 << bits, bits
+    if centred:
+        middle = 128 if nonlinear else 1 << (bits - 1)
+        assert q.offsets is None and np.all(zero == middle), "a centred format's zero point is its codes' middle"
     m = np.ascontiguousarray(m, np.float32)
-    return QWeight(np.ascontiguousarray(codes[:, :k]), q.scales, m, bits, nonlinear)
+    return QWeight(np.ascontiguousarray(codes[:, :k]), q.scales, m, bits, nonlinear, centred)
 
 
 def quantize_q(weight: np.ndarray, bits: int, importance: np.ndarray | None = None) -> QWeight:

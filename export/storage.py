@@ -35,7 +35,9 @@ class Storage:
     kind: Literal["fp32", "exact", "quantize"]
     bits: int = 32  # the codes' width: 4, 5, 8 (MatMulQ4 / Q5 / Q8 and their variants), 6 (MatMulQ6K)
     source_type: str = "F32"  # the GGUF type of the source tensor (F32 for safetensors)
-    variant: str = ""  # "NL": IQ4_NL / IQ4_XS (MatMulQ4NL); "K": GGUF's K-quant super-blocks (MatMulQ4K / Q5K / Q6K)
+    # "NL": IQ4 (MatMulQ4NL); "S": centred codes, m = -middle * d (Q4_0, Q5_0, Q8_0, and IQ4: "NLS"); "K": GGUF's
+    # K-quant super-blocks (MatMulQ4K / Q5K / Q6K)
+    variant: str = ""
 
     @property
     def key(self) -> tuple:
@@ -45,7 +47,7 @@ class Storage:
 
     @property
     def q_format(self) -> str:
-        """The MatMulQ / GatherQ op's suffix: '4', '5', '8', '4NL', '4K', '5K' or '6K'."""
+        """The MatMulQ / GatherQ op's suffix: '4', '5', '8', '4NL', '4S', '5S', '8S', '4NLS', '4K', '5K' or '6K'."""
         return f"{self.bits}{self.variant}"
 
     @property

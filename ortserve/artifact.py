@@ -24,15 +24,17 @@ FORMAT_VERSION = 1
 # GatherQ5, 8 = + MatMulF, 9 = + the input stage of MatMulF and MatMulQ (a norm or a gated activation
 # inside the linear, contrib_ops/linear_input.h), 10 = + MatMulQ4NL, GatherQ4NL (GGUF's IQ4 codes at 4 bits),
 # 11 = + MatMulQ6K, GatherQ6K (GGUF's Q6_K at its own 6.5625 bits a weight), 12 = + MatMulQ4K, MatMulQ5K,
-# GatherQ4K, GatherQ5K (GGUF's Q4_K and Q5_K at 4.625 and 5.625 bits a weight, with their sub-scales).
+# GatherQ4K, GatherQ5K (GGUF's Q4_K and Q5_K at 4.625 and 5.625 bits a weight, with their sub-scales), 13 = + the
+# centred MatMulQ4S, Q5S, Q8S, Q4NLS and their GatherQ (Q4_0, Q5_0, Q8_0 and IQ4 without a stored m per block).
 # An artifact records the set its graph needs (needed_op_version), so that a new export of a graph
 # without the latest ops still loads on an installation one version behind.
-OP_VERSION = 12
+OP_VERSION = 13
 EXPORT_BASE_OP_VERSION = 9  # every graph this exporter writes: the linears' input stage
 OP_ADDED_AFTER_BASE = {
     **{op: 10 for op in ("MatMulQ4NL", "GatherQ4NL")},
     **{op: 11 for op in ("MatMulQ6K", "GatherQ6K")},
     **{op: 12 for op in ("MatMulQ4K", "MatMulQ5K", "GatherQ4K", "GatherQ5K")},
+    **{f"{kind}Q{q}S": 13 for kind in ("MatMul", "Gather") for q in ("4", "5", "8", "4NL")},
 }
 MANIFEST = "ortserve.json"
 MODEL_FILE = "model.onnx"

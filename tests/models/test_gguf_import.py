@@ -19,6 +19,20 @@ from tiny_gguf import CONFIG, FORMATS, write_tiny_llama
 from ortserve.artifact import load_manifest
 
 PROMPTS = (13, 6)
+# the op each format's codes go to: centred ("S": m = -middle * d, not stored) where the format's zero point is
+# its codes' middle, as Q4_1's and Q5_1's float minimums are not
+OPS = {
+    "Q4_0": "MatMulQ4S",
+    "Q4_1": "MatMulQ4",
+    "Q5_0": "MatMulQ5S",
+    "Q5_1": "MatMulQ5",
+    "Q8_0": "MatMulQ8S",
+    "IQ4_NL": "MatMulQ4NLS",
+    "IQ4_XS": "MatMulQ4NLS",
+    "Q4_K": "MatMulQ4K",
+    "Q5_K": "MatMulQ5K",
+    "Q6_K": "MatMulQ6K",
+}
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +70,8 @@ def test_imported_weights_dequantise_bit_exactly_to_ggufs_own(qtype, tiny_gguf):
     w = gguf_weights(path)
     rows_q = CONFIG["heads"] * CONFIG["head_dim"]
     model = onnx.load(artifact / "model.onnx", load_external_data=False)
-    k_quant = {"Q4_K": "MatMulQ4K", "Q5_K": "MatMulQ5K", "Q6_K": "MatMulQ6K"}
-    op = k_quant.get(qtype) or {"Q4": "MatMulQ4", "Q5": "MatMulQ5", "Q8": "MatMulQ8", "IQ": "MatMulQ4NL"}[qtype[:2]]
-    assert next(n.op_type for n in model.graph.node if n.name.startswith("layers.0.qkv")) == op  # codes at their width
+    qkv_op = next(n.op_type for n in model.graph.node if n.name.startswith("layers.0.qkv"))
+    assert qkv_op == OPS[qtype]  # codes at their width
     qkv = imported(artifact, "layers.0.qkv")
     # our rows are Hugging Face's order; llama.cpp's converter permutes Q and K rows
     expected = {
@@ -85,8 +98,8 @@ def test_imported_weights_dequantise_bit_exactly_to_ggufs_own(qtype, tiny_gguf):
         assert np.array_equal(ours, reference), f"{label}: max |diff| {np.abs(ours - reference).max()}"
     manifest = load_manifest(artifact)
     assert manifest.weight_formats == {f"{qtype} (exact)": 8}  # q, k, v, o, gate, up, down, the head
-    # MatMulQ4NL came with op_version 10, MatMulQ6K with 11, MatMulQ4K and Q5K with 12
-    assert manifest.op_version == {"IQ4_NL": 10, "IQ4_XS": 10, "Q6_K": 11, "Q4_K": 12, "Q5_K": 12}.get(qtype, 9)
+    # MatMulQ6K came with op_version 11, MatMulQ4K and Q5K with 12, the centred ops with 13
+    assert manifest.op_version == {"Q4_1": 9, "Q5_1": 9, "Q6_K": 11, "Q4_K": 12, "Q5_K": 12}.get(qtype, 13)
 
 
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "IQ4_XS", "Q8_0"])
@@ -98,9 +111,7 @@ def test_an_untied_embedding_is_looked_up_in_its_own_codes(qtype, tmp_path):
     export_model(path, tmp_path / "artifact", progress=False)
     model = onnx.load(tmp_path / "artifact" / "model.onnx", load_external_data=False)
     embed = next(n for n in model.graph.node if n.name.startswith("embed") and n.op_type.startswith("Gather"))
-    assert (
-        embed.op_type == {"Q4_K": "GatherQ4K", "Q6_K": "GatherQ6K", "IQ4_XS": "GatherQ4NL", "Q8_0": "GatherQ8"}[qtype]
-    )
+    assert embed.op_type == OPS[qtype].replace("MatMul", "Gather")
     assert list(embed.input[:2]) == ["embed.codes", "embed.scales"]
     table, f32 = CONFIG["vocab"] * CONFIG["hidden"], onnx.TensorProto.FLOAT
     assert not [t for t in model.graph.initializer if np.prod(t.dims) == table and t.data_type == f32]

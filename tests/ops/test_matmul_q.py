@@ -1,8 +1,9 @@
 """MatMulQ4 / Q5 / Q8 / Q4NL (x @ W.T for 4-, 5- or 8-bit block-quantised W, or 4-bit indices of 8-bit
-codes; int8 or int8 + residual activations) match their numpy reference on every shape a model gives
-them (rows not a multiple of 16, columns not a multiple of 32, one row or a prefill chunk), with fp16
-or fp32 scales, with and without bias, on every kernel build; GatherQ4 / Q5 / Q8 / Q4NL read the same
-rows; the layout round-trips; bad input names itself."""
+codes; int8 or int8 + residual activations) and their centred forms MatMulQ4S / Q5S / Q8S / Q4NLS (m = -middle * d,
+not stored) match their numpy reference on every shape a model gives them (rows not a multiple of 16, columns not a
+multiple of 32, one row or a prefill chunk), with fp16 or fp32 scales, with and without bias, on every kernel build;
+the centred ones answer bit for bit as the uncentred ones holding that m; GatherQ4 / Q5 / Q8 / Q4NL (and centred)
+read the same rows; the layout round-trips; bad input names itself."""
 
 from __future__ import annotations
 
@@ -32,18 +33,37 @@ class QFormat:
     suffix: str  # of the op's name: MatMulQ{suffix}
     bits: int  # the stored codes' width (pack_q's bits)
     nonlinear: bool = False  # Q4NL: the codes index Q4NL_CODES
+    centred: bool = False  # m = -middle * d, not stored: scales [G, KB, 16]
 
     @property
     def largest(self) -> int:
         """The largest value a code stands for."""
         return int(Q4NL_CODES[-1]) if self.nonlinear else (1 << self.bits) - 1
 
+    @property
+    def middle(self) -> int:
+        """A centred weight's zero point: m = -middle * d."""
+        return 128 if self.nonlinear else 1 << (self.bits - 1)
+
+    @property
+    def scale_dims(self) -> list:
+        return ["G", "KB", 16] if self.centred else ["G", "KB", 2, 16]
+
+    def weight(self, rng, n, k, dtype=np.float16):
+        """Random (codes, d, m) of this format (centred: m = -middle * d)."""
+        codes, d, m = random_weight(rng, n, k, dtype, self.bits)
+        return codes, d, (-self.middle * d).astype(np.float32) if self.centred else m
+
+    def pack(self, codes, d, m, dtype=np.float16):
+        return pack_q(codes, d, None if self.centred else m, self.bits, dtype)
+
     def __str__(self) -> str:
         return f"Q{self.suffix}"
 
 
 Q4, Q5, Q8, Q4NL = QFormat("4", 4), QFormat("5", 5), QFormat("8", 8), QFormat("4NL", 4, nonlinear=True)
-FORMATS = [Q4, Q5, Q8, Q4NL]
+CENTRED = [QFormat(f"{f.suffix}S", f.bits, f.nonlinear, centred=True) for f in (Q4, Q5, Q8, Q4NL)]
+FORMATS = [Q4, Q5, Q8, Q4NL, *CENTRED]
 
 
 def session(
@@ -65,7 +85,7 @@ def session(
         [
             helper.make_tensor_value_info("x", f, ["T", "K"]),
             helper.make_tensor_value_info("codes", TensorProto.UINT8, ["G", "KB", 64 * fmt.bits]),
-            helper.make_tensor_value_info("scales", scale_type, ["G", "KB", 2, 16]),
+            helper.make_tensor_value_info("scales", scale_type, fmt.scale_dims),
             *([helper.make_tensor_value_info("bias", f, ["N"])] if bias else []),
         ],
         [helper.make_tensor_value_info("y", f, ["T", "N"])],
@@ -139,8 +159,7 @@ def test_the_8_bit_layout_puts_16_rows_by_4_columns_in_64_bytes():
 @pytest.mark.parametrize("k,n", [(576, 960), (1536, 576), (64, 24), (40, 33)])
 def test_matches_the_numpy_reference(rows, k, n, scale_dtype, activation_bits, fmt):
     rng = np.random.default_rng(rows * 1000 + k + n)
-    codes, d, m = random_weight(rng, n, k, scale_dtype, fmt.bits)
-    packed, scales = pack_q(codes, d, m, fmt.bits, scale_dtype)
+    packed, scales = fmt.pack(*fmt.weight(rng, n, k, scale_dtype), scale_dtype)
     x = rng.normal(0.0, 1.0, (rows, k)).astype(np.float32)
     scale_type = TensorProto.FLOAT16 if scale_dtype == np.float16 else TensorProto.FLOAT
     s = session(n, scale_type, activation_bits=activation_bits, fmt=fmt)
@@ -149,7 +168,7 @@ def test_matches_the_numpy_reference(rows, k, n, scale_dtype, activation_bits, f
     np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("fmt", [Q4, Q8, Q4NL], ids=str)
+@pytest.mark.parametrize("fmt", [Q4, Q8, Q4NL, CENTRED[2]], ids=str)
 def test_initializer_weights_are_the_ops_own_copy(fmt, tmp_path):
     """Weights stored as initializers in a data file, as in an artifact: onnxruntime maps the file
     (4 KiB pages), and the op copies them once at load into memory the engine puts on huge pages. So
@@ -158,8 +177,7 @@ def test_initializer_weights_are_the_ops_own_copy(fmt, tmp_path):
 
     rng = np.random.default_rng(FORMATS.index(fmt))
     n, k = 48, 96
-    codes, d, m = random_weight(rng, n, k, np.float16, fmt.bits)
-    packed, scales = pack_q(codes, d, m, fmt.bits, np.float16)
+    packed, scales = fmt.pack(*fmt.weight(rng, n, k))
     node = helper.make_node(f"MatMulQ{fmt.suffix}", ["x", "codes", "scales"], ["y"], domain=ortserve.ops.DOMAIN, N=n)
     graph = helper.make_graph(
         [node],
@@ -188,9 +206,9 @@ def test_is_x_times_the_dequantised_weight_up_to_activation_rounding(activation_
     """An oracle independent of the reference's integer path: the float product with d * q + m. The
     residual pass takes the error from about 0.5 % to about 0.002 %."""
     rng = np.random.default_rng(7)
-    codes, d, m = random_weight(rng, 96, 576, bits=fmt.bits)
-    d = d * 15 / fmt.largest  # the same weight range as 4-bit codes
-    packed, scales = pack_q(codes, d, m, fmt.bits)
+    codes, d, m = fmt.weight(rng, 96, 576)
+    d = (d * 15 / fmt.largest).astype(np.float16).astype(np.float32)  # the same weight range as 4-bit codes
+    packed, scales = fmt.pack(codes, d, -fmt.middle * d if fmt.centred else m)
     x = rng.normal(0.0, 1.0, (4, 576)).astype(np.float32)
     s = session(96, activation_bits=activation_bits, fmt=fmt)
     got = s.run(None, {"x": x, "codes": packed, "scales": scales})[0]
@@ -257,11 +275,12 @@ def test_the_largest_codes_and_activations_do_not_saturate(isa, fmt, sign, monke
     monkeypatch.setenv("ORTSERVE_KERNEL_ISA", isa)
     codes = np.full((16, 64), (1 << fmt.bits) - 1, np.uint8)
     d, m = np.full((16, 2), 1 / 64, np.float32), np.zeros((16, 2), np.float32)  # exact in fp16
-    packed, scales = pack_q(codes, d, m, fmt.bits)
+    packed, scales = fmt.pack(codes, d, m)
     x = np.full((3, 64), sign * 2.0, np.float32)
     got = session(16, fmt=fmt).run(None, {"x": x, "codes": packed, "scales": scales})[0]
     np.testing.assert_allclose(got, matmul_q(x, packed, scales, 16, nonlinear=fmt.nonlinear), rtol=1e-6)
-    np.testing.assert_allclose(got, sign * 2.0 * fmt.largest, rtol=1e-6)  # 64 columns x 1/64
+    value = fmt.largest - (fmt.middle if fmt.centred else 0)  # w = d * (q - middle) when centred
+    np.testing.assert_allclose(got, sign * 2.0 * value, rtol=1e-6)  # 64 columns x 1/64
 
 
 @pytest.mark.parametrize("isa", ["generic", "avx2", "avx512"])
@@ -273,8 +292,7 @@ def test_every_kernel_build_matches_the_reference(isa, rows, activation_bits, fm
     # data of its own per build: an output row a build missed must not hold the last build's answer
     seed = [rows, activation_bits, FORMATS.index(fmt), ["generic", "avx2", "avx512"].index(isa)]
     rng = np.random.default_rng(seed)
-    codes, d, m = random_weight(rng, 50, 100, bits=fmt.bits)
-    packed, scales = pack_q(codes, d, m, fmt.bits)
+    packed, scales = fmt.pack(*fmt.weight(rng, 50, 100))
     x = rng.normal(size=(rows, 100)).astype(np.float32)
     x[0, 32:64] = 0.0  # a block of zeros: no scale
     bias = rng.normal(size=50).astype(np.float32)
@@ -282,6 +300,24 @@ def test_every_kernel_build_matches_the_reference(isa, rows, activation_bits, fm
     got = session(50, bias=True, activation_bits=activation_bits, fmt=fmt).run(None, arrays)[0]
     want = matmul_q(x, packed, scales, 50, bias, activation_bits, fmt.nonlinear)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("isa", ["generic", "avx2", "avx512"])
+@pytest.mark.parametrize("rows", [1, 19, 45])
+@pytest.mark.parametrize("activation_bits", [8, 16])
+@pytest.mark.parametrize("fmt", CENTRED, ids=str)
+def test_a_centred_weight_answers_bit_for_bit_as_with_its_m_stored(isa, rows, activation_bits, fmt, monkeypatch):
+    """MatMulQ4S forms m = -middle * d in the kernel, exactly, so it computes what MatMulQ4 computes with that m
+    stored (how GGUF's Q4_0, Q5_0, Q8_0 and IQ4 were imported before op_version 13)."""
+    monkeypatch.setenv("ORTSERVE_KERNEL_ISA", isa)
+    rng = np.random.default_rng([rows, activation_bits, CENTRED.index(fmt)])
+    codes, d, m = fmt.weight(rng, 40, 1024)
+    x = rng.normal(size=(rows, 1024)).astype(np.float32)
+    centred = session(40, activation_bits=activation_bits, fmt=fmt)
+    got = centred.run(None, dict(zip(("codes", "scales"), fmt.pack(codes, d, m)), x=x))[0]
+    stored = QFormat(fmt.suffix[:-1], fmt.bits, fmt.nonlinear)
+    plain = session(40, activation_bits=activation_bits, fmt=stored)
+    assert np.array_equal(got, plain.run(None, dict(zip(("codes", "scales"), stored.pack(codes, d, m)), x=x))[0])
 
 
 def test_no_rows_is_an_empty_result():
@@ -309,6 +345,26 @@ def test_codes_for_another_shape_are_rejected():
 def test_scales_for_another_shape_are_rejected():
     with pytest.raises(Exception, match=r"scales must be \[2, 2, 2, 16\], got \[2, 1, 2, 16\]"):
         run(20, (1, 64), (2, 2, 256), (2, 1, 2, 16))
+
+
+def test_centred_scales_are_d_alone():
+    """MatMulQ4S's scales are [G, KB, 16]: a [G, KB, 2, 16] pair (MatMulQ4's) is refused, naming the shape."""
+    arrays = {"x": np.ones((1, 64), np.float32), "codes": np.zeros((2, 2, 256), np.uint8)}
+    arrays["scales"] = np.zeros((2, 2, 2, 16), np.float16)
+    fmt = CENTRED[0]
+    node = helper.make_node("MatMulQ4S", ["x", "codes", "scales"], ["y"], domain=ortserve.ops.DOMAIN, N=20)
+    graph = helper.make_graph(
+        [node],
+        "q4s",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", "K"]),
+            helper.make_tensor_value_info("codes", TensorProto.UINT8, ["G", "KB", 64 * fmt.bits]),
+            helper.make_tensor_value_info("scales", TensorProto.FLOAT16, ["G", "KB", 2, 16]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["T", "N"])],
+    )
+    with pytest.raises(Exception, match=r"MatMulQ4S: scales must be \[2, 2, 16\], got \[2, 2, 2, 16\]"):
+        make_session(op_model(graph)).run(None, arrays)
 
 
 def test_a_bias_of_another_length_is_rejected():
@@ -355,7 +411,7 @@ def gather_session(n: int, k: int, fmt: QFormat, scale_type: int = TensorProto.F
         "gather",
         [
             helper.make_tensor_value_info("codes", TensorProto.UINT8, ["G", "KB", 64 * fmt.bits]),
-            helper.make_tensor_value_info("scales", scale_type, ["G", "KB", 2, 16]),
+            helper.make_tensor_value_info("scales", scale_type, fmt.scale_dims),
             helper.make_tensor_value_info("ids", TensorProto.INT64, ["T"]),
         ],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["T", k])],
@@ -368,8 +424,8 @@ def gather_session(n: int, k: int, fmt: QFormat, scale_type: int = TensorProto.F
 def test_gather_reads_the_dequantised_rows(fmt, scale_dtype):
     """A tied embedding's lookup on the LM head's codes: bit for bit d * q + m."""
     rng = np.random.default_rng(FORMATS.index(fmt))
-    codes, d, m = random_weight(rng, 37, 70, scale_dtype, fmt.bits)
-    packed, scales = pack_q(codes, d, m, fmt.bits, scale_dtype)
+    codes, d, m = fmt.weight(rng, 37, 70, scale_dtype)
+    packed, scales = fmt.pack(codes, d, m, scale_dtype)
     ids = np.array([36, 0, 17, 17, 5], np.int64)
     scale_type = TensorProto.FLOAT16 if scale_dtype == np.float16 else TensorProto.FLOAT
     got = gather_session(37, 70, fmt, scale_type).run(None, {"codes": packed, "scales": scales, "ids": ids})[0]
