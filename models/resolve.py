@@ -68,7 +68,7 @@ def _exported(source: ModelSource, precision: str | None, activation_bits: int, 
     tag = f"{precision or 'native'}-a{activation_bits}"
     name = f"{source.stem}-{tag}" if source.builtin else f"{source.stem}-{content[:16]}-{tag}"
     entry = cache.cache_dir() / "artifacts" / name
-    stamp = {"content_sha256": content, "precision": tag, "exporter": _exporter_hash()}
+    stamp = {"content_sha256": content, "precision": tag, "exporter": exporter_hash()}
     if _loads(entry) and _stamp_matches(entry, stamp):
         return entry
     with cache.locked(entry):
@@ -141,7 +141,7 @@ def _loads(entry: Path) -> bool:
     return True
 
 
-def _exporter_hash() -> str:
+def exporter_hash() -> str:
     """A hash of the installed exporter's and converter's source: a changed one re-exports."""
     digest = hashlib.sha256(f"format {FORMAT_VERSION}".encode())
     for package in ("ortserve.export", "ortserve.models"):

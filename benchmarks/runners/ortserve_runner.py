@@ -3,14 +3,18 @@ every workload with `ortserve bench serve` against the one server."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
+
+from ortserve.models.resolve import exporter_hash
 
 from runners.common import RESULTS, WORKLOADS, Model, Server, bench_serve, free_port, record, run_logged, serve_metrics
 
 SYSTEM = "ortserve"
 PRECISIONS = ("fp32", "int8", "int4")  # the runner protocol names what it measures: the peers' precisions
 WORKLOADS_SUPPORTED = tuple(WORKLOADS)
+EXPORTER_STAMP = "exporter.sha256"  # in an artifact: the exporter that wrote it (models.resolve.exporter_hash)
 
 
 def artifact_path(model_name: str, precision: str, tag: str = "") -> Path:
@@ -19,11 +23,14 @@ def artifact_path(model_name: str, precision: str, tag: str = "") -> Path:
 
 def artifact(model: Model, precision: str, export_flags: tuple[str, ...] = (), source: Path | None = None):
     """The model's artifact at ``precision``, exported on first use from its checkpoint or from ``source``
-    (a GGUF file of it, whose codes export keeps)."""
+    (a GGUF file of it, whose codes export keeps), and again whenever the installed exporter differs from the
+    one that wrote it (a changed layout must be measured, not an old one)."""
     tag = "".join(f"-{flag.lstrip('-')}" for flag in export_flags)  # e.g. -activation-bits-8
     tag += f"-from-{source.stem}" if source else ""
     out = artifact_path(model.name, precision, tag)
-    if not (out / "ortserve.json").is_file():
+    stamp, exporter = out / EXPORTER_STAMP, exporter_hash()
+    if not (out / "ortserve.json").is_file() or not stamp.is_file() or stamp.read_text() != exporter:
+        shutil.rmtree(out, ignore_errors=True)
         run_logged(
             [
                 sys.executable,
@@ -40,6 +47,7 @@ def artifact(model: Model, precision: str, export_flags: tuple[str, ...] = (), s
             ],
             RESULTS / "logs" / f"export-{model.name}-{precision}{tag}.log",
         )
+        stamp.write_text(exporter)
     return out
 
 
