@@ -20,7 +20,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 from ortserve.export.nbits import pack
 from ortserve.export.qweight import QWeight
-from ortserve.ops.paged_attention_reference import matmul_q
+from ortserve.ops.matmul_q_reference import matmul_q
 from runners.common import kernel_isa
 
 import ortserve.ops

@@ -28,7 +28,7 @@ from bench_matmul_q import model
 from bench_paged_attention import session
 from onnx import TensorProto, helper, numpy_helper
 from ortserve.export.qweight import QWeight
-from ortserve.ops.paged_attention_reference import matmul_q
+from ortserve.ops.matmul_q_reference import matmul_q
 from runners.common import kernel_isa
 
 from ortserve.engine.huge_pages import weights_on_huge_pages

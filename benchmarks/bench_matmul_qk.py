@@ -16,7 +16,7 @@ import argparse
 import numpy as np
 from bench_matmul_q import median_times, model, session
 from onnx import TensorProto, helper, numpy_helper
-from ortserve.ops.paged_attention_reference import pack_q, pack_qk, unpack_q
+from ortserve.ops.matmul_q_reference import pack_q, pack_qk, unpack_q
 from runners.common import kernel_isa
 
 import ortserve.ops

@@ -5,7 +5,7 @@
 // share one copy of the codes (matmul_q_kernel.h has the layout).
 //   codes u8 [G, KB, 256 or 512], scales f16 or f32 [G, KB, 2, 16], indices i64 [T] -> y f32 [T, K];
 //   attributes N (the rows) and K (the row width). An index outside [0, N) fails the run, naming it.
-// The numpy references are gather_q() and gather_q6k() in paged_attention_reference.py.
+// The numpy references are gather_q() and gather_q6k() in matmul_q_reference.py.
 #pragma once
 
 #define ORT_API_MANUAL_INIT

@@ -10,10 +10,10 @@
 //   KB = ceil(K / 32)), optionally K (checks x) and activation_bits (8, the default, or 16). Since
 //   op_version 9 the norm or gated activation in front of the linear may run inside it: optional
 //   inputs norm_weight, residual, output sum, attributes norm_epsilon, gated (linear_input.h).
-// The layout is in matmul_q_kernel.h. GGUF's block-32 formats map onto it exactly (Q4_0: m = -8d;
-// Q4_1: d, m; Q4_K: d * scale, -dmin * min; Q8_0: q + 128, m = -128d; Q5_0, Q5_1, Q5_K likewise), so
-// one node replaces MatMulNBits and AddBlockOffsets. The numpy reference is matmul_q() in
-// paged_attention_reference.py.
+// The layout is in matmul_q_kernel.h. GGUF's block-32 formats map onto it exactly (Q4_1: d, m; Q5_1 likewise;
+// Q4_0: m = -8d, Q5_0: m = -16d, Q8_0: q + 128, m = -128d, in the centred MatMulQ4S / Q5S / Q8S, since op_version
+// 13, which store d alone), so one node replaces MatMulNBits and AddBlockOffsets. The numpy reference is matmul_q() in
+// matmul_q_reference.py.
 #pragma once
 
 #define ORT_API_MANUAL_INIT

@@ -2,7 +2,7 @@
 // once per ISA). Nothing from the standard library beyond integer types: no inline function may be
 // shared between builds of different ISAs.
 //
-// The weight layout (the numpy reference pack_q in paged_attention_reference.py is its definition):
+// The weight layout (the numpy references pack_q, pack_qk and pack_q6k in matmul_q_reference.py define it):
 // W [N, K] as w = d * q + m, q in 0..15 (MatMulQ4), 0..31 (MatMulQ5) or 0..255 (MatMulQ8), one (d, m) per row and block
 // of 32 columns along K. Rows are taken 16 at a time (a group; N is padded to whole groups with
 // q = d = m = 0), blocks 32 columns at a time (K padded with q = 0):

@@ -12,7 +12,7 @@ weights as updated so far (llama.cpp's make_qkx2 search with diag(H) as the impo
 from __future__ import annotations
 
 import numpy as np
-from ortserve.ops.paged_attention_reference import Q_BLOCK
+from ortserve.ops.matmul_q_reference import Q_BLOCK
 
 from .qweight import QWeight, map_rows, quantize_q, search_rows
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields, replace
 from typing import TypeVar
 
 import numpy as np
-from ortserve.ops.paged_attention_reference import dequantize_q, dequantize_q6k, pack_q6k, pack_qk
+from ortserve.ops.matmul_q_reference import dequantize_q, dequantize_q6k, pack_q6k, pack_qk
 
 from .gguf_blocks import ONE_HALF, unscaled
 

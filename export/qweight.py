@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
-from ortserve.ops.paged_attention_reference import Q4NL_CODES, Q_BLOCK, pack_q
+from ortserve.ops.matmul_q_reference import Q4NL_CODES, Q_BLOCK, pack_q
 
 from .nbits import SCALE_CANDIDATES, WIDE_SCALE_CANDIDATES, QuantizedWeight
 

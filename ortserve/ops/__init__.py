@@ -1,7 +1,7 @@
 """The ortserve custom-op library (domain ``ortserve``) and its numpy reference.
 
 The C++ sources live in the repository's ``contrib_ops/``; the build installs the compiled
-library and the reference (``paged_attention_reference.py``) into this package.
+library and the references (``paged_attention_reference.py``, ``matmul_q_reference.py``) into this package.
 """
 
 from __future__ import annotations

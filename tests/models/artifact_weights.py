@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 from ortserve.export.linear_inputs import Q_FORMATS
-from ortserve.ops.paged_attention_reference import dequantize_q, dequantize_q6k
+from ortserve.ops.matmul_q_reference import dequantize_q, dequantize_q6k
 
 
 def imported(artifact: Path, label: str) -> np.ndarray:

@@ -12,7 +12,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from ortserve.ops.paged_attention_reference import linear_input, matmul_q, pack_q
+from ortserve.ops.matmul_q_reference import matmul_q, pack_q
+from ortserve.ops.paged_attention_reference import linear_input
 from paged_attention_harness import make_session, op_model
 
 F = TensorProto.FLOAT

@@ -14,7 +14,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
-from ortserve.ops.paged_attention_reference import (
+from ortserve.ops.matmul_q_reference import (
     Q4NL_CODES,
     dequantize_q,
     gather_q,

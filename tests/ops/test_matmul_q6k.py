@@ -10,13 +10,7 @@ import gguf.quants
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
-from ortserve.ops.paged_attention_reference import (
-    dequantize_q6k,
-    gather_q6k,
-    matmul_q6k,
-    pack_q6k,
-    unpack_q6k,
-)
+from ortserve.ops.matmul_q_reference import dequantize_q6k, gather_q6k, matmul_q6k, pack_q6k, unpack_q6k
 from paged_attention_harness import make_session, op_model
 
 import ortserve.ops

@@ -12,15 +12,7 @@ import gguf.quants
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
-from ortserve.ops.paged_attention_reference import (
-    dequantize_q,
-    gather_q,
-    matmul_q,
-    pack_q,
-    pack_qk,
-    unpack_q,
-    unpack_qk,
-)
+from ortserve.ops.matmul_q_reference import dequantize_q, gather_q, matmul_q, pack_q, pack_qk, unpack_q, unpack_qk
 from paged_attention_harness import make_session, op_model
 
 import ortserve.ops
