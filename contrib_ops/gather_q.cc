@@ -62,8 +62,8 @@ struct GatherQ {
         const uint8_t* block = c + (g * KB + b) * kBlockBytes;
         float* row = out + t * K_ + b * kQBlock;
         const int64_t columns = std::min(kQBlock, K_ - b * kQBlock);
-        if constexpr (Bits == kQ6K) {
-          Q6KRow(block, ScaleValue(s[(g * super_blocks + b / kQSuperBlocks) * kQGroup + r]), r, columns, row);
+        if constexpr (kQSub16Of<Bits>) {
+          Sub16Row(block, ScaleValue(s[(g * super_blocks + b / kQSuperBlocks) * kQGroup + r]), r, columns, row);
         } else if constexpr (kQSuperBlockDMOf<Bits>) {  // d * sc and -dmin * mn: sub-scales and mins follow the codes
           const ScaleT* sb = s + (g * super_blocks + b / kQSuperBlocks) * 2 * kQGroup + r;
           const uint8_t* sub = block + kQCodeBytesOf<Bits>;
@@ -86,11 +86,11 @@ struct GatherQ {
     for (int64_t i = 0; i < columns; ++i) row[i] = d * static_cast<float>(Code(block, r, i)) + m;
   }
 
-  // MatMulQ6K's row r: (d * sc) * (q - 32), as gguf's dequantiser forms it.
-  static void Q6KRow(const uint8_t* block, float d, int64_t r, int64_t columns, float* row) {
+  // MatMulQ3K's and Q6K's row r: (d * sc) * (q - middle), as gguf's dequantiser forms it.
+  static void Sub16Row(const uint8_t* block, float d, int64_t r, int64_t columns, float* row) {
     for (int64_t i = 0; i < columns; ++i) {
-      const int8_t sub = static_cast<int8_t>(block[kQ6KSubScales + kQGroup * (i / 16) + r]);
-      row[i] = d * static_cast<float>(sub) * static_cast<float>(Code(block, r, i) - 32);
+      const int8_t sub = static_cast<int8_t>(block[kQSubScalesOf<Bits> + kQGroup * (i / 16) + r]);
+      row[i] = d * static_cast<float>(sub) * static_cast<float>(Code(block, r, i) - kQMiddleOf<Bits>);
     }
   }
 
@@ -99,6 +99,8 @@ struct GatherQ {
     const int64_t q = i / 4, lane = 4 * r + i % 4;
     constexpr int kCode = kQCodeOf<Bits>;
     if constexpr (kCode == 8) return block[64 * q + lane];
+    if constexpr (kCode == kQ3K)
+      return ((block[64 * (q % 2) + lane] >> (2 * (q / 2))) & 3) | ((block[kQ3KThirdBits + 8 * q + lane / 8] >> (lane % 8)) & 1) << 2;
     int32_t code = q < 4 ? block[64 * q + lane] & 0x0F : block[64 * (q - 4) + lane] >> 4;
     if constexpr (kCode == 5 || kCode == kQ6K) code |= ((block[kQ4BlockBytes + 8 * q + lane / 8] >> (lane % 8)) & 1) << 4;
     if constexpr (kCode == kQ6K) code |= ((block[kQ6KSixthBits + 8 * q + lane / 8] >> (lane % 8)) & 1) << 5;

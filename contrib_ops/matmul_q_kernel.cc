@@ -31,12 +31,12 @@ namespace {
 
 ALWAYS_INLINE int64_t MinI(int64_t a, int64_t b) { return a < b ? a : b; }
 
-// A group's scales: a (d, m) pair of vectors a block (centred: d alone), MatMulQ6K's one d vector for
+// A group's scales: a (d, m) pair of vectors a block (centred: d alone), MatMulQ3K's and Q6K's one d vector for
 // kQSuperBlocks blocks, or MatMulQ4K's and Q5K's (d, -dmin) pair of vectors for kQSuperBlocks blocks.
 template <int Bits>
 constexpr int64_t GroupScales(int64_t KB) {
   const int64_t super_blocks = (KB + kQSuperBlocks - 1) / kQSuperBlocks;
-  return Bits == kQ6K                ? super_blocks * kQGroup
+  return kQSub16Of<Bits>             ? super_blocks * kQGroup
          : kQSuperBlockDMOf<Bits>    ? super_blocks * 2 * kQGroup
          : kQCentredOf<Bits>         ? KB * kQGroup
                                      : KB * 2 * kQGroup;
@@ -88,7 +88,7 @@ template <int Bits, typename S>
 ALWAYS_INLINE void PrefetchAhead(const uint8_t* block_codes, const S* block_scales) {
   const char* codes = reinterpret_cast<const char*>(block_codes + kPrefetchBytes);
   for (int64_t line = 0; line < kQBlockBytesOf<Bits>; line += 64) _mm_prefetch(codes + line, _MM_HINT_T0);
-  if constexpr (Bits == kQ6K || kQSuperBlockDMOf<Bits>) return;  // a super-block's d: the rest is in the codes
+  if constexpr (kQSub16Of<Bits> || kQSuperBlockDMOf<Bits>) return;  // a super-block's d: the rest is in the codes
   constexpr int64_t kScales = kScaleVectors<Bits> * kQGroup;  // a block's
   const char* scales = reinterpret_cast<const char*>(block_scales + kPrefetchBytes / kQBlockBytesOf<Bits> * kScales);
   for (int64_t line = 0; line < static_cast<int64_t>(kScales * sizeof(S)); line += 64) _mm_prefetch(scales + line, _MM_HINT_T0);
@@ -102,7 +102,7 @@ ALWAYS_INLINE void PrefetchAhead(const uint8_t* block_codes, const S* block_scal
 #else
 #include "matmul_q_group_generic.h"
 #endif
-#include "matmul_q6k_group.h"
+#include "matmul_q_sub16_group.h"
 
 template <int Bits, typename S, int MT, bool Pairs>
 void TileRows(const uint8_t* codes, const S* scales, const int8_t* xq, const float* xs, const float* bias, float* y,
@@ -114,9 +114,9 @@ void TileRows(const uint8_t* codes, const S* scales, const int8_t* xq, const flo
     const uint8_t* group_codes = codes + g * KB * kQBlockBytesOf<Bits>;
     const S* group_scales = scales + g * GroupScales<Bits>(KB);
     const int64_t valid = MinI(kQGroup, N - n0);
-    if constexpr (Bits == kQ6K)
-      GroupRowsQ6K<S, MT, Pairs>(group_codes, group_scales, xq + t * xq_stride, xq_stride, xs + t * xs_stride,
-                                 xs_stride, bias ? bias + n0 : nullptr, y_rows + n0, N, KB, valid);
+    if constexpr (kQSub16Of<Bits>)
+      GroupRowsSub16<Bits, S, MT, Pairs>(group_codes, group_scales, xq + t * xq_stride, xq_stride, xs + t * xs_stride,
+                                         xs_stride, bias ? bias + n0 : nullptr, y_rows + n0, N, KB, valid);
     else
       GroupRows<Bits, S, MT, Pairs>(group_codes, group_scales, xq + t * xq_stride, xq_stride, xs + t * xs_stride,
                                     xs_stride, bias ? bias + n0 : nullptr, y_rows + n0, N, KB, valid);
@@ -147,7 +147,7 @@ void Tile(const uint8_t* codes, const S* scales, const int8_t* xq, const float* 
   }
   for (int64_t g = g0; g < g1; ++g) {  // a group's codes stay in L1 while every tile of rows passes
     int64_t t = t0;
-    if constexpr (Pairs && kWidenedMaxBlocks > 0 && Bits != kQ6K) {  // AVX2: whole tiles of pairs, each block widened once
+    if constexpr (Pairs && kWidenedMaxBlocks > 0 && !kQSub16Of<Bits>) {  // AVX2: whole tiles of pairs, each block widened once
       const int64_t xq_stride = KB * kQBlock, xs_stride = 2 * KB, n0 = g * kQGroup;
       const int64_t whole_end = t0 + (t1 - t0) / kTileRows * kTileRows;
       while (KB <= kWidenedMaxBlocks && t1 - t0 >= 2 * kTileRows && t < whole_end) {
@@ -214,7 +214,7 @@ void QuantizeRows(const float* x, int64_t T, int64_t K, bool residual, int8_t* x
 }
 
 void AdaptRows(int bits, int8_t* xq, int64_t count) {
-  if (bits != kQ6K || !kQ6KUnsignedRows) return;
+  if ((bits != kQ3K && bits != kQ6K) || !kSub16UnsignedRows) return;
   uint8_t* bytes = reinterpret_cast<uint8_t*>(xq);
   for (int64_t i = 0; i < count; ++i) bytes[i] ^= 0x80;
 }
@@ -236,6 +236,8 @@ void QTile(int bits, const uint8_t* codes, const void* scales, bool half, bool p
     TileOfBits<kQ4NL>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
   else if (bits == kQ6K)
     TileOfBits<kQ6K>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
+  else if (bits == kQ3K)
+    TileOfBits<kQ3K>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
   else if (bits == kQ4K)
     TileOfBits<kQ4K>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
   else if (bits == kQ5K)

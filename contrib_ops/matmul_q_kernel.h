@@ -2,7 +2,7 @@
 // once per ISA). Nothing from the standard library beyond integer types: no inline function may be
 // shared between builds of different ISAs.
 //
-// The weight layout (the numpy references pack_q, pack_qk and pack_q6k in matmul_q_reference.py define it):
+// The weight layout (the numpy references pack_q, pack_qk and pack_sub16 in matmul_q_reference.py define it):
 // W [N, K] as w = d * q + m, q in 0..15 (MatMulQ4), 0..31 (MatMulQ5) or 0..255 (MatMulQ8), one (d, m) per row and block
 // of 32 columns along K. Rows are taken 16 at a time (a group; N is padded to whole groups with
 // q = d = m = 0), blocks 32 columns at a time (K padded with q = 0):
@@ -18,11 +18,15 @@
 //          MatMulQ6K (GGUF's Q6_K, w = d * sc * (q - 32), q in 0..63, an int8 sc per row and 16 columns, a d per
 //          row and 256): u8 [G, KB, 416], the 5-bit layout of q & 31, then the sixth bits in the fifth bits'
 //          layout (bytes 320..383), then the int8 sc of the group's 16 rows for columns 0..15 and for 16..31.
+//          MatMulQ3K (GGUF's Q3_K, w = d * sc * (q - 4), q in 0..7, sc and d as MatMulQ6K's): u8 [G, KB, 224],
+//          128 bytes of 2-bit fields: byte c * 64 + r * 4 + j holds q & 3 of vectors c, c + 2, c + 4 and c + 6
+//          (columns 4v + j, v = c + 2p) at bits 2p (c < 2), then the third bits in the fifth bits' layout (bytes
+//          128..191), then the sc as MatMulQ6K's (bytes 192..223). MatMulQ3K and Q6K are the "sub16" layouts.
 //          MatMulQ4K / MatMulQ5K (GGUF's Q4_K / Q5_K, w = d * sc * q - dmin * mn, u8 sc and mn (6 bits) per row and
 //          32 columns, d and dmin per row and 256): u8 [G, KB, 288 | 352], the 4- or 5-bit layout of q, then the u8
 //          sc of the group's 16 rows, then their mn; a block's d * sc and -dmin * mn are its d and m (exact in f32).
 //          Either way a 64-byte load (and a nibble mask) gives 16 rows x 4 columns: an int32 lane a row.
-//   scales f16 or f32 [G, KB, 2, 16]: d then m of the group's 16 rows; MatMulQ6K: [G, ceil(KB / 8), 16], d;
+//   scales f16 or f32 [G, KB, 2, 16]: d then m of the group's 16 rows; MatMulQ3K / Q6K: [G, ceil(KB / 8), 16], d;
 //   MatMulQ4K / Q5K: [G, ceil(KB / 8), 2, 16], d then -dmin; the centred MatMulQ4S / Q5S / Q8S / Q4NLS (the layouts
 //   of MatMulQ4 / Q5 / Q8 / Q4NL, their codes centred: GGUF's Q4_0, Q5_0, Q8_0 + 128, IQ4_NL and IQ4_XS + 128):
 //   [G, KB, 16], d, with m = -middle * d (middle 8, 16, 128, 128).
@@ -41,27 +45,37 @@ constexpr float kResidualSteps = 1 << kResidualShift;
 constexpr int kQ4NL = 0x14;
 constexpr uint8_t kQ4NLCodes[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
 
-// The kernels' Bits of MatMulQ6K; where its block's sixth bits and sub-block scales start; blocks a d covers.
+// The kernels' Bits of MatMulQ6K; where its block's sixth bits and sub-block scales start.
 constexpr int kQ6K = 0x16;
 constexpr int64_t kQ6KBlockBytes = 416, kQ6KSixthBits = 320, kQ6KSubScales = 384;
+
+// The kernels' Bits of MatMulQ3K; where its block's third bits and sub-block scales start.
+constexpr int kQ3K = 0x13;
+constexpr int64_t kQ3KBlockBytes = 224, kQ3KThirdBits = 128, kQ3KSubScales = 192;
 
 // The kernels' Bits of MatMulQ4K and MatMulQ5K; the bytes a block's sub-scales and mins add to its codes.
 constexpr int kQ4K = 0x24, kQ5K = 0x25;
 constexpr int64_t kQKSubBytes = 32;
 
-// Blocks of 32 columns in a GGUF super-block (256 columns): MatMulQ6K's d, MatMulQ4K's and Q5K's d and dmin.
+// Blocks of 32 columns in a GGUF super-block (256 columns): MatMulQ3K's and Q6K's d, MatMulQ4K's and Q5K's d and dmin.
 constexpr int64_t kQSuperBlocks = 8;
 
 // The flag that makes MatMulQ4 / Q5 / Q8 / Q4NL's Bits those of the centred MatMulQ4S / Q5S / Q8S / Q4NLS.
 constexpr int kQCentred = 0x100;
 
 // Constants, not functions: nothing here is compiled once per ISA.
-// The layout a Bits reads its codes in: 4, 5, 8, kQ4NL or kQ6K (MatMulQ4K / Q5K: 4 and 5; centred: as uncentred).
+// The layout a Bits reads its codes in: 4, 5, 8, kQ4NL, kQ3K or kQ6K (MatMulQ4K / Q5K: 4 and 5; centred: as uncentred).
 template <int Bits>
 constexpr int kQCodeOf = (Bits & ~kQCentred) == kQ4K ? 4 : (Bits & ~kQCentred) == kQ5K ? 5 : Bits & ~kQCentred;
-// A centred layout's middle code: m = -middle * d.
+// MatMulQ3K and Q6K: signed codes q - middle, an int8 sub-scale per row and 16 columns, a d per row and 256.
 template <int Bits>
-constexpr float kQMiddleOf = kQCodeOf<Bits> == 4 ? 8.f : kQCodeOf<Bits> == 5 ? 16.f : 128.f;
+constexpr bool kQSub16Of = Bits == kQ3K || Bits == kQ6K;
+// A centred layout's middle code: m = -middle * d; a sub16 layout's: w = d * sc * (q - middle).
+template <int Bits>
+constexpr int kQMiddleOf = kQCodeOf<Bits> == 4 ? 8 : kQCodeOf<Bits> == 5 ? 16 : Bits == kQ3K ? 4 : Bits == kQ6K ? 32 : 128;
+// Where a sub16 block's int8 sub-scales start (its codes end).
+template <int Bits>
+constexpr int64_t kQSubScalesOf = Bits == kQ3K ? kQ3KSubScales : kQ6KSubScales;
 // MatMulQ4K / Q5K: a block's d and m are its super-block's d and -dmin times its sub-scale and min.
 template <int Bits>
 constexpr bool kQSuperBlockDMOf = Bits == kQ4K || Bits == kQ5K;
@@ -72,6 +86,7 @@ template <int Bits>
 constexpr int64_t kQCodeBytesOf = kQCodeOf<Bits> == 4 || kQCodeOf<Bits> == kQ4NL ? kQ4BlockBytes
                                   : kQCodeOf<Bits> == 5                          ? kQ5BlockBytes
                                   : kQCodeOf<Bits> == kQ6K                       ? kQ6KBlockBytes
+                                  : kQCodeOf<Bits> == kQ3K                       ? kQ3KBlockBytes
                                                                                  : kQ8BlockBytes;
 template <int Bits>
 constexpr int64_t kQBlockBytesOf = kQCodeBytesOf<Bits> + (kQSuperBlockDMOf<Bits> ? kQKSubBytes : 0);
@@ -86,10 +101,10 @@ constexpr int64_t kQBlockBytesOf = kQCodeBytesOf<Bits> + (kQSuperBlockDMOf<Bits>
 // bytes are a build's own: the AVX2 build stores the 16-bit codes 256 * xq + xq' there instead, as int16
 // (matmul_q_group_avx2.h), so a build's QTile reads only its own build's QuantizeRows.
 // AdaptRows: QuantizeRows' `count` int8 codes at xq, in place, as this build's QTile reads them for `bits`
-// (the AVX-512 build's MatMulQ6K: as unsigned bytes x + 128; every other kernel: as they are).
+// (the AVX-512 build's sub16 layouts, MatMulQ3K and Q6K: as unsigned bytes x + 128; every other kernel: as they are).
 // QTile: y[t, 16g + r] = sum_b xs[t,b,0] * d * dot(q, xq) + m * xs[t,b,1] (+ bias) for rows
 // [t0, t1) of xq and groups [g0, g1); only columns < N are written. pairs: y[t / 2] gets the sum of
-// rows t and t + 1 (t0, t1 even). bits: 4, 5, 8, kQ4NL (each of them | kQCentred too), kQ4K, kQ5K or kQ6K; half:
+// rows t and t + 1 (t0, t1 even). bits: 4, 5, 8, kQ4NL (each of them | kQCentred too), kQ4K, kQ5K, kQ3K or kQ6K; half:
 // scales are fp16 (else f32).
 #define ORTSERVE_Q_KERNELS                                                                              \
   void QuantizeRows(const float* x, int64_t T, int64_t K, bool residual, int8_t* xq, float* xs);        \

@@ -1,6 +1,7 @@
 """Numpy references of ortserve's quantised linears and lookups (domain ``ortserve``): MatMulQ4 / Q5 / Q8 / Q4NL,
-their centred forms (Q4S / Q5S / Q8S / Q4NLS), MatMulQ4K / Q5K, MatMulQ6K and the GatherQ of each, with their weight
-layouts (``pack_q``, ``pack_qk``, ``pack_q6k``) and the activations' quantisation (``quantize_activations``).
+their centred forms (Q4S / Q5S / Q8S / Q4NLS), MatMulQ4K / Q5K, the sub16 MatMulQ3K / Q6K and the GatherQ of each,
+with their weight layouts (``pack_q``, ``pack_qk``, ``pack_sub16``) and the activations' quantisation
+(``quantize_activations``).
 
 This file is the specification: the C++ ops in ``contrib_ops/`` (``matmul_q_kernel.h`` has the layouts) must match it.
 """
@@ -102,7 +103,8 @@ def gather_q(packed, scales, indices, n, k, nonlinear=False):
     return dequantize_q(packed, scales, n, k, nonlinear)[np.asarray(indices, np.int64)]
 
 
-Q_SUPER_BLOCKS = 8  # blocks of 32 columns per GGUF super-block of 256: MatMulQ6K's d, MatMulQ4K's / Q5K's d and dmin
+# blocks of 32 columns per GGUF super-block of 256: MatMulQ3K's and Q6K's d, MatMulQ4K's / Q5K's d and dmin
+Q_SUPER_BLOCKS = 8
 QK_SUB_BYTES = 32  # MatMulQ4K / Q5K: a block's u8 sub-scales of its 16 rows, then their mins, after its codes
 QK_BLOCK_BYTES = {4: Q_BLOCK_BYTES[4] + QK_SUB_BYTES, 5: Q_BLOCK_BYTES[5] + QK_SUB_BYTES}
 
@@ -143,25 +145,34 @@ def unpack_qk(packed, scales, n, k):
     return (codes, *(np.ascontiguousarray(f) for f in fields))
 
 
-Q6K_BLOCK_BYTES = 416  # MatMulQ6K: the 5-bit layout of q & 31 (320), the sixth bits (64), 2 x 16 int8 sub-scales
+SUB16_BLOCK_BYTES = {3: 224, 6: 416}  # MatMulQ3K / MatMulQ6K: a block's codes, then 2 x 16 int8 sub-scales
+SUB16_MIDDLE = {3: 4, 6: 32}  # their codes' middle: w = d * sc * (q - middle)
+_SUB16_BITS = {width: bits for bits, width in SUB16_BLOCK_BYTES.items()}
 
 
-def pack_q6k(codes, sub_scales, d, scale_dtype=np.float16):
-    """MatMulQ6K's weight layout (contrib_ops/matmul_q_kernel.h) of W = d * sc * (q - 32), GGUF's Q6_K:
-    codes uint8 [N, K] (0..63), sc int8 [N, ceil(K / 16)] per row and 16 columns, d [N, ceil(K / 256)]
-    per row and 256 columns -> (packed uint8 [G, KB, 416], scales [G, ceil(KB / 8), 16] of
-    scale_dtype: d). A block is pack_q's 5-bit block of q & 31, then the sixth bits in the fifth bits'
-    layout, then the 16 rows' sc of the block's columns 0..15 and those of 16..31; padding is 0."""
+def pack_sub16(codes, sub_scales, d, bits=6, scale_dtype=np.float16):
+    """The weight layout (contrib_ops/matmul_q_kernel.h) of MatMulQ6K (``bits`` 6, GGUF's Q6_K, W = d * sc * (q - 32))
+    or MatMulQ3K (3, Q3_K, W = d * sc * (q - 4)): codes uint8 [N, K] (0..2^bits - 1), sc int8 [N, ceil(K / 16)] per
+    row and 16 columns, d [N, ceil(K / 256)] per row and 256 columns -> (packed uint8 [G, KB, 416 | 224], scales
+    [G, ceil(KB / 8), 16] of scale_dtype: d). A Q6K block is pack_q's 5-bit block of q & 31, then the sixth bits in
+    the fifth bits' layout; a Q3K block is q & 3 of vectors c, c + 2, c + 4, c + 6 at bits 0, 2, 4, 6 of the bytes
+    of vector c < 2 (128 bytes), then the third bits in the fifth bits' layout. Either ends with the 16 rows' sc
+    of the block's columns 0..15, then those of 16..31; padding is 0."""
     codes = np.asarray(codes, np.uint8)
     n, k = codes.shape
     groups, k_blocks = -(-n // Q_GROUP), -(-k // Q_BLOCK)
     none = np.zeros((n, k_blocks), np.float32)
-    low, _ = pack_q(codes & 31, none, none, 5)
-    sixth, _ = pack_q(((codes >> 5) & 1) << 4, none, none, 5)
+    top, _ = pack_q(((codes >> (bits - 1)) & 1) << 4, none, none, 5)  # the sixth or third bits
+    if bits == 6:
+        low, _ = pack_q(codes & 31, none, none, 5)
+    else:
+        eight, _ = pack_q(codes & 3, none, none, 8)  # [G, KB, 512]: vector v's 64 bytes at 64v
+        v = eight.reshape(groups, k_blocks, 4, 2, 64)  # [.., p, c, lane]: vector c + 2p
+        low = (v[:, :, 0] | v[:, :, 1] << 2 | v[:, :, 2] << 4 | v[:, :, 3] << 6).reshape(groups, k_blocks, 128)
     sub = np.zeros((groups * Q_GROUP, 2 * k_blocks), np.int8)
     sub[:n, : sub_scales.shape[1]] = sub_scales
     sub = sub.reshape(groups, Q_GROUP, k_blocks, 2).transpose(0, 2, 3, 1).reshape(groups, k_blocks, 2 * Q_GROUP)
-    packed = np.concatenate([low, sixth[..., Q_BLOCK_BYTES[4] :], sub.view(np.uint8)], axis=-1)
+    packed = np.concatenate([low, top[..., Q_BLOCK_BYTES[4] :], sub.view(np.uint8)], axis=-1)
     super_blocks = -(-k_blocks // Q_SUPER_BLOCKS)
     scales = np.zeros((groups * Q_GROUP, super_blocks), np.float32)
     scales[:n, : d.shape[1]] = d
@@ -169,46 +180,60 @@ def pack_q6k(codes, sub_scales, d, scale_dtype=np.float16):
     return np.ascontiguousarray(packed), np.ascontiguousarray(scales.astype(scale_dtype))
 
 
-def unpack_q6k(packed, scales, n, k):
-    """pack_q6k's inverse: (codes uint8 [N, K], sc int8 [N, ceil(K / 16)], d float32 [N, ceil(K / 256)])."""
-    groups, k_blocks, _ = packed.shape
+def sub16_bits(packed):
+    """A sub16 weight's code width, 3 or 6, from its block's bytes."""
+    return _SUB16_BITS[packed.shape[-1]]
+
+
+def unpack_sub16(packed, scales, n, k):
+    """pack_sub16's inverse: (codes uint8 [N, K], sc int8 [N, ceil(K / 16)], d float32 [N, ceil(K / 256)])."""
+    groups, k_blocks, width = packed.shape
+    bits = sub16_bits(packed)
     packed = np.asarray(packed, np.uint8)
+    codes_end, top_end = width - 2 * Q_GROUP, width - 2 * Q_GROUP - 64
     unit = np.zeros((groups, k_blocks, 2, Q_GROUP), np.float16)
-    low, _, _ = unpack_q(packed[..., : Q_BLOCK_BYTES[5]], unit, n, k)
-    sixth_block = np.concatenate([np.zeros_like(packed[..., : Q_BLOCK_BYTES[4]]), packed[..., 320:384]], axis=-1)
-    sixth, _, _ = unpack_q(sixth_block, unit, n, k)
-    codes = low | ((sixth >> 4) << 5)
-    sub = packed[..., 384:].view(np.int8).reshape(groups, k_blocks, 2, Q_GROUP).transpose(0, 3, 1, 2)
+    nibbles = np.zeros((groups, k_blocks, Q_BLOCK_BYTES[4]), np.uint8)
+    top_block = np.concatenate([nibbles, packed[..., top_end:codes_end]], axis=-1)  # the top bits as fifth bits
+    top, _, _ = unpack_q(top_block, unit, n, k)
+    if bits == 6:
+        low, _, _ = unpack_q(packed[..., : Q_BLOCK_BYTES[5]], unit, n, k)
+    else:
+        shifts = (2 * np.arange(4, dtype=np.uint8))[:, None, None]  # vector c + 2p at bits 2p of c's bytes
+        fields = (packed[..., :128].reshape(groups, k_blocks, 1, 2, 64) >> shifts) & 3
+        low, _, _ = unpack_q(fields.reshape(groups, k_blocks, 512), unit, n, k)
+    codes = low | ((top >> 4) << (bits - 1))
+    sub = packed[..., codes_end:].view(np.int8).reshape(groups, k_blocks, 2, Q_GROUP).transpose(0, 3, 1, 2)
     sub = sub.reshape(groups * Q_GROUP, 2 * k_blocks)[:n, : -(-k // 16)]
     d = np.asarray(scales, np.float32).transpose(0, 2, 1).reshape(groups * Q_GROUP, -1)[:n, : -(-k // 256)]
     return codes, np.ascontiguousarray(sub), np.ascontiguousarray(d)
 
 
-def dequantize_q6k(packed, scales, n, k):
-    """The float32 weight [N, K] a MatMulQ6K node holds: (d * sc) * (q - 32), in float32 and in that
-    order (as gguf's Q6_K dequantiser)."""
-    codes, sub, d = unpack_q6k(packed, scales, n, k)
+def dequantize_sub16(packed, scales, n, k):
+    """The float32 weight [N, K] a MatMulQ3K / Q6K node holds: (d * sc) * (q - middle), in float32 and in that
+    order (as gguf's Q3_K and Q6_K dequantisers)."""
+    codes, sub, d = unpack_sub16(packed, scales, n, k)
     columns = np.arange(k)
     step = d[:, columns // 256] * sub[:, columns // 16].astype(np.float32)
-    return (step * (codes.astype(np.float32) - np.float32(32))).astype(np.float32)
+    middle = np.float32(SUB16_MIDDLE[sub16_bits(packed)])
+    return (step * (codes.astype(np.float32) - middle)).astype(np.float32)
 
 
-def gather_q6k(packed, scales, indices, n, k):
-    """GatherQ6K: rows ``indices`` of ``dequantize_q6k`` -> float32 [T, K]."""
-    return dequantize_q6k(packed, scales, n, k)[np.asarray(indices, np.int64)]
+def gather_sub16(packed, scales, indices, n, k):
+    """GatherQ3K / Q6K: rows ``indices`` of ``dequantize_sub16`` -> float32 [T, K]."""
+    return dequantize_sub16(packed, scales, n, k)[np.asarray(indices, np.int64)]
 
 
-def matmul_q6k(x, packed, scales, n, bias=None, activation_bits=8):
-    """MatMulQ6K: y[t, r] = sum over blocks b and their halves h of dx[t,b] * d[r, b / 8] * sc[r, 2b + h] *
-    ((q - 32)[r, half] . xq[t, half]) (+ bias[r]), with ``quantize_activations``' int8 activations (16
+def matmul_sub16(x, packed, scales, n, bias=None, activation_bits=8):
+    """MatMulQ3K / Q6K: y[t, r] = sum over blocks b and their halves h of dx[t,b] * d[r, b / 8] * sc[r, 2b + h] *
+    ((q - middle)[r, half] . xq[t, half]) (+ bias[r]), with ``quantize_activations``' int8 activations (16
     bits: summed over x's row and its residual's): the integer dot products exactly, the rest in float64."""
     x = np.asarray(x, np.float32)
     t, k = x.shape
-    codes, sub, d = unpack_q6k(packed, scales, n, k)
+    codes, sub, d = unpack_sub16(packed, scales, n, k)
     xq, dx, _ = quantize_activations(x, residual=activation_bits == 16)
     rows, k_blocks = dx.shape
     signed = np.zeros((n, k_blocks * Q_BLOCK), np.int64)
-    signed[:, :k] = codes.astype(np.int64) - 32
+    signed[:, :k] = codes.astype(np.int64) - SUB16_MIDDLE[sub16_bits(packed)]
     halves = (rows, k_blocks, 2, 16)
     dots = np.einsum("tbhi,nbhi->tnbh", xq.reshape(halves).astype(np.int64), signed.reshape(n, k_blocks, 2, 16))
     sc = np.zeros((n, 2 * k_blocks), np.float64)

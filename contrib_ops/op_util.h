@@ -46,24 +46,27 @@ inline EvenTiles TilesOf(int64_t units, int64_t per_tile) {
   return {units, std::max<int64_t>(1, (units + per_tile - 1) / per_tile)};
 }
 
-// The op name's suffix of a quantised op's Bits: "4", "5", "8", "4NL" (centred: "4S" ... "4NLS"), "4K", "5K" or "6K".
+// The op name's suffix of a quantised op's Bits: "4", "5", "8", "4NL" (centred: "4S" ... "4NLS"), "4K", "5K", "3K" or
+// "6K".
 inline std::string QSuffix(int bits) {
   if (bits & kQCentred) return QSuffix(bits & ~kQCentred) + "S";
-  return bits == kQ4NL ? "4NL" : bits == kQ4K ? "4K" : bits == kQ5K ? "5K" : bits == kQ6K ? "6K" : std::to_string(bits);
+  if (bits == kQ4NL) return "4NL";
+  if (bits == kQ4K || bits == kQ5K || bits == kQ3K || bits == kQ6K) return std::to_string(bits & 0xF) + "K";
+  return std::to_string(bits);
 }
 
 // The scales a quantised op's weight [N, K] has: a (d, m) pair per row and block of 32 columns, [G, KB, 2, 16],
-// MatMulQ6K's d per row and 8 blocks, [G, ceil(KB / 8), 16], or MatMulQ4K's and Q5K's (d, -dmin), [G, ceil(KB / 8), 2, 16].
+// MatMulQ3K's and Q6K's d per row and 8 blocks, [G, ceil(KB / 8), 16], or MatMulQ4K's and Q5K's (d, -dmin), [G, ceil(KB / 8), 2, 16].
 inline std::vector<int64_t> QScalesShape(int bits, int64_t G, int64_t KB) {
   const int64_t super_blocks = (KB + kQSuperBlocks - 1) / kQSuperBlocks;
-  if (bits == kQ6K) return {G, super_blocks, kQGroup};
+  if (bits == kQ3K || bits == kQ6K) return {G, super_blocks, kQGroup};
   if (bits == kQ4K || bits == kQ5K) return {G, super_blocks, 2, kQGroup};
   if (bits & kQCentred) return {G, KB, kQGroup};
   return {G, KB, 2, kQGroup};
 }
 
-// The 22 kernels of a quantised op, Op<bits, scale type>: 4, 5 and 8 bits and Q4NL (each centred too: "S"), Q4K, Q5K
-// and Q6K, each with fp16
+// The 24 kernels of a quantised op, Op<bits, scale type>: 4, 5 and 8 bits and Q4NL (each centred too: "S"), Q4K, Q5K,
+// Q3K and Q6K, each with fp16
 // or fp32 scales, named base + QSuffix ("MatMulQ4", "MatMulQ4NL"); onnxruntime picks by the scales' type.
 // Made once.
 template <template <int, typename> class Op>
@@ -89,6 +92,7 @@ std::vector<Ort::Custom::OrtLiteCustomOp*> QuantizedKernels(const std::string& b
     add(std::integral_constant<int, kQ4K>{});
     add(std::integral_constant<int, kQ5K>{});
     add(std::integral_constant<int, kQ6K>{});
+    add(std::integral_constant<int, kQ3K>{});
     return all;
   }();
   std::vector<Ort::Custom::OrtLiteCustomOp*> out;

@@ -1,11 +1,10 @@
 """``ortserve export``: Hugging Face checkpoints to paged ONNX artifacts (docs/design.md §2).
 
-Modules, in data-flow order: ``checkpoint`` (safetensors reader), ``config`` + ``architectures``
-(what a model is), ``rope`` (rotary tables), ``graph`` (the shared decoder builder), ``qweight`` (MatMulQ
-weights) + ``kquants`` (GGUF's Q4_K, Q5_K, Q6_K) + ``nbits`` (the container of imported codes), ``weights`` (streaming
-initializers to model.onnx.data), ``pipeline``
-(stages, temp dir, atomic rename), ``validate`` (run an artifact; compare with transformers),
-``cli``. Nothing here imports torch except ``validate``'s transformers comparison.
+Modules, in data-flow order: ``checkpoint`` (safetensors reader), ``config`` + ``architectures`` (what a model is),
+``rope`` (rotary tables), ``graph`` (the shared decoder builder), ``qweight`` (MatMulQ weights) + ``kquants``
+(GGUF's Q4_K, Q5_K, Q6_K, Q3_K) + ``nbits`` (the container of imported codes), ``weights`` (streaming initializers
+to model.onnx.data), ``pipeline`` (stages, temp dir, atomic rename), ``validate`` (run an artifact; compare with
+transformers), ``cli``. Nothing here imports torch except ``validate``'s transformers comparison.
 """
 
 from ortserve.artifact import PRECISIONS

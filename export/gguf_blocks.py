@@ -1,5 +1,5 @@
 """GGUF quantised blocks of 32 -> the codes and scales of MatMulQ4 / Q5 / Q8 / Q4NL (via
-``qweight.from_blocks``), with no rounding anywhere; the K-quants (Q4_K, Q5_K, Q6_K) have ops of their
+``qweight.from_blocks``), with no rounding anywhere; the K-quants (Q4_K, Q5_K, Q6_K, Q3_K) have ops of their
 own (``kquants.py``).
 
 Every llama.cpp block format below is ``w = s * q + o`` per block: integer codes ``q``, a

@@ -24,10 +24,11 @@ from .checkpoint import Checkpoint, sha256_files
 from .errors import ExportError
 from .gguf_blocks import FORMATS, import_blocks
 from .hf_quantized import QuantizedCheckpoint, quantization_method
-from .kquants import QK_FORMATS, KQuantWeight, import_kquant
+from .kquants import QK_FORMATS, SUB16_FORMATS, KQuantWeight, import_kquant
 from .nbits import CodeLayout, QuantizedWeight
 
-_KQUANT_BITS = {**QK_FORMATS, "Q6_K": 6}  # the K-quants held exactly at their own width (MatMulQ4K / Q5K / Q6K)
+# the K-quants held exactly at their own width (MatMulQ4K / Q5K / Q6K / Q3K)
+_KQUANT_BITS = {**QK_FORMATS, **SUB16_FORMATS}
 
 GGUF_WEIGHTS = "model.gguf"  # in a GGUF source's checkpoint folder: a link to the file (a split GGUF's first shard)
 
@@ -203,7 +204,7 @@ class GgufCheckpoint:
 
     def code_layout(self, name: str) -> CodeLayout | None:
         """How the codes ``import_blocks`` gives are held exactly: MatMulQ{code bits} (or Q4NL), or MatMulQ4K /
-        Q5K / Q6K for the K-quants; None for a format without an exact form."""
+        Q5K / Q6K / Q3K for the K-quants; None for a format without an exact form."""
         qtype = self.gguf_type(name)
         if qtype in _KQUANT_BITS:
             return CodeLayout(_KQUANT_BITS[qtype], "K")

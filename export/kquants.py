@@ -1,13 +1,15 @@
 """GGUF's K-quants, held exactly at their own widths: Q4_K and Q5_K for ``ortserve.MatMulQ4K`` / ``MatMulQ5K``
 (``w = d * sc * q - dmin * mn``: 4- or 5-bit codes q, a 6-bit sub-scale sc and min mn per row and 32 columns,
-fp16 d and dmin per row and 256, llama.cpp's super-block), and Q6_K for ``ortserve.MatMulQ6K``
-(``w = d * sc * (q - 32)``: 6-bit codes, an int8 sc per row and 16 columns, an fp16 d per row and 256). The ops'
-layouts hold 4.625, 5.625 and 6.5625 bits a weight against the file's 4.5, 5.5 and 6.5625 (their sub-scales
-take a byte each); their numpy references are ``pack_qk`` / ``pack_q6k`` in ``contrib_ops``.
+fp16 d and dmin per row and 256, llama.cpp's super-block), and the "sub16" Q6_K and Q3_K for ``ortserve.MatMulQ6K``
+/ ``MatMulQ3K`` (``w = d * sc * (q - middle)``: 6- or 3-bit codes, middle 32 or 4, an int8 sc per row and 16
+columns, an fp16 d per row and 256). The ops' layouts hold 4.625, 5.625, 6.5625 and 3.5625 bits a weight against
+the file's 4.5, 5.5, 6.5625 and 3.4375 (their sub-scales take a byte each); their numpy references are
+``pack_qk`` / ``pack_sub16`` in ``contrib_ops``.
 
 The codes are read as gguf's own dequantiser reads them: a copy of the blocks with d = 1 (and dmin = 0)
-dequantises to sc * q (Q6_K: sc * (q - 32)), and dividing by sc gives the codes exactly (a sub-block of sc = 0
-holds zeros whatever its codes: any do).
+dequantises to sc * q (sub16: sc * (q - middle)), and dividing by sc gives the codes exactly (a sub-block of
+sc = 0 holds zeros whatever its codes: any do). Q3_K's packed 6-bit sc are read the same way, from a copy whose
+codes are all 0 too (q - 4 = -4).
 """
 
 from __future__ import annotations
@@ -16,13 +18,15 @@ from dataclasses import dataclass, fields, replace
 from typing import TypeVar
 
 import numpy as np
-from ortserve.ops.matmul_q_reference import dequantize_q, dequantize_q6k, pack_q6k, pack_qk
+from ortserve.ops.matmul_q_reference import SUB16_MIDDLE, dequantize_q, dequantize_sub16, pack_qk, pack_sub16
 
 from .gguf_blocks import ONE_HALF, unscaled
 
 _ROWS = 4096  # rows per chunk: bounds the float temporaries of a large embedding
-_Q6K_BYTES, _Q6K_SCALES_AT, _Q6K_D_AT = 210, 192, 208  # a Q6_K block of 256 weights: its bytes, scales, d
 QK_FORMATS = {"Q4_K": 4, "Q5_K": 5}  # GGUF type -> its codes' width
+SUB16_FORMATS = {"Q6_K": 6, "Q3_K": 3}
+_Q6K_BYTES, _Q6K_SCALES_AT, _Q6K_D_AT = 210, 192, 208  # a Q6_K block of 256 weights: its bytes, scales, d
+_Q3K_BYTES, _Q3K_CODE_BYTES, _Q3K_D_AT = 110, 96, 108  # a Q3_K block: its bytes, high bits + low bits, d
 
 
 class _RowMajor:
@@ -56,22 +60,23 @@ class QKWeight(_RowMajor):
 
 
 @dataclass(frozen=True)
-class Q6KWeight(_RowMajor):
-    codes: np.ndarray  # uint8 [N, K], 0..63
+class Sub16Weight(_RowMajor):
+    codes: np.ndarray  # uint8 [N, K], 0..2^bits - 1
     sub_scales: np.ndarray  # int8 [N, K / 16]
     d: np.ndarray  # float32 [N, K / 256], fp16 values
+    bits: int  # 6 (Q6_K) or 3 (Q3_K)
 
     def packed(self) -> tuple[np.ndarray, np.ndarray]:
-        """(codes [G, KB, 416], scales fp16 [G, KB / 8, 16]) as MatMulQ6K reads them."""
-        return pack_q6k(self.codes, self.sub_scales, self.d, np.float16)
+        """(codes [G, KB, 416 | 224], scales fp16 [G, KB / 8, 16]) as MatMulQ6K / Q3K read them."""
+        return pack_sub16(self.codes, self.sub_scales, self.d, self.bits, np.float16)
 
     def dequantize(self) -> np.ndarray:
-        """[N, K] float32: (d * sc) * (q - 32), as gguf forms it."""
-        return dequantize_q6k(*self.packed(), *self.shape)
+        """[N, K] float32: (d * sc) * (q - middle), as gguf forms it."""
+        return dequantize_sub16(*self.packed(), *self.shape)
 
 
-KQuantWeight = QKWeight | Q6KWeight
-W = TypeVar("W", QKWeight, Q6KWeight)
+KQuantWeight = QKWeight | Sub16Weight
+W = TypeVar("W", QKWeight, Sub16Weight)
 
 
 def _arrays(weight: object) -> list:
@@ -86,9 +91,10 @@ def concat_kquant(parts: list[W]) -> W:
 
 
 def import_kquant(raw: np.ndarray, qtype_name: str, rows: int, cols: int) -> KQuantWeight:
-    """A Q4_K, Q5_K or Q6_K tensor's raw bytes (``rows`` rows of ``cols`` weights) as its codes and scales, exactly."""
+    """A Q4_K, Q5_K, Q6_K or Q3_K tensor's raw bytes (``rows`` rows of ``cols`` weights) as its codes and scales,
+    exactly."""
     data = np.ascontiguousarray(raw).view(np.uint8).reshape(rows, -1)
-    read = _q6k_rows if qtype_name == "Q6_K" else _qk_rows
+    read = {"Q6_K": _q6k_rows, "Q3_K": _q3k_rows}.get(qtype_name, _qk_rows)
     return concat_kquant([read(data[r : r + _ROWS], qtype_name, cols) for r in range(0, rows, _ROWS)])  # type: ignore[type-var]
 
 
@@ -123,12 +129,29 @@ def _qk_rows(data: np.ndarray, qtype_name: str, cols: int) -> QKWeight:
     return QKWeight(codes, *(np.ascontiguousarray(f) for f in fields_), QK_FORMATS[qtype_name])
 
 
-def _q6k_rows(data: np.ndarray, qtype_name: str, cols: int) -> Q6KWeight:
+def _q6k_rows(data: np.ndarray, qtype_name: str, cols: int) -> Sub16Weight:
     """Q6_K: 128 bytes of low nibbles, 64 of high bit pairs, 16 int8 sub-scales, d."""
-    rows = data.shape[0]
     blocks = data.reshape(-1, _Q6K_BYTES)
-    sub_scales = blocks[:, _Q6K_SCALES_AT:_Q6K_D_AT].view(np.int8).reshape(rows, -1)
-    scaled = _dequantized_with_unit_scale(blocks, qtype_name, rows, _Q6K_D_AT, None)  # sc * (q - 32)
+    sub_scales = blocks[:, _Q6K_SCALES_AT:_Q6K_D_AT].view(np.int8).reshape(data.shape[0], -1)
+    return _sub16_rows(blocks, qtype_name, cols, sub_scales, _Q6K_D_AT)
+
+
+def _q3k_rows(data: np.ndarray, qtype_name: str, cols: int) -> Sub16Weight:
+    """Q3_K: 32 bytes of high bits, 64 of low bit pairs, 12 bytes of 6-bit sub-scales (unpacked by gguf: with every
+    code 0 and d = 1 a sub-block dequantises to -4 * sc), d."""
+    rows = data.shape[0]
+    blocks = data.reshape(-1, _Q3K_BYTES)
+    lowest = blocks.copy()
+    lowest[:, :_Q3K_CODE_BYTES] = 0
+    per_16 = _dequantized_with_unit_scale(lowest, qtype_name, rows, _Q3K_D_AT, None).reshape(rows, -1, 16)[..., 0]
+    sub_scales = (per_16 / -SUB16_MIDDLE[3]).astype(np.int8)
+    return _sub16_rows(blocks, qtype_name, cols, sub_scales, _Q3K_D_AT)
+
+
+def _sub16_rows(blocks: np.ndarray, qtype_name: str, cols: int, sub_scales: np.ndarray, d_at: int) -> Sub16Weight:
+    """A sub16 tensor's codes from gguf's sc * (q - middle) of its blocks with d = 1."""
+    rows, bits = sub_scales.shape[0], SUB16_FORMATS[qtype_name]
+    scaled = _dequantized_with_unit_scale(blocks, qtype_name, rows, d_at, None)
     signed = unscaled(scaled.reshape(rows, -1, 16), sub_scales.astype(np.float32))
-    codes = (signed + 32).astype(np.uint8).reshape(rows, cols)
-    return Q6KWeight(codes, np.ascontiguousarray(sub_scales), _half(blocks, _Q6K_D_AT, rows))
+    codes = (signed + SUB16_MIDDLE[bits]).astype(np.uint8).reshape(rows, cols)
+    return Sub16Weight(codes, np.ascontiguousarray(sub_scales), _half(blocks, d_at, rows), bits)

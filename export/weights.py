@@ -103,8 +103,8 @@ class WeightSource:
 
     def import_blocks(self, name: str):
         """A quantised tensor's own codes and scales, exactly (GGUF blocks, or a quantised Hugging Face
-        checkpoint's), in [out, in] row order: ``nbits.QuantizedWeight``, or a ``kquants`` weight for Q4_K, Q5_K
-        and Q6_K."""
+        checkpoint's), in [out, in] row order: ``nbits.QuantizedWeight``, or a ``kquants`` weight for Q4_K, Q5_K,
+        Q6_K and Q3_K."""
         return self.checkpoint.import_blocks(name)
 
     def num_parameters(self) -> int:

@@ -25,16 +25,18 @@ FORMAT_VERSION = 1
 # inside the linear, contrib_ops/linear_input.h), 10 = + MatMulQ4NL, GatherQ4NL (GGUF's IQ4 codes at 4 bits),
 # 11 = + MatMulQ6K, GatherQ6K (GGUF's Q6_K at its own 6.5625 bits a weight), 12 = + MatMulQ4K, MatMulQ5K,
 # GatherQ4K, GatherQ5K (GGUF's Q4_K and Q5_K at 4.625 and 5.625 bits a weight, with their sub-scales), 13 = + the
-# centred MatMulQ4S, Q5S, Q8S, Q4NLS and their GatherQ (Q4_0, Q5_0, Q8_0 and IQ4 without a stored m per block).
+# centred MatMulQ4S, Q5S, Q8S, Q4NLS and their GatherQ (Q4_0, Q5_0, Q8_0 and IQ4 without a stored m per block),
+# 14 = + MatMulQ3K, GatherQ3K (GGUF's Q3_K at 3.5625 bits a weight: 3-bit codes, int8 sub-scales per 16 columns).
 # An artifact records the set its graph needs (needed_op_version), so that a new export of a graph
 # without the latest ops still loads on an installation one version behind.
-OP_VERSION = 13
+OP_VERSION = 14
 EXPORT_BASE_OP_VERSION = 9  # every graph this exporter writes: the linears' input stage
 OP_ADDED_AFTER_BASE = {
     **{op: 10 for op in ("MatMulQ4NL", "GatherQ4NL")},
     **{op: 11 for op in ("MatMulQ6K", "GatherQ6K")},
     **{op: 12 for op in ("MatMulQ4K", "MatMulQ5K", "GatherQ4K", "GatherQ5K")},
     **{f"{kind}Q{q}S": 13 for kind in ("MatMul", "Gather") for q in ("4", "5", "8", "4NL")},
+    **{op: 14 for op in ("MatMulQ3K", "GatherQ3K")},
 }
 MANIFEST = "ortserve.json"
 MODEL_FILE = "model.onnx"

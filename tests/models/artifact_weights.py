@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 from ortserve.export.linear_inputs import Q_FORMATS
-from ortserve.ops.matmul_q_reference import dequantize_q, dequantize_q6k
+from ortserve.ops.matmul_q_reference import dequantize_q, dequantize_sub16
 
 
 def imported(artifact: Path, label: str) -> np.ndarray:
-    """The [N, K] weight of the MatMulQ4 / Q5 / Q8 / Q4NL (or centred) / Q4K / Q5K / Q6K (or GatherQ) node ``label``,
-    dequantised from its initialisers."""
+    """The [N, K] weight of the MatMulQ4 / Q5 / Q8 / Q4NL (or centred) / Q4K / Q5K / Q6K / Q3K (or GatherQ) node
+    ``label``, dequantised from its initialisers."""
     model = onnx.load(artifact / "model.onnx", load_external_data=False)
     onnx.external_data_helper.load_external_data_for_model(model, str(artifact))
     ops = [f"{kind}Q{suffix}" for kind in ("MatMul", "Gather") for suffix in Q_FORMATS]
@@ -20,6 +20,6 @@ def imported(artifact: Path, label: str) -> np.ndarray:
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     init = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer if t.name.startswith(label)}
     codes, scales, n, k = init[f"{label}.codes"], init[f"{label}.scales"], attrs["N"], attrs["K"]
-    if node.op_type.endswith("Q6K"):
-        return dequantize_q6k(codes, scales, n, k)
+    if node.op_type.endswith(("Q6K", "Q3K")):
+        return dequantize_sub16(codes, scales, n, k)
     return dequantize_q(codes, scales, n, k, "Q4NL" in node.op_type)

@@ -1,4 +1,4 @@
-"""A GGUF's quantised tensors are imported exactly: every linear's MatMulQ4 / Q5 / Q8 / Q4NL / Q4K / Q5K / Q6K
+"""A GGUF's quantised tensors are imported exactly: every linear's MatMulQ4 / Q5 / Q8 / Q4NL / Q4K / Q5K / Q6K / Q3K
 initialisers dequantise, bit for bit, to what gguf's own ``dequantize()`` gives for the same tensor,
 and the graph computes with those weights."""
 
@@ -32,6 +32,7 @@ OPS = {
     "Q4_K": "MatMulQ4K",
     "Q5_K": "MatMulQ5K",
     "Q6_K": "MatMulQ6K",
+    "Q3_K": "MatMulQ3K",
 }
 
 
@@ -98,11 +99,11 @@ def test_imported_weights_dequantise_bit_exactly_to_ggufs_own(qtype, tiny_gguf):
         assert np.array_equal(ours, reference), f"{label}: max |diff| {np.abs(ours - reference).max()}"
     manifest = load_manifest(artifact)
     assert manifest.weight_formats == {f"{qtype} (exact)": 8}  # q, k, v, o, gate, up, down, the head
-    # MatMulQ6K came with op_version 11, MatMulQ4K and Q5K with 12, the centred ops with 13
-    assert manifest.op_version == {"Q4_1": 9, "Q5_1": 9, "Q6_K": 11, "Q4_K": 12, "Q5_K": 12}.get(qtype, 13)
+    # MatMulQ6K came with op_version 11, MatMulQ4K and Q5K with 12, the centred ops with 13, MatMulQ3K with 14
+    assert manifest.op_version == {"Q4_1": 9, "Q5_1": 9, "Q6_K": 11, "Q4_K": 12, "Q5_K": 12, "Q3_K": 14}.get(qtype, 13)
 
 
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "IQ4_XS", "Q8_0"])
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q3_K", "IQ4_XS", "Q8_0"])
 def test_an_untied_embedding_is_looked_up_in_its_own_codes(qtype, tmp_path):
     """An untied GGUF (an LM head beside token_embd): the lookup gathers rows from the embedding's own
     codes, which dequantise bit for bit to gguf's, and the artifact holds no fp32 table of it."""
@@ -164,7 +165,7 @@ def test_the_graph_computes_with_the_imported_weights(qtype, tiny_gguf, tmp_path
         assert np.abs(ours - reference).max() <= tolerance * max(1.0, float(np.abs(reference).max()))
 
 
-@pytest.mark.parametrize("qtype", ["Q3_K", "Q2_K"])
+@pytest.mark.parametrize("qtype", ["Q2_K"])
 def test_formats_without_an_exact_form_are_requantised_and_export_says_so(qtype, tiny_gguf, caplog):
     with caplog.at_level(logging.WARNING):
         _, artifact = tiny_gguf(qtype)

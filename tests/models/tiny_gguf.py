@@ -12,8 +12,8 @@ import numpy as np
 
 CONFIG = dict(hidden=256, heads=8, kv_heads=4, head_dim=32, intermediate=512, layers=1, vocab=320)
 QUANTISED_BY_GGUF = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
-RANDOM_BLOCKS = ("Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K")
-FORMATS = QUANTISED_BY_GGUF + RANDOM_BLOCKS[:5]  # the formats imported exactly
+RANDOM_BLOCKS = ("Q4_K", "Q5_K", "Q6_K", "Q3_K", "IQ4_NL", "IQ4_XS", "Q2_K")
+FORMATS = QUANTISED_BY_GGUF + RANDOM_BLOCKS[:6]  # the formats imported exactly
 _HALF_AT = {
     "Q4_K": (0, 2),
     "Q5_K": (0, 2),

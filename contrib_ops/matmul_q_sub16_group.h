@@ -1,48 +1,62 @@
-// MatMulQ6K's group kernel, GroupRowsQ6K, for each ISA (the layout is in matmul_q_kernel.h). w = d * sc * (q - 32)
-// has a scale per 16 columns, so each block of 32 gives two integer dot products a weight row, one per half,
-// each scaled in float: acc[row] += dot_h * (sc_h[row] * d[row] * dx). The codes are taken as signed,
-// s = q - 32 (-32..31), so no zero point is left over:
+// The group kernel of the sub16 layouts, MatMulQ3K and MatMulQ6K, GroupRowsSub16, for each ISA (the layouts are in
+// matmul_q_kernel.h). w = d * sc * (q - middle) has a scale per 16 columns, so each block of 32 gives two integer
+// dot products a weight row, one per half, each scaled in float: acc[row] += dot_h * (sc_h[row] * d[row] * dx). The
+// codes are taken as signed, s = q - middle (Q6K: -32..31, Q3K: -4..3), so no zero point is left over:
 //   AVX-512 VNNI: vpdpbusd wants one unsigned operand, so the activations go in as x + 128 (x xor 0x80,
 //     stored so once a call by AdaptRows), and the 128 * sum(s) that adds, a weight row and half, starts
 //     the dot products' chains negated, worked out once a block for every row of x;
 //   AVX2, 8-bit activations: vpmaddubsw on |s| against x carrying s's sign (vpsignb): a chain of 4
-//     (16 columns) stays below 4 * 2 * 32 * 127 = 32512, under int16's limit;
+//     (16 columns) stays below 4 * 2 * 32 * 127 = 32512 (Q6K), under int16's limit;
 //   AVX2, 16-bit activations: s sign-extended to int16 pairs in vpmaddwd against the int16 codes;
 //   generic: one code at a time.
 // Included INSIDE matmul_q_kernel.cc's ISA namespace after the ISA's group kernel; no includes of its own.
 
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
 
-// This build's MatMulQ6K reads its activations as unsigned bytes, x + 128 (AdaptRows stores them so): a
+// This build's sub16 kernels read their activations as unsigned bytes, x + 128 (AdaptRows stores them so): a
 // broadcast from memory costs no ALU op, where x xor 0x80 a block in the kernel (stored, then broadcast)
 // took half as long again as the whole product.
-constexpr bool kQ6KUnsignedRows = true;
+constexpr bool kSub16UnsignedRows = true;
 
 // A block's codes as signed bytes: w[v] holds the 16 rows x columns 4v..4v+3 (v < 4: the first half).
-ALWAYS_INLINE void Q6KSigned(const uint8_t* c, __m512i* w) {
-  const __m512i nibble = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(16), thirty_two = _mm512_set1_epi8(32);
-  for (int j = 0; j < 4; ++j) {
-    const __m512i raw = _mm512_loadu_si512(c + 64 * j);
-    w[j] = _mm512_and_si512(raw, nibble);
-    w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nibble);
-  }
-  for (int v = 0; v < 8; ++v) {  // + 16 where the fifth bit is set, - 32 where the sixth is not: q - 32
-    uint64_t fifth, sixth;
-    __builtin_memcpy(&fifth, c + kQ4BlockBytes + 8 * v, 8);
-    __builtin_memcpy(&sixth, c + kQ6KSixthBits + 8 * v, 8);
-    w[v] = _mm512_mask_add_epi8(w[v], fifth, w[v], sixteen);
-    w[v] = _mm512_mask_sub_epi8(w[v], ~sixth, w[v], thirty_two);
+template <int Bits>
+ALWAYS_INLINE void SignedCodes(const uint8_t* c, __m512i* w) {
+  if constexpr (Bits == kQ6K) {
+    const __m512i nibble = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(16), thirty_two = _mm512_set1_epi8(32);
+    for (int j = 0; j < 4; ++j) {
+      const __m512i raw = _mm512_loadu_si512(c + 64 * j);
+      w[j] = _mm512_and_si512(raw, nibble);
+      w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nibble);
+    }
+    for (int v = 0; v < 8; ++v) {  // + 16 where the fifth bit is set, - 32 where the sixth is not: q - 32
+      uint64_t fifth, sixth;
+      __builtin_memcpy(&fifth, c + kQ4BlockBytes + 8 * v, 8);
+      __builtin_memcpy(&sixth, c + kQ6KSixthBits + 8 * v, 8);
+      w[v] = _mm512_mask_add_epi8(w[v], fifth, w[v], sixteen);
+      w[v] = _mm512_mask_sub_epi8(w[v], ~sixth, w[v], thirty_two);
+    }
+  } else {  // kQ3K
+    const __m512i two_bits = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
+    for (int j = 0; j < 2; ++j) {
+      const __m512i raw = _mm512_loadu_si512(c + 64 * j);
+      for (int p = 0; p < 4; ++p) w[j + 2 * p] = _mm512_and_si512(_mm512_srli_epi16(raw, 2 * p), two_bits);
+    }
+    for (int v = 0; v < 8; ++v) {  // - 4 where the third bit is not set: q - 4
+      uint64_t third;
+      __builtin_memcpy(&third, c + kQ3KThirdBits + 8 * v, 8);
+      w[v] = _mm512_mask_sub_epi8(w[v], ~third, w[v], four);
+    }
   }
 }
 
 // 128 * sum(s) over a half's 16 columns, a row each: what x + 128 adds to the half's dot products.
-ALWAYS_INLINE __m512i Q6KHalfExcess(const __m512i* w) {
-  const __m512i sum = _mm512_add_epi8(_mm512_add_epi8(w[0], w[1]), _mm512_add_epi8(w[2], w[3]));  // -128..124
+ALWAYS_INLINE __m512i HalfExcess(const __m512i* w) {
+  const __m512i sum = _mm512_add_epi8(_mm512_add_epi8(w[0], w[1]), _mm512_add_epi8(w[2], w[3]));  // Q6K: -128..124
   return _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(static_cast<char>(0x80)), sum);
 }
 
 // The exact sum(x * s) over a half's 16 columns for the 16 rows of w[0..3]: (x + 128) . s, from -excess.
-ALWAYS_INLINE __m512i Q6KHalfDot(const __m512i* w, const int8_t* xu, __m512i minus_excess) {
+ALWAYS_INLINE __m512i HalfDot(const __m512i* w, const int8_t* xu, __m512i minus_excess) {
   const auto x = [&](int q) { return _mm512_set1_epi32(Load32(xu + 4 * q)); };
   __m512i s0 = _mm512_dpbusd_epi32(minus_excess, x(0), w[0]), s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), x(1), w[1]);
   s0 = _mm512_dpbusd_epi32(s0, x(2), w[2]);
@@ -50,35 +64,35 @@ ALWAYS_INLINE __m512i Q6KHalfDot(const __m512i* w, const int8_t* xu, __m512i min
   return _mm512_add_epi32(s0, s1);
 }
 
-template <typename S, int MT, bool Pairs>
-ALWAYS_INLINE void GroupRowsQ6K(const uint8_t* codes, const S* scales, const int8_t* xq, int64_t xq_stride,
-                                const float* xs, int64_t xs_stride, const float* bias, float* y, int64_t y_stride,
-                                int64_t KB, int64_t valid) {
+template <int Bits, typename S, int MT, bool Pairs>
+ALWAYS_INLINE void GroupRowsSub16(const uint8_t* codes, const S* scales, const int8_t* xq, int64_t xq_stride,
+                                  const float* xs, int64_t xs_stride, const float* bias, float* y, int64_t y_stride,
+                                  int64_t KB, int64_t valid) {
   static_assert(!Pairs || MT % 2 == 0, "a pair is two rows");
   constexpr int kStep = Pairs ? 2 : 1, kOut = MT / kStep;
   __m512 acc[kOut];
   for (int o = 0; o < kOut; ++o) acc[o] = _mm512_setzero_ps();
   for (int64_t b = 0; b < KB; ++b) {
-    const uint8_t* c = codes + b * kQ6KBlockBytes;
+    const uint8_t* c = codes + b * kQBlockBytesOf<Bits>;
     const S* sd = scales + b / kQSuperBlocks * kQGroup;
-    PrefetchAhead<kQ6K>(c, sd);
+    PrefetchAhead<Bits>(c, sd);
     __m512i w[8];
-    Q6KSigned(c, w);
+    SignedCodes<Bits>(c, w);
     const __m512i zero = _mm512_setzero_si512();
-    const __m512i minus_lo = _mm512_sub_epi32(zero, Q6KHalfExcess(w)), minus_hi = _mm512_sub_epi32(zero, Q6KHalfExcess(w + 4));
+    const __m512i minus_lo = _mm512_sub_epi32(zero, HalfExcess(w)), minus_hi = _mm512_sub_epi32(zero, HalfExcess(w + 4));
     const __m512 d = Load16(sd);
     const auto sub = [&](int h) {
-      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(c + kQ6KSubScales + kQGroup * h));
+      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(c + kQSubScalesOf<Bits> + kQGroup * h));
       return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)), d);
     };
     const __m512 step_lo = sub(0), step_hi = sub(1);
     for (int o = 0; o < kOut; ++o) {
       const int64_t i = o * kStep;
-      const int8_t* xu = xq + i * xq_stride + b * kQBlock;  // x + 128 (kQ6KUnsignedRows)
-      __m512i lo = Q6KHalfDot(w, xu, minus_lo), hi = Q6KHalfDot(w + 4, xu + 16, minus_hi);
+      const int8_t* xu = xq + i * xq_stride + b * kQBlock;  // x + 128 (kSub16UnsignedRows)
+      __m512i lo = HalfDot(w, xu, minus_lo), hi = HalfDot(w + 4, xu + 16, minus_hi);
       if constexpr (Pairs) {  // the residual row, 256 times finer, added as integers (256 * 16 * 127 * 32 < 2^31)
-        lo = _mm512_add_epi32(_mm512_slli_epi32(lo, kResidualShift), Q6KHalfDot(w, xu + xq_stride, minus_lo));
-        hi = _mm512_add_epi32(_mm512_slli_epi32(hi, kResidualShift), Q6KHalfDot(w + 4, xu + xq_stride + 16, minus_hi));
+        lo = _mm512_add_epi32(_mm512_slli_epi32(lo, kResidualShift), HalfDot(w, xu + xq_stride, minus_lo));
+        hi = _mm512_add_epi32(_mm512_slli_epi32(hi, kResidualShift), HalfDot(w + 4, xu + xq_stride + 16, minus_hi));
       }
       const __m512 both = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), step_lo, _mm512_mul_ps(_mm512_cvtepi32_ps(hi), step_hi));
       const float dx = xs[i * xs_stride + 2 * b + (Pairs ? xs_stride : 0)];  // Pairs: the residual's, dx / 256
@@ -92,7 +106,7 @@ ALWAYS_INLINE void GroupRowsQ6K(const uint8_t* codes, const S* scales, const int
 
 #elif defined(__AVX2__)
 
-constexpr bool kQ6KUnsignedRows = false;
+constexpr bool kSub16UnsignedRows = false;
 
 // 0xFF in byte i where bit i of ``bits`` is set (FifthBits without its final mask).
 ALWAYS_INLINE __m256i BitBytes(uint32_t bits) {
@@ -102,9 +116,17 @@ ALWAYS_INLINE __m256i BitBytes(uint32_t bits) {
   return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit_of_byte), bit_of_byte);
 }
 
-// Vector v's codes for rows 8h..8h+7 as signed bytes (columns 4v..4v+3): the nibble, + 16 where the fifth
-// bit is set, - 32 where the sixth is not.
-ALWAYS_INLINE __m256i Q6KSigned(const uint8_t* c, int v, int64_t h) {
+// Vector v's codes for rows 8h..8h+7 as signed bytes (columns 4v..4v+3). Q6K: the nibble, + 16 where the fifth
+// bit is set, - 32 where the sixth is not; Q3K: the 2-bit field, - 4 where the third bit is not set.
+template <int Bits>
+ALWAYS_INLINE __m256i SignedCodes(const uint8_t* c, int v, int64_t h) {
+  if constexpr (Bits == kQ3K) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * (v % 2) + 32 * h));
+    const __m256i low = _mm256_and_si256(_mm256_srli_epi16(raw, 2 * (v / 2)), _mm256_set1_epi8(3));
+    uint32_t third;
+    __builtin_memcpy(&third, c + kQ3KThirdBits + 8 * v + 4 * h, 4);
+    return _mm256_add_epi8(low, _mm256_andnot_si256(BitBytes(third), _mm256_set1_epi8(-4)));
+  }
   const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * (v % 4) + 32 * h));
   const __m256i low = _mm256_and_si256(_mm256_srli_epi16(raw, 4 * (v / 4)), _mm256_set1_epi8(0x0F));
   uint32_t fifth, sixth;
@@ -116,31 +138,31 @@ ALWAYS_INLINE __m256i Q6KSigned(const uint8_t* c, int v, int64_t h) {
 }
 
 // sc * d of rows 8h..8h+7 for the block's half `half`.
-template <typename S>
-ALWAYS_INLINE __m256 Q6KStep(const uint8_t* c, const S* sd, int64_t h, int half) {
-  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + kQ6KSubScales + kQGroup * half + 8 * h));
+template <int Bits, typename S>
+ALWAYS_INLINE __m256 SubStep(const uint8_t* c, const S* sd, int64_t h, int half) {
+  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + kQSubScalesOf<Bits> + kQGroup * half + 8 * h));
   return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)), Load8(sd + 8 * h));
 }
 
 // 16-bit activations: pairs [0, MT / 2) of QuantizePairAt's int16 codes against the group, a column half at a
 // time (sums a pair and row half: 16 * 32 * 32639 < 2^31).
-template <typename S, int MT>
-ALWAYS_INLINE void GroupPairsQ6K(const uint8_t* codes, const S* scales, const int8_t* xq, int64_t xq_stride,
-                                 const float* xs, int64_t xs_stride, const float* bias, float* y, int64_t y_stride,
-                                 int64_t KB, int64_t valid) {
+template <int Bits, typename S, int MT>
+ALWAYS_INLINE void GroupPairsSub16(const uint8_t* codes, const S* scales, const int8_t* xq, int64_t xq_stride,
+                                   const float* xs, int64_t xs_stride, const float* bias, float* y, int64_t y_stride,
+                                   int64_t KB, int64_t valid) {
   constexpr int kOut = MT / 2;
   __m256 acc[kOut][2];
   for (int o = 0; o < kOut; ++o) acc[o][0] = acc[o][1] = _mm256_setzero_ps();
   for (int64_t b = 0; b < KB; ++b) {
-    const uint8_t* c = codes + b * kQ6KBlockBytes;
+    const uint8_t* c = codes + b * kQBlockBytesOf<Bits>;
     const S* sd = scales + b / kQSuperBlocks * kQGroup;
-    PrefetchAhead<kQ6K>(c, sd);
+    PrefetchAhead<Bits>(c, sd);
     const int8_t* xb = xq + 2 * kQBlock * b;
     for (int half = 0; half < 2; ++half) {
       __m256i sums[kOut][2];
       for (int o = 0; o < kOut; ++o) sums[o][0] = sums[o][1] = _mm256_setzero_si256();
       for (int v = 4 * half; v < 4 * half + 4; ++v) {
-        const __m256i s0 = Q6KSigned(c, v, 0), s1 = Q6KSigned(c, v, 1);
+        const __m256i s0 = SignedCodes<Bits>(c, v, 0), s1 = SignedCodes<Bits>(c, v, 1);
         for (int k = 0; k < 2; ++k) {  // k = 0: columns (4v, 4v + 2), bytes 0 and 2 of a lane; k = 1: 1 and 3
           const __m256i w0 = _mm256_srai_epi16(k ? s0 : _mm256_slli_epi16(s0, 8), 8);
           const __m256i w1 = _mm256_srai_epi16(k ? s1 : _mm256_slli_epi16(s1, 8), 8);
@@ -153,7 +175,7 @@ ALWAYS_INLINE void GroupPairsQ6K(const uint8_t* codes, const S* scales, const in
         }
       }
       for (int h = 0; h < 2; ++h) {
-        const __m256 step = Q6KStep(c, sd, h, half);
+        const __m256 step = SubStep<Bits>(c, sd, h, half);
         for (int o = 0; o < kOut; ++o) {
           const __m256 dx = _mm256_set1_ps(xs[2 * o * xs_stride + xs_stride + 2 * b]);  // the pair's dx / 256
           acc[o][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[o][h]), _mm256_mul_ps(step, dx), acc[o][h]);
@@ -165,24 +187,24 @@ ALWAYS_INLINE void GroupPairsQ6K(const uint8_t* codes, const S* scales, const in
     for (int o = 0; o < kOut; ++o) StoreHalf(acc[o][h], h, valid, bias, y + o * y_stride);
 }
 
-template <typename S, int MT, bool Pairs>
-ALWAYS_INLINE void GroupRowsQ6K(const uint8_t* codes, const S* scales, const int8_t* xq, int64_t xq_stride,
-                                const float* xs, int64_t xs_stride, const float* bias, float* y, int64_t y_stride,
-                                int64_t KB, int64_t valid) {
+template <int Bits, typename S, int MT, bool Pairs>
+ALWAYS_INLINE void GroupRowsSub16(const uint8_t* codes, const S* scales, const int8_t* xq, int64_t xq_stride,
+                                  const float* xs, int64_t xs_stride, const float* bias, float* y, int64_t y_stride,
+                                  int64_t KB, int64_t valid) {
   if constexpr (Pairs) {
-    return GroupPairsQ6K<S, MT>(codes, scales, xq, xq_stride, xs, xs_stride, bias, y, y_stride, KB, valid);
+    return GroupPairsSub16<Bits, S, MT>(codes, scales, xq, xq_stride, xs, xs_stride, bias, y, y_stride, KB, valid);
   }
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t h = 0; h < 2 && 8 * h < valid; ++h) {
     __m256 acc[MT];
     for (int o = 0; o < MT; ++o) acc[o] = _mm256_setzero_ps();
     for (int64_t b = 0; b < KB; ++b) {
-      const uint8_t* c = codes + b * kQ6KBlockBytes;
+      const uint8_t* c = codes + b * kQBlockBytesOf<Bits>;
       const S* sd = scales + b / kQSuperBlocks * kQGroup;
-      if (h == 0) PrefetchAhead<kQ6K>(c, sd);
+      if (h == 0) PrefetchAhead<Bits>(c, sd);
       __m256i w[8], size[8];  // the signed codes, and their magnitudes for vpmaddubsw
-      for (int v = 0; v < 8; ++v) w[v] = Q6KSigned(c, v, h), size[v] = _mm256_abs_epi8(w[v]);
-      const __m256 step_lo = Q6KStep(c, sd, h, 0), step_hi = Q6KStep(c, sd, h, 1);
+      for (int v = 0; v < 8; ++v) w[v] = SignedCodes<Bits>(c, v, h), size[v] = _mm256_abs_epi8(w[v]);
+      const __m256 step_lo = SubStep<Bits>(c, sd, h, 0), step_hi = SubStep<Bits>(c, sd, h, 1);
       for (int o = 0; o < MT; ++o) {
         const int8_t* xb = xq + o * xq_stride + b * kQBlock;
         __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
@@ -201,11 +223,16 @@ ALWAYS_INLINE void GroupRowsQ6K(const uint8_t* codes, const S* scales, const int
 
 #else
 
-constexpr bool kQ6KUnsignedRows = false;
+constexpr bool kSub16UnsignedRows = false;
 
-// The 6-bit code of row r and column 4v + j of the block at c.
-ALWAYS_INLINE int32_t Q6KCode(const uint8_t* c, int64_t r, int64_t v, int64_t j) {
+// The code of row r and column 4v + j of the block at c (Q6K: 6 bits, Q3K: 3).
+template <int Bits>
+ALWAYS_INLINE int32_t Sub16Code(const uint8_t* c, int64_t r, int64_t v, int64_t j) {
   const int64_t lane = 4 * r + j;
+  if constexpr (Bits == kQ3K) {
+    const int32_t low = (c[64 * (v % 2) + lane] >> (2 * (v / 2))) & 3;
+    return low | ((c[kQ3KThirdBits + 8 * v + lane / 8] >> (lane % 8)) & 1) << 2;
+  }
   const uint8_t byte = c[64 * (v % 4) + lane];
   const int32_t low = v < 4 ? byte & 0x0F : byte >> 4;
   const int32_t fifth = (c[kQ4BlockBytes + 8 * v + lane / 8] >> (lane % 8)) & 1;
@@ -213,22 +240,22 @@ ALWAYS_INLINE int32_t Q6KCode(const uint8_t* c, int64_t r, int64_t v, int64_t j)
   return low | fifth << 4 | sixth << 5;
 }
 
-template <typename S, int MT, bool Pairs>
-ALWAYS_INLINE void GroupRowsQ6K(const uint8_t* codes, const S* scales, const int8_t* xq, int64_t xq_stride,
-                                const float* xs, int64_t xs_stride, const float* bias, float* y, int64_t y_stride,
-                                int64_t KB, int64_t valid) {
+template <int Bits, typename S, int MT, bool Pairs>
+ALWAYS_INLINE void GroupRowsSub16(const uint8_t* codes, const S* scales, const int8_t* xq, int64_t xq_stride,
+                                  const float* xs, int64_t xs_stride, const float* bias, float* y, int64_t y_stride,
+                                  int64_t KB, int64_t valid) {
   for (int64_t r = 0; r < valid; ++r) {
     float acc[MT] = {};
     for (int i = 0; i < MT; ++i)
       for (int64_t b = 0; b < KB; ++b) {
-        const uint8_t* c = codes + b * kQ6KBlockBytes;
+        const uint8_t* c = codes + b * kQBlockBytesOf<Bits>;
         const float d = Scale(scales + b / kQSuperBlocks * kQGroup + r);
         const int8_t* xb = xq + i * xq_stride + b * kQBlock;
         for (int64_t half = 0; half < 2; ++half) {
           int32_t dot = 0;
           for (int64_t v = 4 * half; v < 4 * half + 4; ++v)
-            for (int64_t j = 0; j < 4; ++j) dot += (Q6KCode(c, r, v, j) - 32) * xb[4 * v + j];
-          const float sub = static_cast<float>(static_cast<int8_t>(c[kQ6KSubScales + kQGroup * half + r]));
+            for (int64_t j = 0; j < 4; ++j) dot += (Sub16Code<Bits>(c, r, v, j) - kQMiddleOf<Bits>) * xb[4 * v + j];
+          const float sub = static_cast<float>(static_cast<int8_t>(c[kQSubScalesOf<Bits> + kQGroup * half + r]));
           acc[i] += static_cast<float>(dot) * (sub * d * xs[i * xs_stride + 2 * b]);
         }
       }
