@@ -64,6 +64,10 @@ struct GatherQ {
         const int64_t columns = std::min(kQBlock, K_ - b * kQBlock);
         if constexpr (kQSub16Of<Bits>) {
           Sub16Row(block, ScaleValue(s[(g * super_blocks + b / kQSuperBlocks) * kQGroup + r]), r, columns, row);
+        } else if constexpr (Bits == kQ4XS) {  // d * (ls - 32), centred: the int8 ls - 32 follow the codes
+          const float d = ScaleValue(s[(g * super_blocks + b / kQSuperBlocks) * kQGroup + r]) *
+                          static_cast<float>(static_cast<int8_t>(block[kQCodeBytesOf<Bits> + r]));
+          Row(block, d, -kQMiddleOf<Bits> * d, r, columns, row);
         } else if constexpr (kQSuperBlockDMOf<Bits>) {  // d * sc and -dmin * mn: sub-scales and mins follow the codes
           const ScaleT* sb = s + (g * super_blocks + b / kQSuperBlocks) * 2 * kQGroup + r;
           const uint8_t* sub = block + kQCodeBytesOf<Bits>;

@@ -96,12 +96,17 @@ ALWAYS_INLINE __m256 Load8(const S* p) {
 }
 
 // Rows 8h..8h+7 of block b's d and m: as stored, -middle * d (centred), or (MatMulQ4K / Q5K) the super-block's d
-// and -dmin times the block's u8 sub-scales and mins, which follow its codes at c.
+// and -dmin times the block's u8 sub-scales and mins, which follow its codes at c (MatMulQ4XS: d times its int8
+// sub-scales, then centred).
 template <int Bits, typename S>
 ALWAYS_INLINE void BlockDM(const uint8_t* c, const S* scales, int64_t b, int64_t h, __m256& d, __m256& m) {
   const S* s = BlockScalesAt<Bits>(scales, b) + 8 * h;
   d = Load8(s);
   if constexpr (kQCentredOf<Bits>) {
+    if constexpr (kQSuperBlockDMOf<Bits>) {  // MatMulQ4XS: times the block's int8 sub-scales
+      const __m128i sub = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + kQCodeBytesOf<Bits> + 8 * h));
+      d = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sub)));
+    }
     m = _mm256_mul_ps(d, _mm256_set1_ps(-kQMiddleOf<Bits>));
     return;
   }

@@ -68,12 +68,17 @@ ALWAYS_INLINE __m512 Load16(const S* p) {
 }
 
 // Block b's d and m of the 16 rows: as stored, -middle * d (centred), or (MatMulQ4K / Q5K) the super-block's d and
-// -dmin times the block's u8 sub-scales and mins, which follow its codes at c.
+// -dmin times the block's u8 sub-scales and mins, which follow its codes at c (MatMulQ4XS: d times its int8 sub-scales,
+// then centred).
 template <int Bits, typename S>
 ALWAYS_INLINE void BlockDM(const uint8_t* c, const S* scales, int64_t b, __m512& d, __m512& m) {
   const S* s = BlockScalesAt<Bits>(scales, b);
   d = Load16(s);
   if constexpr (kQCentredOf<Bits>) {
+    if constexpr (kQSuperBlockDMOf<Bits>) {
+      const __m128i sub = _mm_loadu_si128(reinterpret_cast<const __m128i*>(c + kQCodeBytesOf<Bits>));
+      d = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sub)));
+    }
     m = _mm512_mul_ps(d, _mm512_set1_ps(-kQMiddleOf<Bits>));
     return;
   }

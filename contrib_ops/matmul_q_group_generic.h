@@ -72,9 +72,11 @@ ALWAYS_INLINE void GroupRows(const uint8_t* codes, const S* scales, const int8_t
         for (int64_t q = 0; q < 8; ++q)
           for (int64_t j = 0; j < 4; ++j) dot += Code<kQCodeOf<Bits>>(c, r, q, j) * xb[4 * q + j];
         const S* sb = BlockScalesAt<Bits>(scales, b) + r;
-        float d = Scale(sb), m = kQCentredOf<Bits> ? -kQMiddleOf<Bits> * d : Scale(sb + kQGroup);
-        if constexpr (kQSuperBlockDMOf<Bits>) {  // d * sc and -dmin * mn: the sub-scale and min follow the codes
-          const uint8_t* sub = c + kQCodeBytesOf<Bits>;
+        const uint8_t* sub = c + kQCodeBytesOf<Bits>;  // a super-block layout's sub-scales (and mins)
+        float d = Scale(sb);
+        if constexpr (kQCentredOf<Bits> && kQSuperBlockDMOf<Bits>) d *= static_cast<float>(static_cast<int8_t>(sub[r]));
+        float m = kQCentredOf<Bits> ? -kQMiddleOf<Bits> * d : Scale(sb + kQGroup);
+        if constexpr (!kQCentredOf<Bits> && kQSuperBlockDMOf<Bits>) {  // d * sc and -dmin * mn
           d *= static_cast<float>(sub[r]), m *= static_cast<float>(sub[kQGroup + r]);
         }
         const float* sc = xs + i * xs_stride + 2 * b;

@@ -31,20 +31,19 @@ namespace {
 
 ALWAYS_INLINE int64_t MinI(int64_t a, int64_t b) { return a < b ? a : b; }
 
+// The scale vectors a block (or super-block) of a centred layout (d) or another (d, m) has.
+template <int Bits>
+constexpr int64_t kScaleVectors = kQCentredOf<Bits> ? 1 : 2;
+
 // A group's scales: a (d, m) pair of vectors a block (centred: d alone), MatMulQ3K's and Q6K's one d vector for
-// kQSuperBlocks blocks, or MatMulQ4K's and Q5K's (d, -dmin) pair of vectors for kQSuperBlocks blocks.
+// kQSuperBlocks blocks, MatMulQ4K's and Q5K's (d, -dmin) pair of vectors for kQSuperBlocks blocks, or MatMulQ4XS's d.
 template <int Bits>
 constexpr int64_t GroupScales(int64_t KB) {
   const int64_t super_blocks = (KB + kQSuperBlocks - 1) / kQSuperBlocks;
   return kQSub16Of<Bits>             ? super_blocks * kQGroup
-         : kQSuperBlockDMOf<Bits>    ? super_blocks * 2 * kQGroup
-         : kQCentredOf<Bits>         ? KB * kQGroup
-                                     : KB * 2 * kQGroup;
+         : kQSuperBlockDMOf<Bits>    ? super_blocks * kScaleVectors<Bits> * kQGroup
+                                     : KB * kScaleVectors<Bits> * kQGroup;
 }
-
-// The scale vectors a block of a centred layout (d) or another (d, m) has.
-template <int Bits>
-constexpr int64_t kScaleVectors = kQCentredOf<Bits> ? 1 : 2;
 
 // Where block b's (d, m) vectors (centred: d) start, or (MatMulQ4K / Q5K) its super-block's (d, -dmin).
 template <int Bits, typename S>
@@ -238,6 +237,8 @@ void QTile(int bits, const uint8_t* codes, const void* scales, bool half, bool p
     TileOfBits<kQ6K>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
   else if (bits == kQ3K)
     TileOfBits<kQ3K>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
+  else if (bits == kQ4XS)
+    TileOfBits<kQ4XS>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
   else if (bits == kQ4K)
     TileOfBits<kQ4K>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
   else if (bits == kQ5K)

@@ -22,6 +22,8 @@
 //          128 bytes of 2-bit fields: byte c * 64 + r * 4 + j holds q & 3 of vectors c, c + 2, c + 4 and c + 6
 //          (columns 4v + j, v = c + 2p) at bits 2p (c < 2), then the third bits in the fifth bits' layout (bytes
 //          128..191), then the sc as MatMulQ6K's (bytes 192..223). MatMulQ3K and Q6K are the "sub16" layouts.
+//          MatMulQ4XS (GGUF's IQ4_XS, w = d * (ls - 32) * kvalue per row and 32 columns, d per row and 256): u8
+//          [G, KB, 272], MatMulQ4NL's 4-bit layout, then the int8 ls - 32 of the group's 16 rows.
 //          MatMulQ4K / MatMulQ5K (GGUF's Q4_K / Q5_K, w = d * sc * q - dmin * mn, u8 sc and mn (6 bits) per row and
 //          32 columns, d and dmin per row and 256): u8 [G, KB, 288 | 352], the 4- or 5-bit layout of q, then the u8
 //          sc of the group's 16 rows, then their mn; a block's d * sc and -dmin * mn are its d and m (exact in f32).
@@ -29,7 +31,8 @@
 //   scales f16 or f32 [G, KB, 2, 16]: d then m of the group's 16 rows; MatMulQ3K / Q6K: [G, ceil(KB / 8), 16], d;
 //   MatMulQ4K / Q5K: [G, ceil(KB / 8), 2, 16], d then -dmin; the centred MatMulQ4S / Q5S / Q8S / Q4NLS (the layouts
 //   of MatMulQ4 / Q5 / Q8 / Q4NL, their codes centred: GGUF's Q4_0, Q5_0, Q8_0 + 128, IQ4_NL and IQ4_XS + 128):
-//   [G, KB, 16], d, with m = -middle * d (middle 8, 16, 128, 128).
+//   [G, KB, 16], d, with m = -middle * d (middle 8, 16, 128, 128); MatMulQ4XS: [G, ceil(KB / 8), 16], d, the block's
+//   d * (ls - 32) and m = -128 times that.
 #pragma once
 
 #include <cstdint>
@@ -63,10 +66,19 @@ constexpr int64_t kQSuperBlocks = 8;
 // The flag that makes MatMulQ4 / Q5 / Q8 / Q4NL's Bits those of the centred MatMulQ4S / Q5S / Q8S / Q4NLS.
 constexpr int kQCentred = 0x100;
 
+// The flag that makes a centred layout's d its super-block's d times the block's int8 sub-scales, which follow its
+// codes (16 bytes: one a row): MatMulQ4XS (GGUF's IQ4_XS, d * (ls - 32) per row and block) is Q4NLS with it.
+constexpr int kQSuperScaled = 0x200;
+constexpr int kQ4XS = kQ4NL | kQCentred | kQSuperScaled;
+constexpr int64_t kQXSSubBytes = 16;
+
 // Constants, not functions: nothing here is compiled once per ISA.
-// The layout a Bits reads its codes in: 4, 5, 8, kQ4NL, kQ3K or kQ6K (MatMulQ4K / Q5K: 4 and 5; centred: as uncentred).
+// The layout a Bits reads its codes in: 4, 5, 8, kQ4NL, kQ3K or kQ6K (MatMulQ4K / Q5K: 4 and 5; centred: as
+// uncentred; MatMulQ4XS: kQ4NL).
 template <int Bits>
-constexpr int kQCodeOf = (Bits & ~kQCentred) == kQ4K ? 4 : (Bits & ~kQCentred) == kQ5K ? 5 : Bits & ~kQCentred;
+constexpr int kQCodeOf = (Bits & ~(kQCentred | kQSuperScaled)) == kQ4K   ? 4
+                         : (Bits & ~(kQCentred | kQSuperScaled)) == kQ5K ? 5
+                                                                         : Bits & ~(kQCentred | kQSuperScaled);
 // MatMulQ3K and Q6K: signed codes q - middle, an int8 sub-scale per row and 16 columns, a d per row and 256.
 template <int Bits>
 constexpr bool kQSub16Of = Bits == kQ3K || Bits == kQ6K;
@@ -76,9 +88,10 @@ constexpr int kQMiddleOf = kQCodeOf<Bits> == 4 ? 8 : kQCodeOf<Bits> == 5 ? 16 : 
 // Where a sub16 block's int8 sub-scales start (its codes end).
 template <int Bits>
 constexpr int64_t kQSubScalesOf = Bits == kQ3K ? kQ3KSubScales : kQ6KSubScales;
-// MatMulQ4K / Q5K: a block's d and m are its super-block's d and -dmin times its sub-scale and min.
+// MatMulQ4K / Q5K: a block's d and m are its super-block's d and -dmin times its sub-scale and min; MatMulQ4XS: its d
+// is its super-block's d times its int8 sub-scale.
 template <int Bits>
-constexpr bool kQSuperBlockDMOf = Bits == kQ4K || Bits == kQ5K;
+constexpr bool kQSuperBlockDMOf = Bits == kQ4K || Bits == kQ5K || (Bits & kQSuperScaled) != 0;
 template <int Bits>
 constexpr bool kQCentredOf = (Bits & kQCentred) != 0;
 // The bytes of a block's codes (where MatMulQ4K's / Q5K's sub-scales start), and of the whole block.
@@ -89,7 +102,9 @@ constexpr int64_t kQCodeBytesOf = kQCodeOf<Bits> == 4 || kQCodeOf<Bits> == kQ4NL
                                   : kQCodeOf<Bits> == kQ3K                       ? kQ3KBlockBytes
                                                                                  : kQ8BlockBytes;
 template <int Bits>
-constexpr int64_t kQBlockBytesOf = kQCodeBytesOf<Bits> + (kQSuperBlockDMOf<Bits> ? kQKSubBytes : 0);
+constexpr int64_t kQBlockBytesOf = kQCodeBytesOf<Bits> + ((Bits & kQSuperScaled) ? kQXSSubBytes
+                                                          : kQSuperBlockDMOf<Bits> ? kQKSubBytes
+                                                                                   : 0);
 
 // QuantizeRows: rows of x [T, K] to int8, per block of 32: xq = rint(x * 127 / amax) (amax = max |x| of
 // the block, 0 -> codes 0), into xq [R, KB * 32] (zero-padded) and xs [R, KB, 2] = {dx, dx * sum(xq)}

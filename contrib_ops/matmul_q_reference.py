@@ -1,7 +1,7 @@
 """Numpy references of ortserve's quantised linears and lookups (domain ``ortserve``): MatMulQ4 / Q5 / Q8 / Q4NL,
-their centred forms (Q4S / Q5S / Q8S / Q4NLS), MatMulQ4K / Q5K, the sub16 MatMulQ3K / Q6K and the GatherQ of each,
-with their weight layouts (``pack_q``, ``pack_qk``, ``pack_sub16``) and the activations' quantisation
-(``quantize_activations``).
+their centred forms (Q4S / Q5S / Q8S / Q4NLS), MatMulQ4XS, MatMulQ4K / Q5K, the sub16 MatMulQ3K / Q6K and the GatherQ
+of each, with their weight layouts (``pack_q``, ``pack_q4xs``, ``pack_qk``, ``pack_sub16``) and the activations'
+quantisation (``quantize_activations``).
 
 This file is the specification: the C++ ops in ``contrib_ops/`` (``matmul_q_kernel.h`` has the layouts) must match it.
 """
@@ -63,13 +63,17 @@ def unpack_q(packed, scales, n, k, nonlinear=False):
     """pack_q's inverse: (codes uint8 [N, K], d float32 [N, KB], m float32 [N, KB]); ``nonlinear``
     (MatMulQ4NL): the 4-bit codes looked up in Q4NL_CODES. A MatMulQ4K / Q5K weight (``pack_qk``) gives its
     blocks' d * sc and -dmin * mn as d and m (float32 products, exact); a centred one, scales [G, KB, 16],
-    m = -middle * d."""
+    m = -middle * d; a MatMulQ4XS one (``pack_q4xs``) its 8-bit codes, d * sc and -128 times that."""
     groups, k_blocks, width = packed.shape
     packed = np.asarray(packed, np.uint8)
+    super_block = np.arange(k_blocks) // Q_SUPER_BLOCKS
     if width in QK_BLOCK_BYTES.values():
         codes, sub_scales, mins, d, dmin = unpack_qk(packed, scales, n, k)
-        super_block = np.arange(k_blocks) // Q_SUPER_BLOCKS
         return codes, d[:, super_block] * sub_scales, -dmin[:, super_block] * mins
+    if width == Q4XS_BLOCK_BYTES:
+        indices, sub_scales, d = unpack_q4xs(packed, scales, n, k)
+        block_d = d[:, super_block] * sub_scales
+        return Q4NL_CODES[indices], block_d, np.float32(-128) * block_d
     nibbles = width != Q_BLOCK_BYTES[8]
     low = packed[..., : Q_BLOCK_BYTES[4] if nibbles else width]
     q = low.reshape(groups, k_blocks, -1, Q_GROUP, 4)  # [G, KB, c, r, j]
@@ -145,6 +149,34 @@ def unpack_qk(packed, scales, n, k):
     return (codes, *(np.ascontiguousarray(f) for f in fields))
 
 
+Q4XS_BLOCK_BYTES = Q_BLOCK_BYTES[4] + Q_GROUP  # MatMulQ4XS: MatMulQ4NL's 4-bit layout, then 16 int8 sub-scales
+
+
+def pack_q4xs(indices, sub_scales, d, scale_dtype=np.float16):
+    """MatMulQ4XS's weight layout (contrib_ops/matmul_q_kernel.h) of W = d * sc * (Q4NL_CODES[i] - 128), GGUF's
+    IQ4_XS: indices uint8 [N, K] (0..15), sc int8 [N, ceil(K / 32)] (its ls - 32) per row and block, d
+    [N, ceil(K / 256)] per row and 256 columns -> (packed uint8 [G, KB, 272], scales [G, ceil(KB / 8), 16] of
+    scale_dtype: d). A block is pack_q's 4-bit block of the indices, then the 16 rows' sc; padding is 0."""
+    indices = np.asarray(indices, np.uint8)
+    n, k = indices.shape
+    groups, k_blocks = -(-n // Q_GROUP), -(-k // Q_BLOCK)
+    packed, _ = pack_q(indices, np.zeros((n, k_blocks), np.float32), None, 4)
+    sub = np.zeros((groups * Q_GROUP, k_blocks), np.int8)
+    sub[:n] = sub_scales
+    sub = sub.reshape(groups, Q_GROUP, k_blocks).transpose(0, 2, 1)
+    packed = np.concatenate([packed, sub.view(np.uint8)], axis=-1)
+    return np.ascontiguousarray(packed), _super_block_scales(d, groups, k_blocks, scale_dtype)
+
+
+def unpack_q4xs(packed, scales, n, k):
+    """pack_q4xs's inverse: (indices uint8 [N, K], sc int8 [N, KB], d float32 [N, ceil(K / 256)])."""
+    groups, k_blocks, _ = packed.shape
+    packed = np.asarray(packed, np.uint8)
+    indices, _, _ = unpack_q(packed[..., : Q_BLOCK_BYTES[4]], np.zeros((groups, k_blocks, 16), np.float16), n, k)
+    sub = packed[..., Q_BLOCK_BYTES[4] :].view(np.int8).transpose(0, 2, 1).reshape(groups * Q_GROUP, k_blocks)[:n]
+    return indices, np.ascontiguousarray(sub), np.ascontiguousarray(_super_block_d(scales, n, k))
+
+
 SUB16_BLOCK_BYTES = {3: 224, 6: 416}  # MatMulQ3K / MatMulQ6K: a block's codes, then 2 x 16 int8 sub-scales
 SUB16_MIDDLE = {3: 4, 6: 32}  # their codes' middle: w = d * sc * (q - middle)
 _SUB16_BITS = {width: bits for bits, width in SUB16_BLOCK_BYTES.items()}
@@ -173,11 +205,21 @@ def pack_sub16(codes, sub_scales, d, bits=6, scale_dtype=np.float16):
     sub[:n, : sub_scales.shape[1]] = sub_scales
     sub = sub.reshape(groups, Q_GROUP, k_blocks, 2).transpose(0, 2, 3, 1).reshape(groups, k_blocks, 2 * Q_GROUP)
     packed = np.concatenate([low, top[..., Q_BLOCK_BYTES[4] :], sub.view(np.uint8)], axis=-1)
+    return np.ascontiguousarray(packed), _super_block_scales(d, groups, k_blocks, scale_dtype)
+
+
+def _super_block_scales(d, groups, k_blocks, scale_dtype):
+    """d [N, ceil(K / 256)] as scales [G, ceil(KB / 8), 16] of scale_dtype (padding 0)."""
     super_blocks = -(-k_blocks // Q_SUPER_BLOCKS)
     scales = np.zeros((groups * Q_GROUP, super_blocks), np.float32)
-    scales[:n, : d.shape[1]] = d
-    scales = scales.reshape(groups, Q_GROUP, super_blocks).transpose(0, 2, 1)
-    return np.ascontiguousarray(packed), np.ascontiguousarray(scales.astype(scale_dtype))
+    scales[: d.shape[0], : d.shape[1]] = d
+    return np.ascontiguousarray(scales.reshape(groups, Q_GROUP, super_blocks).transpose(0, 2, 1).astype(scale_dtype))
+
+
+def _super_block_d(scales, n, k):
+    """_super_block_scales' inverse: d float32 [N, ceil(K / 256)]."""
+    groups = scales.shape[0]
+    return np.asarray(scales, np.float32).transpose(0, 2, 1).reshape(groups * Q_GROUP, -1)[:n, : -(-k // 256)]
 
 
 def sub16_bits(packed):
@@ -204,8 +246,7 @@ def unpack_sub16(packed, scales, n, k):
     codes = low | ((top >> 4) << (bits - 1))
     sub = packed[..., codes_end:].view(np.int8).reshape(groups, k_blocks, 2, Q_GROUP).transpose(0, 3, 1, 2)
     sub = sub.reshape(groups * Q_GROUP, 2 * k_blocks)[:n, : -(-k // 16)]
-    d = np.asarray(scales, np.float32).transpose(0, 2, 1).reshape(groups * Q_GROUP, -1)[:n, : -(-k // 256)]
-    return codes, np.ascontiguousarray(sub), np.ascontiguousarray(d)
+    return codes, np.ascontiguousarray(sub), np.ascontiguousarray(_super_block_d(scales, n, k))
 
 
 def dequantize_sub16(packed, scales, n, k):

@@ -4,7 +4,8 @@
 //   4: + AddBlockOffsets;  5: + its fp16 offsets;  6: + MatMulQ4, MatMulQ8, GatherQ4, GatherQ8;
 //   7: + MatMulQ5, GatherQ5;  8: + MatMulF;  9: + the linears' input stage;  10: + MatMulQ4NL, GatherQ4NL;
 //   11: + MatMulQ6K, GatherQ6K;  12: + MatMulQ4K, MatMulQ5K, GatherQ4K, GatherQ5K;
-//   13: + the centred MatMulQ4S, Q5S, Q8S, Q4NLS and their GatherQ;  14: + MatMulQ3K, GatherQ3K
+//   13: + the centred MatMulQ4S, Q5S, Q8S, Q4NLS and their GatherQ;  14: + MatMulQ3K, GatherQ3K;
+//   15: + MatMulQ4XS, GatherQ4XS
 #include <memory>
 #include <mutex>
 #include <vector>

@@ -66,7 +66,7 @@ def unscaled(values: np.ndarray, factor: np.ndarray) -> np.ndarray:
     return np.where(factor[..., None] == 0, 0, values / safe)
 
 
-def _iq4_xs_scales(blocks: np.ndarray) -> np.ndarray:
+def iq4_xs_scales(blocks: np.ndarray) -> np.ndarray:
     """IQ4_XS: the 8 sub-block scales ls - 32 (6 bits: 4 low bits in bytes 4-7, 2 high bits in the
     uint16 at 2), as gguf's dequantiser unpacks them."""
     high = blocks[:, 2:4].copy().view(np.uint16)  # [n, 1]
@@ -84,7 +84,7 @@ FORMATS: dict[str, BlockFormat] = {
     "Q4_1": BlockFormat(4, 4, 0, True, (0, 2)),
     "Q5_1": BlockFormat(8, 5, 0, True, (0, 2)),
     "IQ4_NL": BlockFormat(8, 4, 128, False, (0,), nonlinear=True),
-    "IQ4_XS": BlockFormat(8, 4, 128, False, (0,), _iq4_xs_scales, nonlinear=True),
+    "IQ4_XS": BlockFormat(8, 4, 128, False, (0,), iq4_xs_scales, nonlinear=True),
 }
 
 

@@ -24,11 +24,8 @@ from .checkpoint import Checkpoint, sha256_files
 from .errors import ExportError
 from .gguf_blocks import FORMATS, import_blocks
 from .hf_quantized import QuantizedCheckpoint, quantization_method
-from .kquants import QK_FORMATS, SUB16_FORMATS, KQuantWeight, import_kquant
+from .kquants import LAYOUTS, KQuantWeight, import_kquant
 from .nbits import CodeLayout, QuantizedWeight
-
-# the K-quants held exactly at their own width (MatMulQ4K / Q5K / Q6K / Q3K)
-_KQUANT_BITS = {**QK_FORMATS, **SUB16_FORMATS}
 
 GGUF_WEIGHTS = "model.gguf"  # in a GGUF source's checkpoint folder: a link to the file (a split GGUF's first shard)
 
@@ -206,8 +203,8 @@ class GgufCheckpoint:
         """How the codes ``import_blocks`` gives are held exactly: MatMulQ{code bits} (or Q4NL), or MatMulQ4K /
         Q5K / Q6K / Q3K for the K-quants; None for a format without an exact form."""
         qtype = self.gguf_type(name)
-        if qtype in _KQUANT_BITS:
-            return CodeLayout(_KQUANT_BITS[qtype], "K")
+        if qtype in LAYOUTS:
+            return LAYOUTS[qtype]
         fmt = FORMATS.get(qtype)
         if fmt is None:
             return None
@@ -219,7 +216,7 @@ class GgufCheckpoint:
         other format's per block of 32 in the nbits container (``qweight.from_blocks`` makes them a MatMulQ weight)."""
         tensor = self._tensor(name)
         cols, rows = (int(n) for n in tensor.shape)
-        if tensor.tensor_type.name in _KQUANT_BITS:
+        if tensor.tensor_type.name in LAYOUTS:
             q: QuantizedWeight | KQuantWeight = import_kquant(tensor.data, tensor.tensor_type.name, rows, cols)
         else:
             q = import_blocks(tensor.data, tensor.tensor_type.name, rows, cols)

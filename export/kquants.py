@@ -4,7 +4,9 @@ fp16 d and dmin per row and 256, llama.cpp's super-block), and the "sub16" Q6_K 
 / ``MatMulQ3K`` (``w = d * sc * (q - middle)``: 6- or 3-bit codes, middle 32 or 4, an int8 sc per row and 16
 columns, an fp16 d per row and 256). The ops' layouts hold 4.625, 5.625, 6.5625 and 3.5625 bits a weight against
 the file's 4.5, 5.5, 6.5625 and 3.4375 (their sub-scales take a byte each); their numpy references are
-``pack_qk`` / ``pack_sub16`` in ``contrib_ops``.
+``pack_qk`` / ``pack_sub16`` in ``contrib_ops``. IQ4_XS, not a K-quant but of their super-block, is held the same
+way by ``ortserve.MatMulQ4XS`` (``pack_q4xs``: MatMulQ4NL's 4-bit indices of IQ4's values, an int8 ls - 32 per row
+and 32 columns, an fp16 d per row and 256: 4.3125 bits a weight against the file's 4.25).
 
 The codes are read as gguf's own dequantiser reads them: a copy of the blocks with d = 1 (and dmin = 0)
 dequantises to sc * q (sub16: sc * (q - middle)), and dividing by sc gives the codes exactly (a sub-block of
@@ -18,13 +20,28 @@ from dataclasses import dataclass, fields, replace
 from typing import TypeVar
 
 import numpy as np
-from ortserve.ops.matmul_q_reference import SUB16_MIDDLE, dequantize_q, dequantize_sub16, pack_qk, pack_sub16
+from ortserve.ops.matmul_q_reference import (
+    SUB16_MIDDLE,
+    dequantize_q,
+    dequantize_sub16,
+    pack_q4xs,
+    pack_qk,
+    pack_sub16,
+)
 
-from .gguf_blocks import ONE_HALF, unscaled
+from .gguf_blocks import ONE_HALF, import_blocks, iq4_xs_scales, unscaled
+from .nbits import CodeLayout
+from .qweight import from_blocks
 
 _ROWS = 4096  # rows per chunk: bounds the float temporaries of a large embedding
 QK_FORMATS = {"Q4_K": 4, "Q5_K": 5}  # GGUF type -> its codes' width
 SUB16_FORMATS = {"Q6_K": 6, "Q3_K": 3}
+# GGUF type -> the op that holds it at its own width: MatMulQ{bits}{variant}
+LAYOUTS = {
+    **{qtype: CodeLayout(bits, "K") for qtype, bits in {**QK_FORMATS, **SUB16_FORMATS}.items()},
+    "IQ4_XS": CodeLayout(4, "XS"),
+}
+_IQ4XS_BYTES = 136
 _Q6K_BYTES, _Q6K_SCALES_AT, _Q6K_D_AT = 210, 192, 208  # a Q6_K block of 256 weights: its bytes, scales, d
 _Q3K_BYTES, _Q3K_CODE_BYTES, _Q3K_D_AT = 110, 96, 108  # a Q3_K block: its bytes, high bits + low bits, d
 
@@ -75,8 +92,23 @@ class Sub16Weight(_RowMajor):
         return dequantize_sub16(*self.packed(), *self.shape)
 
 
-KQuantWeight = QKWeight | Sub16Weight
-W = TypeVar("W", QKWeight, Sub16Weight)
+@dataclass(frozen=True)
+class Q4XSWeight(_RowMajor):
+    codes: np.ndarray  # uint8 [N, K]: indices 0..15 of IQ4's values
+    sub_scales: np.ndarray  # int8 [N, K / 32]: ls - 32
+    d: np.ndarray  # float32 [N, K / 256], fp16 values
+
+    def packed(self) -> tuple[np.ndarray, np.ndarray]:
+        """(codes [G, KB, 272], scales fp16 [G, KB / 8, 16]) as MatMulQ4XS reads them."""
+        return pack_q4xs(self.codes, self.sub_scales, self.d, np.float16)
+
+    def dequantize(self) -> np.ndarray:
+        """[N, K] float32: d * (ls - 32) * kvalue, as gguf forms it."""
+        return dequantize_q(*self.packed(), *self.shape)
+
+
+KQuantWeight = QKWeight | Sub16Weight | Q4XSWeight
+W = TypeVar("W", QKWeight, Sub16Weight, Q4XSWeight)
 
 
 def _arrays(weight: object) -> list:
@@ -91,10 +123,10 @@ def concat_kquant(parts: list[W]) -> W:
 
 
 def import_kquant(raw: np.ndarray, qtype_name: str, rows: int, cols: int) -> KQuantWeight:
-    """A Q4_K, Q5_K, Q6_K or Q3_K tensor's raw bytes (``rows`` rows of ``cols`` weights) as its codes and scales,
-    exactly."""
+    """A Q4_K, Q5_K, Q6_K, Q3_K or IQ4_XS tensor's raw bytes (``rows`` rows of ``cols`` weights) as its codes and
+    scales, exactly."""
     data = np.ascontiguousarray(raw).view(np.uint8).reshape(rows, -1)
-    read = {"Q6_K": _q6k_rows, "Q3_K": _q3k_rows}.get(qtype_name, _qk_rows)
+    read = {"Q6_K": _q6k_rows, "Q3_K": _q3k_rows, "IQ4_XS": _iq4xs_rows}.get(qtype_name, _qk_rows)
     return concat_kquant([read(data[r : r + _ROWS], qtype_name, cols) for r in range(0, rows, _ROWS)])  # type: ignore[type-var]
 
 
@@ -146,6 +178,16 @@ def _q3k_rows(data: np.ndarray, qtype_name: str, cols: int) -> Sub16Weight:
     per_16 = _dequantized_with_unit_scale(lowest, qtype_name, rows, _Q3K_D_AT, None).reshape(rows, -1, 16)[..., 0]
     sub_scales = (per_16 / -SUB16_MIDDLE[3]).astype(np.int8)
     return _sub16_rows(blocks, qtype_name, cols, sub_scales, _Q3K_D_AT)
+
+
+def _iq4xs_rows(data: np.ndarray, qtype_name: str, cols: int) -> Q4XSWeight:
+    """IQ4_XS: d (bytes 0-1), the 6-bit ls (bytes 2-7), the 4-bit indices: read per block of 32 by ``gguf_blocks``
+    (gguf's dequantiser), then held as indices, ls - 32 and d."""
+    rows = data.shape[0]
+    blocks = data.reshape(-1, _IQ4XS_BYTES)
+    indices = from_blocks(import_blocks(data, qtype_name, rows, cols), cols, 4, nonlinear=True).codes
+    sub_scales = iq4_xs_scales(blocks).reshape(rows, -1)
+    return Q4XSWeight(indices, np.ascontiguousarray(sub_scales), _half(blocks, 0, rows))
 
 
 def _sub16_rows(blocks: np.ndarray, qtype_name: str, cols: int, sub_scales: np.ndarray, d_at: int) -> Sub16Weight:

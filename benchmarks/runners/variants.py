@@ -11,9 +11,10 @@
   many sequences, shared prefixes);
 - ortserve with int8 activations in its quantised linears (``--activation-bits 8``, exported so):
   the same activation rounding as llama.cpp's, against ortserve's default of 16 bits;
-- llama.cpp's IQ4_XS and Q4_K_M files of the model (llama-quantize from f32, no importance matrix),
-  each served by llama.cpp and by ortserve (its codes imported exactly: MatMulQ4NL; MatMulQ4K / Q5 / Q8 /
-  Q6K for Q4_K_M's mix).
+- llama.cpp's IQ4_XS, Q4_K_M and Q3_K_M files of the model (llama-quantize from f32, no importance matrix),
+  each served by llama.cpp and by ortserve (its codes imported exactly: MatMulQ4NLS; MatMulQ4K / Q5K / Q6K for
+  Q4_K_M's mix, and MatMulQ3K too for Q3_K_M's; a width not a multiple of 256 takes llama-quantize's fallback
+  type, IQ4_NL for Q3_K, so Q3_K needs a model such as the Qwen2.5-1.5B shape).
 """
 
 from __future__ import annotations
@@ -153,6 +154,14 @@ class OrtserveQ4KM(OrtserveFile):
     SYSTEM, FILE_TYPE = "ortserve-q4km", "q4_k_m"
 
 
+class LlamaCppQ3KM(LlamaCppFile):
+    SYSTEM, FILE_TYPE = "llama.cpp-q3km", "q3_k_m"
+
+
+class OrtserveQ3KM(OrtserveFile):
+    SYSTEM, FILE_TYPE = "ortserve-q3km", "q3_k_m"
+
+
 VARIANTS = (
     OrtserveNgram,
     LlamaCppNgram,
@@ -166,4 +175,6 @@ VARIANTS = (
     OrtserveIq4Xs,
     LlamaCppQ4KM,
     OrtserveQ4KM,
+    LlamaCppQ3KM,
+    OrtserveQ3KM,
 )

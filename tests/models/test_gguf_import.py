@@ -28,7 +28,7 @@ OPS = {
     "Q5_1": "MatMulQ5",
     "Q8_0": "MatMulQ8S",
     "IQ4_NL": "MatMulQ4NLS",
-    "IQ4_XS": "MatMulQ4NLS",
+    "IQ4_XS": "MatMulQ4XS",
     "Q4_K": "MatMulQ4K",
     "Q5_K": "MatMulQ5K",
     "Q6_K": "MatMulQ6K",
@@ -99,8 +99,10 @@ def test_imported_weights_dequantise_bit_exactly_to_ggufs_own(qtype, tiny_gguf):
         assert np.array_equal(ours, reference), f"{label}: max |diff| {np.abs(ours - reference).max()}"
     manifest = load_manifest(artifact)
     assert manifest.weight_formats == {f"{qtype} (exact)": 8}  # q, k, v, o, gate, up, down, the head
-    # MatMulQ6K came with op_version 11, MatMulQ4K and Q5K with 12, the centred ops with 13, MatMulQ3K with 14
-    assert manifest.op_version == {"Q4_1": 9, "Q5_1": 9, "Q6_K": 11, "Q4_K": 12, "Q5_K": 12, "Q3_K": 14}.get(qtype, 13)
+    # MatMulQ6K came with op_version 11, MatMulQ4K and Q5K with 12, the centred ops with 13, MatMulQ3K with 14,
+    # MatMulQ4XS with 15
+    versions = {"Q4_1": 9, "Q5_1": 9, "Q6_K": 11, "Q4_K": 12, "Q5_K": 12, "Q3_K": 14, "IQ4_XS": 15}
+    assert manifest.op_version == versions.get(qtype, 13)
 
 
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q3_K", "IQ4_XS", "Q8_0"])
@@ -133,13 +135,13 @@ def test_an_untied_embedding_is_looked_up_in_its_own_codes(qtype, tmp_path):
         ("Q5_1", ".scales", np.float16),
         ("Q5_K", ".scales", np.float16),
         ("IQ4_NL", ".scales", np.float16),
-        ("IQ4_XS", ".scales", np.float32),
+        ("IQ4_XS", ".scales", np.float16),
     ],
 )
 def test_scales_and_minimums_are_fp16_where_fp16_holds_them_exactly(qtype, name, stored, tiny_gguf):
     """Q4_0's d and -8d, Q4_1's d and m, Q8_0's d and -128d are fp16 values, stored as such (5 bits a
     weight for Q4_1, as in the file), as are Q4_K's and Q5_K's d and -dmin per 256 columns (their 6-bit
-    sub-scales and mins sit beside the codes); IQ4_XS's d * (ls - 32) per block need fp32. Either
+    sub-scales and mins sit beside the codes), as is IQ4_XS's d per 256 (its ls - 32 beside the codes). Either
     way the weights stay exact (test_imported_weights_dequantise_bit_exactly_to_ggufs_own)."""
     _, artifact = tiny_gguf(qtype)
     model = onnx.load(artifact / "model.onnx", load_external_data=False)
