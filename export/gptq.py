@@ -25,7 +25,10 @@ GPTQ_BELOW_BITS = 8
 
 
 def quantize_calibrated(weight: np.ndarray, bits: int, gram: np.ndarray) -> QWeight:
-    """Calibrated rounding: GPTQ below ``GPTQ_BELOW_BITS``, else the search weighted by diag(gram)."""
+    """Calibrated rounding: GPTQ below ``GPTQ_BELOW_BITS``, else (or with only the diagonal of the Gram matrix,
+    [K], where memory did not allow the matrix) the search weighted by diag(gram)."""
+    if gram.ndim == 1:
+        return quantize_q(weight, bits, gram.astype(np.float32))
     if bits >= GPTQ_BELOW_BITS:
         return quantize_q(weight, bits, np.diag(gram).astype(np.float32))
     return quantize_gptq(weight, bits, gram)

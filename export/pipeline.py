@@ -38,6 +38,7 @@ from ortserve.artifact import (
     needed_op_version,
     save_manifest,
 )
+from ortserve.engine.memory import available_memory
 
 from . import int4_fallback
 from .architectures import architecture_for
@@ -52,6 +53,7 @@ from .storage import FLOAT_TYPES, Storage, TensorPrecision
 from .weights import DATA_FILE, WeightFile, WeightSource
 
 logger = logging.getLogger(__name__)
+REFERENCE_SHARE = 0.8  # of the available memory: the most an fp32 reference of the source may take
 
 # The LM head (often the tied embedding) is the matmul most sensitive to quantisation: at int4 it
 # costs SmolLM2-135M 14 points of top-1 agreement with fp32 that int8 keeps, for 20 MB.
@@ -259,10 +261,20 @@ def export_model(
         bar.update()
     quantises = any(p.kind == "quantize" for p in builder.stored.values())
     has_text = (folder / "tokenizer.json").is_file()
-    uncalibrated = calibrate and quantises and not has_text  # said in the summary
-    text = text if quantises and has_text else None
+    reference_bytes = 4 * source.num_parameters()  # the fp32 reference's weights: calibration and the quality check
+    fits = reference_bytes <= REFERENCE_SHARE * available_memory()
+    uncalibrated = ""  # why not, for the summary
+    if calibrate and quantises and not has_text:
+        uncalibrated = "the source has no tokenizer.json to read the text with"
+    elif calibrate and quantises and not fits:
+        uncalibrated = (
+            f"its fp32 reference ({reference_bytes / 2**30:.1f} GiB) does not fit in the "
+            f"{available_memory() / 2**30:.1f} GiB available"
+        )
+        logger.warning("quantising without calibration and without the quality check: %s", uncalibrated)
+    text = text if quantises and has_text and fits else None
     # only what ortserve quantised itself: a GGUF's own codes are the file's, checked by llama.cpp parity
-    quality_check = quality_check and quantises
+    quality_check = quality_check and quantises and fits
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the artifact is an ordinary folder
@@ -281,7 +293,7 @@ def export_model(
         if text and reference:
             with bars.stage("calibrate", 1) as bar:
                 importance = capture(reference, text)
-                bar.set_postfix_str(f"{importance.tokens:,} tokens of {importance.text}")
+                bar.set_postfix_str(importance.summary())
                 bar.update()
             builder = make_builder(importance=importance)
             model, jobs = builder.build()
@@ -320,7 +332,7 @@ def export_model(
                     weight_bytes=weights.bytes,
                     source=label,
                     source_fingerprint=fingerprint,
-                    calibration=f"{importance.tokens:,} tokens of {importance.text}" if importance else "",
+                    calibration=importance.summary() if importance else "",
                     eos_token_ids=list(spec.eos_token_ids),
                 )
                 save_manifest(tmp, manifest)
@@ -412,7 +424,7 @@ def _print_summary(
     report,
     quality,
     quality_checked: bool,
-    uncalibrated: bool,
+    uncalibrated: str,
 ) -> None:
     size = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
     lines = [
@@ -423,7 +435,7 @@ def _print_summary(
         f"artifact {size / 2**20:,.1f} MiB",
         "  stored as    " + ", ".join(f"{label} x {count}" for label, count in sorted(m.weight_formats.items())),
         *([f"  calibrated   on {m.calibration} (GPTQ, error compensated on its inputs)"] if m.calibration else []),
-        *(["  calibrated   no: the source has no tokenizer.json to read the text with"] if uncalibrated else []),
+        *([f"  calibrated   no: {uncalibrated}"] if uncalibrated else []),
         *(
             [f"  tokenizer    none: serve and generate need {' or '.join(TOKENIZER_SETTINGS)} in {out}"]
             if not has_tokenizer(out)

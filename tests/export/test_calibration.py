@@ -12,9 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ortserve.export import export_model
-from ortserve.export.calibration import CHUNK_TOKENS, CalibrationText, capture, capture_ids
+from ortserve.export import calibration, export_model
+from ortserve.export.calibration import CHUNK_TOKENS, CalibrationText, capture, capture_ids, full_gram_labels
 from ortserve.export.errors import ExportError
+from ortserve.export.gptq import quantize_calibrated
 from ortserve.export.qweight import quantize_q
 from ortserve.export.validate import random_sequences
 
@@ -106,6 +107,64 @@ def test_capture_finds_every_linear_of_fused_and_conv1d_families(case, tiny_chec
 
     assert all(any(matches(mine, theirs) for theirs in reference) for mine in ours.grams.values())
     assert all(any(matches(mine, theirs) for mine in ours.grams.values()) for theirs in reference)
+
+
+def test_full_grams_go_to_the_narrowest_linears_within_the_budget():
+    widths = {"layers.0.down": 96, "layers.0.qkv": 64, "layers.1.qkv": 64, "lm_head": 64, "layers.0.o": 80}
+    per = {k: 2 * k * k * 4 for k in (64, 80, 96)}  # bytes: onnxruntime's output and the running sum, fp32
+    assert full_gram_labels(widths, 3 * per[64]) == {"layers.0.qkv", "layers.1.qkv", "lm_head"}
+    assert full_gram_labels(widths, 3 * per[64] + per[80]) == set(widths) - {"layers.0.down"}
+    assert full_gram_labels(widths, 3 * per[64] + per[80] + per[96]) == set(widths)
+    assert full_gram_labels(widths, per[64] - 1) == set()
+
+
+def test_linears_beyond_the_budget_get_the_exact_diagonal(tiny_llama_checkpoint, reference_artifact):
+    """Under a budget that holds only the narrow inputs' matrices, the wide ones (the down projections) get their
+    input's mean x^2 alone: transformers' diagonal, and the matrices the same as with room for all."""
+    artifact = reference_artifact(tiny_llama_checkpoint)
+    sequences = random_sequences(320, [40, 23], seed=4)
+    everything = capture_ids(artifact, sequences, "random ids", budget=1 << 40)
+    widths = {label: gram.shape[0] for label, gram in everything.grams.items()}
+    narrow = min(widths.values())
+    room = sum(8 * k * k for k in widths.values() if k == narrow)
+    tight = capture_ids(artifact, sequences, "random ids", budget=room)
+    wide = {label for label, k in widths.items() if k > narrow}
+    assert wide and {label for label, g in tight.grams.items() if g.ndim == 1} == wide
+    for label, gram in tight.grams.items():
+        full = everything.grams[label]
+        expected = np.diag(full) if label in wide else full
+        np.testing.assert_allclose(gram, expected, rtol=1e-5, atol=1e-6 * float(np.abs(expected).max()))
+    alone = f"{len(wide)} of {len(widths)} linears by their diagonal alone, for memory"
+    assert tight.summary() == f"63 tokens of random ids, {alone}"
+    w = np.random.default_rng(0).normal(size=(32, widths["layers.0.down"])).astype(np.float32)
+    by_diagonal = quantize_calibrated(w, 4, tight.gram("layers.0.down"))
+    assert np.array_equal(by_diagonal.codes, quantize_q(w, 4, np.diag(everything.gram("layers.0.down"))).codes)
+
+
+def test_export_calibrates_within_the_memory_it_has(tiny_llama_checkpoint, tmp_path, monkeypatch):
+    """With little memory beside the fp32 model, the export still calibrates: the wide linears on their diagonal,
+    as the manifest says."""
+    artifact = tmp_path / "fp32"
+    export_model(tiny_llama_checkpoint, artifact, precision="fp32", progress=False)
+    weights = json.loads((artifact / "ortserve.json").read_text())["weight_bytes"]
+    monkeypatch.setattr(calibration, "available_memory", lambda: weights + 2 * 8 * 64 * 64)  # two 64-wide matrices
+    export_model(tiny_llama_checkpoint, tmp_path / "int4", precision="int4", progress=False)
+    manifest = json.loads((tmp_path / "int4" / "ortserve.json").read_text())
+    assert manifest["calibration"].endswith("linears by their diagonal alone, for memory"), manifest["calibration"]
+
+
+def test_a_model_whose_fp32_reference_does_not_fit_is_quantised_uncalibrated(
+    tiny_llama_checkpoint, tmp_path, monkeypatch, caplog
+):
+    """Calibration and the quality check run the fp32 model: where it cannot fit, export says so and goes on."""
+    from ortserve.export import pipeline
+
+    monkeypatch.setattr(pipeline, "available_memory", lambda: 1 << 20)
+    with caplog.at_level("WARNING"):
+        export_model(tiny_llama_checkpoint, tmp_path / "int4", precision="int4", progress=False)
+    assert json.loads((tmp_path / "int4" / "ortserve.json").read_text())["calibration"] == ""
+    assert "quantising without calibration and without the quality check: its fp32 reference" in caplog.text
+    assert "does not fit in the 0.0 GiB available" in caplog.text
 
 
 @pytest.mark.parametrize("bits", [4, 8])
