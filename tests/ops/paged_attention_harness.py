@@ -100,6 +100,32 @@ def make_session(model: onnx.ModelProto, threads: int = 2) -> ort.InferenceSessi
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
+def matmul_session(
+    op: str,
+    n: int,
+    scale_dims: list,
+    scale_type: int = TensorProto.FLOAT16,
+    bias: bool = False,
+    activation_bits: int = 8,
+) -> ort.InferenceSession:
+    """A session of one quantised linear ``op`` (MatMulQ4K, MatMulQ3K, ...) of N = n: x [T, K], codes, scales of
+    ``scale_dims`` (and a bias) -> y [T, N]."""
+    inputs = ["x", "codes", "scales"] + (["bias"] if bias else [])
+    node = helper.make_node(op, inputs, ["y"], domain=ortserve.ops.DOMAIN, N=n, activation_bits=activation_bits)
+    graph = helper.make_graph(
+        [node],
+        op,
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", "K"]),
+            helper.make_tensor_value_info("codes", TensorProto.UINT8, ["G", "KB", "B"]),
+            helper.make_tensor_value_info("scales", scale_type, scale_dims),
+            *([helper.make_tensor_value_info("bias", TensorProto.FLOAT, ["N"])] if bias else []),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["T", "N"])],
+    )
+    return make_session(op_model(graph))
+
+
 @functools.cache
 def cached_session(
     num_heads, num_kv_heads, head_size, scale=0.0, sliding_window=0, softcap=0.0, threads=2

@@ -21,7 +21,7 @@ from ortserve.ops.matmul_q_reference import (
     unpack_q,
     unpack_q4xs,
 )
-from paged_attention_harness import make_session, op_model
+from paged_attention_harness import make_session, matmul_session, op_model
 
 import ortserve.ops
 
@@ -31,22 +31,7 @@ BLOCK_BYTES, CODES_AT = 136, 8  # a GGUF IQ4_XS block of 256 weights: d, the 6-b
 
 
 def session(n: int, scale_type: int = TensorProto.FLOAT16, bias: bool = False, activation_bits: int = 8, op=""):
-    inputs = ["x", "codes", "scales"] + (["bias"] if bias else [])
-    node = helper.make_node(
-        op or "MatMulQ4XS", inputs, ["y"], domain=ortserve.ops.DOMAIN, N=n, activation_bits=activation_bits
-    )
-    graph = helper.make_graph(
-        [node],
-        "q4xs",
-        [
-            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", "K"]),
-            helper.make_tensor_value_info("codes", TensorProto.UINT8, ["G", "KB", "B"]),
-            helper.make_tensor_value_info("scales", scale_type, ["G", "SB", 16]),
-            *([helper.make_tensor_value_info("bias", TensorProto.FLOAT, ["N"])] if bias else []),
-        ],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["T", "N"])],
-    )
-    return make_session(op_model(graph))
+    return matmul_session(op or "MatMulQ4XS", n, ["G", "SB", 16], scale_type, bias, activation_bits)
 
 
 def random_weight(rng, n, k, dtype=np.float16):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 from ortserve.ops.matmul_q_reference import dequantize_q, gather_q, matmul_q, pack_q, pack_qk, unpack_q, unpack_qk
-from paged_attention_harness import make_session, op_model
+from paged_attention_harness import make_session, matmul_session, op_model
 
 import ortserve.ops
 
@@ -25,22 +25,7 @@ BLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176}  # a GGUF super-block of 256 weights
 def session(
     bits: int, n: int, scale_type: int = TensorProto.FLOAT16, bias: bool = False, activation_bits: int = 8, op=""
 ):
-    inputs = ["x", "codes", "scales"] + (["bias"] if bias else [])
-    node = helper.make_node(
-        op or f"MatMulQ{bits}K", inputs, ["y"], domain=ortserve.ops.DOMAIN, N=n, activation_bits=activation_bits
-    )
-    graph = helper.make_graph(
-        [node],
-        "qk",
-        [
-            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", "K"]),
-            helper.make_tensor_value_info("codes", TensorProto.UINT8, ["G", "KB", "B"]),
-            helper.make_tensor_value_info("scales", scale_type, ["G", "SB", 2, 16]),
-            *([helper.make_tensor_value_info("bias", TensorProto.FLOAT, ["N"])] if bias else []),
-        ],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["T", "N"])],
-    )
-    return make_session(op_model(graph))
+    return matmul_session(op or f"MatMulQ{bits}K", n, ["G", "SB", 2, 16], scale_type, bias, activation_bits)
 
 
 def random_weight(rng, n, k, bits, dtype=np.float16):

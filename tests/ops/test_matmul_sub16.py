@@ -19,7 +19,7 @@ from ortserve.ops.matmul_q_reference import (
     pack_sub16,
     unpack_sub16,
 )
-from paged_attention_harness import make_session, op_model
+from paged_attention_harness import make_session, matmul_session, op_model
 
 import ortserve.ops
 
@@ -50,20 +50,7 @@ FORMATS = [pytest.param(Q6_K, id="Q6_K"), pytest.param(Q3_K, id="Q3_K")]
 
 
 def session(fmt: Format, n: int, scale_type: int = TensorProto.FLOAT16, bias: bool = False, activation_bits: int = 8):
-    inputs = ["x", "codes", "scales"] + (["bias"] if bias else [])
-    node = helper.make_node(fmt.op, inputs, ["y"], domain=ortserve.ops.DOMAIN, N=n, activation_bits=activation_bits)
-    graph = helper.make_graph(
-        [node],
-        "sub16",
-        [
-            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", "K"]),
-            helper.make_tensor_value_info("codes", TensorProto.UINT8, ["G", "KB", "B"]),
-            helper.make_tensor_value_info("scales", scale_type, ["G", "SB", 16]),
-            *([helper.make_tensor_value_info("bias", TensorProto.FLOAT, ["N"])] if bias else []),
-        ],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["T", "N"])],
-    )
-    return make_session(op_model(graph))
+    return matmul_session(fmt.op, n, ["G", "SB", 16], scale_type, bias, activation_bits)
 
 
 def random_weight(fmt, rng, n, k, dtype=np.float16):
