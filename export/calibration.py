@@ -45,6 +45,7 @@ BUILTIN_TEXT = Path(__file__).with_name("calibration.txt")
 CHUNK_TOKENS = 384  # tokens per calibration sequence, its BOS included (llama-imatrix's chunks)
 MAX_TOKENS = 16384  # a longer text is cut here: statistics settle long before
 GRAM_SHARE = 0.5  # of the memory available beside the fp32 model: what the full Gram matrices may take, twice held
+REFERENCE_SHARE = 0.8  # of the available memory: the most the fp32 reference of a source may take
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,15 @@ class CalibrationText:
         return [prefix + ids[i : i + body] for i in range(0, len(ids), body) if len(ids) - i > 1]
 
 
+def reference_misfit(parameters: int) -> str:
+    """Why an fp32 reference of ``parameters`` weights cannot run here ('' when it fits in REFERENCE_SHARE of the
+    available memory)."""
+    need, have = 4 * parameters, available_memory()
+    if need <= REFERENCE_SHARE * have:
+        return ""
+    return f"its fp32 reference ({need / 2**30:.1f} GiB) does not fit in the {have / 2**30:.1f} GiB available"
+
+
 def capture(fp32_artifact: Path, text: CalibrationText) -> Importance:
     """Run ``text`` through ``fp32_artifact`` and return each layer linear's importance."""
     return capture_ids(fp32_artifact, text.sequences(fp32_artifact), text.description)
@@ -106,12 +116,10 @@ def capture_ids(
     fp32_artifact: Path, sequences: list[list[int]], description: str, budget: int | None = None
 ) -> Importance:
     """The same for token ids, each sequence prefilled in one step; ``budget``: the bytes the full Gram matrices
-    may take (twice held), by default GRAM_SHARE of the memory available beside the fp32 model."""
+    may take (twice held), by default ``gram_budget``'s."""
     from .validate import PagedRunner
 
-    if budget is None:
-        budget = int(GRAM_SHARE * (available_memory() - load_manifest(fp32_artifact).weight_bytes))
-    with _instrumented(fp32_artifact, budget) as (folder, outputs):
+    with _instrumented(fp32_artifact, gram_budget(fp32_artifact) if budget is None else budget) as (folder, outputs):
         longest = max(len(s) for s in sequences)
         runner = PagedRunner(folder, block_size=16, num_blocks=-(-longest // 16) + 1)
         binding = runner.runner.binding
@@ -131,6 +139,11 @@ def capture_ids(
     for total in sums.values():
         total /= np.float32(tokens)  # in place: a second copy of every matrix is what the budget leaves no room for
     return Importance(sums, tokens, description)
+
+
+def gram_budget(fp32_artifact: Path) -> int:
+    """GRAM_SHARE of the memory available beside the fp32 model, in bytes."""
+    return int(GRAM_SHARE * (available_memory() - load_manifest(fp32_artifact).weight_bytes))
 
 
 def full_gram_labels(widths: dict[str, int], budget: int) -> set[str]:

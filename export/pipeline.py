@@ -38,11 +38,10 @@ from ortserve.artifact import (
     needed_op_version,
     save_manifest,
 )
-from ortserve.engine.memory import available_memory
 
 from . import int4_fallback
 from .architectures import architecture_for
-from .calibration import CalibrationText, capture
+from .calibration import CalibrationText, capture, reference_misfit
 from .config import ModelSpec, read_config_json
 from .errors import ExportError
 from .gguf_checkpoint import GGUF_WEIGHTS, open_checkpoint
@@ -53,7 +52,6 @@ from .storage import FLOAT_TYPES, Storage, TensorPrecision
 from .weights import DATA_FILE, WeightFile, WeightSource
 
 logger = logging.getLogger(__name__)
-REFERENCE_SHARE = 0.8  # of the available memory: the most an fp32 reference of the source may take
 
 # The LM head (often the tied embedding) is the matmul most sensitive to quantisation: at int4 it
 # costs SmolLM2-135M 14 points of top-1 agreement with fp32 that int8 keeps, for 20 MB.
@@ -261,20 +259,14 @@ def export_model(
         bar.update()
     quantises = any(p.kind == "quantize" for p in builder.stored.values())
     has_text = (folder / "tokenizer.json").is_file()
-    reference_bytes = 4 * source.num_parameters()  # the fp32 reference's weights: calibration and the quality check
-    fits = reference_bytes <= REFERENCE_SHARE * available_memory()
-    uncalibrated = ""  # why not, for the summary
-    if calibrate and quantises and not has_text:
-        uncalibrated = "the source has no tokenizer.json to read the text with"
-    elif calibrate and quantises and not fits:
-        uncalibrated = (
-            f"its fp32 reference ({reference_bytes / 2**30:.1f} GiB) does not fit in the "
-            f"{available_memory() / 2**30:.1f} GiB available"
-        )
-        logger.warning("quantising without calibration and without the quality check: %s", uncalibrated)
-    text = text if quantises and has_text and fits else None
+    misfit = reference_misfit(source.num_parameters())  # calibration and the quality check run an fp32 reference
+    uncalibrated = "the source has no tokenizer.json to read the text with" if not has_text else misfit
+    uncalibrated = uncalibrated if calibrate and quantises else ""  # why not, for the summary
+    if quantises and misfit:
+        logger.warning("quantising without calibration and without the quality check: %s", misfit)
+    text = text if quantises and has_text and not misfit else None
     # only what ortserve quantised itself: a GGUF's own codes are the file's, checked by llama.cpp parity
-    quality_check = quality_check and quantises and fits
+    quality_check = quality_check and quantises and not misfit
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the artifact is an ordinary folder

@@ -144,10 +144,7 @@ def test_linears_beyond_the_budget_get_the_exact_diagonal(tiny_llama_checkpoint,
 def test_export_calibrates_within_the_memory_it_has(tiny_llama_checkpoint, tmp_path, monkeypatch):
     """With little memory beside the fp32 model, the export still calibrates: the wide linears on their diagonal,
     as the manifest says."""
-    artifact = tmp_path / "fp32"
-    export_model(tiny_llama_checkpoint, artifact, precision="fp32", progress=False)
-    weights = json.loads((artifact / "ortserve.json").read_text())["weight_bytes"]
-    monkeypatch.setattr(calibration, "available_memory", lambda: weights + 2 * 8 * 64 * 64)  # two 64-wide matrices
+    monkeypatch.setattr(calibration, "gram_budget", lambda artifact: 2 * 8 * 64 * 64)  # two 64-wide matrices
     export_model(tiny_llama_checkpoint, tmp_path / "int4", precision="int4", progress=False)
     manifest = json.loads((tmp_path / "int4" / "ortserve.json").read_text())
     assert manifest["calibration"].endswith("linears by their diagonal alone, for memory"), manifest["calibration"]
@@ -157,9 +154,7 @@ def test_a_model_whose_fp32_reference_does_not_fit_is_quantised_uncalibrated(
     tiny_llama_checkpoint, tmp_path, monkeypatch, caplog
 ):
     """Calibration and the quality check run the fp32 model: where it cannot fit, export says so and goes on."""
-    from ortserve.export import pipeline
-
-    monkeypatch.setattr(pipeline, "available_memory", lambda: 1 << 20)
+    monkeypatch.setattr(calibration, "available_memory", lambda: 1 << 20)
     with caplog.at_level("WARNING"):
         export_model(tiny_llama_checkpoint, tmp_path / "int4", precision="int4", progress=False)
     assert json.loads((tmp_path / "int4" / "ortserve.json").read_text())["calibration"] == ""
