@@ -2,7 +2,7 @@
 
 For each of the nine families, a tiny random Hugging Face checkpoint (peers/gguf_peer.py) goes
 through llama.cpp's own convert_hf_to_gguf.py (f32), then llama-quantize to Q8_0, Q4_0 and
-Q4_K_M (and Q3_K_M, IQ4_NL, IQ4_XS). ortserve exports each file (its codes imported exactly) and computes the logits at every
+Q4_K_M (and Q3_K_M, Q2_K, IQ4_NL, IQ4_XS). ortserve exports each file (its codes imported exactly) and computes the logits at every
 position of a 48-token sequence (24 prefilled, then one token per step); llama.cpp computes them
 through llama-cpp-python with ``logits_all`` (f32 KV cache). The table goes to
 benchmarks/tables/gguf_parity.md (RESULTS.md includes it).
@@ -15,7 +15,7 @@ Tolerance: f32 files: ortserve within 1e-3 of transformers on the original check
 1e-2 of llama.cpp (whose GELU is an fp16 lookup table: Gemma and GPT-2 logits move by ~4e-3, the
 SiLU families by ~3e-5). Quantised files: llama.cpp quantises activations to 8 bits (per 32 or 256
 values in q8_0 / q8_K); ortserve holds them to about 16 bits by default (MatMulQ4 / Q5 / Q8 / Q4NL /
-Q4K / Q5K / Q6K / Q3K; MatMulQ4K and Q5K compute bit for bit what MatMulQ4 and Q5 did for Q4_K and Q5_K before
+Q4K / Q5K / Q6K / Q3K / Q2K; MatMulQ4K and Q5K compute bit for bit what MatMulQ4 and Q5 did for Q4_K and Q5_K before
 op_version 12, so this table stands; until op_version 11 Q6_K tensors, such as the LM head of Q4_0 and Q4_K_M files, went through
 onnxruntime's MatMulNBits with 8-bit activations), so the two differ by llama.cpp's rounding; ortserve passes when its logits are no
 further from the exact result (the same file's weights, fp32 activations) than 1.5x llama.cpp's own
@@ -37,7 +37,7 @@ from runners.common import BENCH_DIR, LLAMA_BIN, PEERS_PY, RESULTS
 from runners.llamacpp import convert_script
 
 FAMILIES = ("llama", "llama3-rope", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3", "gpt2")
-TYPES = ("F32", "Q8_0", "Q4_0", "Q4_K_M", "Q3_K_M", "IQ4_NL", "IQ4_XS")
+TYPES = ("F32", "Q8_0", "Q4_0", "Q4_K_M", "Q3_K_M", "Q2_K", "IQ4_NL", "IQ4_XS")
 WORK = RESULTS / "gguf-parity"
 TABLE = BENCH_DIR / "tables" / "gguf_parity.md"
 LENGTH, PROMPT = 48, 24

@@ -47,6 +47,8 @@ SYSTEM_ORDER = {
     "llama.cpp-q4km": 16,
     "ortserve-q3km": 17,
     "llama.cpp-q3km": 18,
+    "ortserve-q2k": 19,
+    "llama.cpp-q2k": 20,
 }
 
 
@@ -346,7 +348,8 @@ def write(path: Path, parts: list[IsaRun]) -> None:
         " with its Q4_0 file, 3); *-kv-fp32* / *-kv-fp16* / *-kv-int8* are ortserve with `--kv-cache-dtype`"
         " (plain ortserve has `auto`: fp16 from 2026-12-04, fp32 before); *ortserve-a8*"
         " is ortserve exported with `--activation-bits 8` (int8 activations in its quantised linears, as llama.cpp's;"
-        " ortserve's default is 16); *-iq4xs* / *-q4km* / *-q3km* systems serve llama.cpp's IQ4_XS / Q4_K_M / Q3_K_M file of the"
+        " ortserve's default is 16); *-iq4xs* / *-q4km* / *-q3km* / *-q2k* systems serve llama.cpp's IQ4_XS / Q4_K_M / Q3_K_M /"
+        " Q2_K file of the"
         " model (llama-quantize from f32 without an importance matrix): llama.cpp itself, and ortserve on its codes"
         " imported exactly.",
         "- onnxruntime-genai and transformers run in-process (no HTTP) with the same token counts and definitions;"

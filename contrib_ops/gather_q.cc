@@ -63,7 +63,8 @@ struct GatherQ {
         float* row = out + t * K_ + b * kQBlock;
         const int64_t columns = std::min(kQBlock, K_ - b * kQBlock);
         if constexpr (kQSub16Of<Bits>) {
-          Sub16Row(block, ScaleValue(s[(g * super_blocks + b / kQSuperBlocks) * kQGroup + r]), r, columns, row);
+          const ScaleT* sd = s + (g * super_blocks + b / kQSuperBlocks) * (kQSub16MinsOf<Bits> ? 2 : 1) * kQGroup + r;
+          Sub16Row(block, ScaleValue(sd[0]), kQSub16MinsOf<Bits> ? ScaleValue(sd[kQGroup]) : 0.f, r, columns, row);
         } else if constexpr (Bits == kQ4XS) {  // d * (ls - 32), centred: the int8 ls - 32 follow the codes
           const float d = ScaleValue(s[(g * super_blocks + b / kQSuperBlocks) * kQGroup + r]) *
                           static_cast<float>(static_cast<int8_t>(block[kQCodeBytesOf<Bits> + r]));
@@ -90,11 +91,16 @@ struct GatherQ {
     for (int64_t i = 0; i < columns; ++i) row[i] = d * static_cast<float>(Code(block, r, i)) + m;
   }
 
-  // MatMulQ3K's and Q6K's row r: (d * sc) * (q - middle), as gguf's dequantiser forms it.
-  static void Sub16Row(const uint8_t* block, float d, int64_t r, int64_t columns, float* row) {
+  // MatMulQ3K's and Q6K's row r: (d * sc) * (q - middle); MatMulQ2K's (d * sc) * q + (-dmin * mn), the sc and mn u8
+  // nibbles: as gguf's dequantiser forms them.
+  static void Sub16Row(const uint8_t* block, float d, float minus_dmin, int64_t r, int64_t columns, float* row) {
     for (int64_t i = 0; i < columns; ++i) {
-      const int8_t sub = static_cast<int8_t>(block[kQSubScalesOf<Bits> + kQGroup * (i / 16) + r]);
-      row[i] = d * static_cast<float>(sub) * static_cast<float>(Code(block, r, i) - kQMiddleOf<Bits>);
+      const uint8_t byte = block[kQSubScalesOf<Bits> + kQGroup * (i / 16) + r];
+      const float code = static_cast<float>(Code(block, r, i) - kQMiddleOf<Bits>);
+      if constexpr (kQSub16MinsOf<Bits>)
+        row[i] = d * static_cast<float>(byte & 0x0F) * code + minus_dmin * static_cast<float>(byte >> 4);
+      else
+        row[i] = d * static_cast<float>(static_cast<int8_t>(byte)) * code;
     }
   }
 
@@ -103,6 +109,7 @@ struct GatherQ {
     const int64_t q = i / 4, lane = 4 * r + i % 4;
     constexpr int kCode = kQCodeOf<Bits>;
     if constexpr (kCode == 8) return block[64 * q + lane];
+    if constexpr (kCode == kQ2K) return (block[64 * (q % 2) + lane] >> (2 * (q / 2))) & 3;
     if constexpr (kCode == kQ3K)
       return ((block[64 * (q % 2) + lane] >> (2 * (q / 2))) & 3) | ((block[kQ3KThirdBits + 8 * q + lane / 8] >> (lane % 8)) & 1) << 2;
     int32_t code = q < 4 ? block[64 * q + lane] & 0x0F : block[64 * (q - 4) + lane] >> 4;

@@ -16,10 +16,10 @@ namespace {
 
 using namespace ortserve;
 using Ort::Custom::Tensor;
-using QuantizeFn = void (*)(const float*, int64_t, int64_t, bool, int8_t*, float*);
+using QuantizeFn = void (*)(const float*, int64_t, int64_t, bool, int8_t*, float*, float*);
 using AdaptFn = void (*)(int, int8_t*, int64_t);
 using TileFn = void (*)(int, const uint8_t*, const void*, bool, bool, const int8_t*, const float*, const float*,
-                        float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
+                        const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
 
 struct Kernels {
   QuantizeFn quantize;
@@ -51,7 +51,7 @@ struct Job {
   const void* scales;
   bool half, residual;
   int8_t* xq;
-  float* xs;
+  float *xs, *halves;  // halves: MatMulQ2K's, else nullptr
   const float *x, *bias;
   float* y;
   int64_t T, K, KB, N, G;
@@ -69,8 +69,8 @@ void RunTask(void* data, size_t task) {
   const int64_t t0 = tile / job->group_tiles.count * job->rows_per_task;
   const int64_t t1 = std::min(t0 + job->rows_per_task, job->Rows());
   const int64_t g0 = job->group_tiles.Begin(group_tile), g1 = job->group_tiles.End(group_tile);
-  job->kernels->tile(job->bits, job->codes, job->scales, job->half, job->residual, job->xq, job->xs, job->bias, job->y, job->KB,
-                     job->N, t0, t1, g0, g1);
+  job->kernels->tile(job->bits, job->codes, job->scales, job->half, job->residual, job->xq, job->xs, job->halves,
+                     job->bias, job->y, job->KB, job->N, t0, t1, g0, g1);
 }
 
 void QuantizeTask(void* data, size_t task) {
@@ -78,7 +78,8 @@ void QuantizeTask(void* data, size_t task) {
   const int64_t t0 = static_cast<int64_t>(task) * kRowsPerTask, rows = std::min(kRowsPerTask, job->T - t0);
   const int64_t r0 = job->residual ? 2 * t0 : t0;
   int8_t* xq = job->xq + r0 * job->KB * kQBlock;
-  job->kernels->quantize(job->x + t0 * job->K, rows, job->K, job->residual, xq, job->xs + r0 * job->KB * 2);
+  job->kernels->quantize(job->x + t0 * job->K, rows, job->K, job->residual, xq, job->xs + r0 * job->KB * 2,
+                         job->halves ? job->halves + r0 * job->KB * 2 : nullptr);
   job->kernels->adapt(job->bits, xq, (job->residual ? 2 : 1) * rows * job->KB * kQBlock);
 }
 
@@ -132,14 +133,15 @@ struct MatMulQ {
     const bool residual = activation_bits_ == 16;
     const int64_t rows = residual ? 2 * T : T;
     thread_local std::vector<int8_t> xq;
-    thread_local std::vector<float> xscales;
+    thread_local std::vector<float> xscales, halves;
     xq.resize(static_cast<size_t>(rows * KB * kQBlock));
     xscales.resize(static_cast<size_t>(rows * KB * 2));
+    if constexpr (kQSub16MinsOf<Bits>) halves.resize(static_cast<size_t>(rows * KB * 2));
     const bool decode = rows <= kWholeRows;
     const uint8_t* codes_data = codes_copy_ ? codes_copy_.get() : codes.Data();
     const void* scales_data = scales_copy_ ? static_cast<const void*>(scales_copy_.get()) : scales.Data();
     Job job{Bits, codes_data, scales_data, std::is_same_v<ScaleT, Ort::Float16_t>, residual, xq.data(), xscales.data(),
-            rows_in, bias_data, out, T, K, KB, N_, G, decode ? rows : kRowsPerTask,
+            kQSub16MinsOf<Bits> ? halves.data() : nullptr, rows_in, bias_data, out, T, K, KB, N_, G, decode ? rows : kRowsPerTask,
             decode ? DecodeTiles(G) : TilesOf(G, kGroupsPerTask), &kernels_};
     const bool serial = rows * G * KB * kBlockBytes < kSerialWork;
     const size_t row_tasks = static_cast<size_t>((T + kRowsPerTask - 1) / kRowsPerTask);

@@ -3,7 +3,8 @@
 // columns and scales [G, ceil(KB / 8), 16] of d, since 11; MatMulQ4K and MatMulQ5K, GGUF's Q4_K and Q5_K with their
 // u8 sub-scales and mins beside the codes and scales [G, ceil(KB / 8), 2, 16] of d and -dmin, since 12; the centred
 // MatMulQ4S / Q5S / Q8S / Q4NLS, scales [G, KB, 16] of d, since 13; MatMulQ3K, GGUF's Q3_K, as MatMulQ6K with 3-bit
-// codes, since 14): y = x @ W.T (+ bias)
+// codes, since 14; MatMulQ4XS, GGUF's IQ4_XS, since 15; MatMulQ2K, GGUF's Q2_K, 2-bit codes with a u8 sub-scale and
+// min per 16 columns beside them and scales [G, ceil(KB / 8), 2, 16] of d and -dmin, since 16): y = x @ W.T (+ bias)
 // for a 4- or 8-bit block-quantised W [N, K], w = d * q + m per row and block of 32 columns, with x
 // quantised to int8 per block of 32 on the way in (as llama.cpp's Q4_1 x Q8_1 dot product), or with
 // activation_bits = 16 to int8 plus an int8 residual (two integer passes; x held to about 16 bits):

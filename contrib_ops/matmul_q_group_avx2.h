@@ -6,6 +6,8 @@
 
 constexpr int kTileRows = 8;
 constexpr bool kRowsOuter = false;  // groups outer, as the widened tiles need
+// QuantizePairAt stores a pair's codes as int16 codes 256 * xq + xq', not as its two int8 rows.
+constexpr bool kPairCodes16 = true;
 
 ALWAYS_INLINE float HorizontalMax(__m256 v) {
   __m128 r = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

@@ -7,6 +7,8 @@
 // tile's activations stay in L1 while the task's groups' codes pass from L2.
 constexpr int kTileRows = 16;
 constexpr bool kRowsOuter = true;
+// QuantizePairAt stores a pair's codes as its two int8 rows (not as int16 codes 256 * xq + xq').
+constexpr bool kPairCodes16 = false;
 
 // Only the AVX2 build widens a block's codes once for many pairs (matmul_q_group_avx2.h); declared for
 // matmul_q_kernel.cc's Tile, which never calls it here.

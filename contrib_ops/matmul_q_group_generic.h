@@ -4,6 +4,8 @@
 
 constexpr int kTileRows = 2;
 constexpr bool kRowsOuter = false;
+// QuantizePairAt stores a pair's codes as its two int8 rows (not as int16 codes 256 * xq + xq').
+constexpr bool kPairCodes16 = false;
 
 // Only the AVX2 build widens a block's codes once for many pairs (matmul_q_group_avx2.h); declared for
 // matmul_q_kernel.cc's Tile, which never calls it here.

@@ -36,11 +36,12 @@ template <int Bits>
 constexpr int64_t kScaleVectors = kQCentredOf<Bits> ? 1 : 2;
 
 // A group's scales: a (d, m) pair of vectors a block (centred: d alone), MatMulQ3K's and Q6K's one d vector for
-// kQSuperBlocks blocks, MatMulQ4K's and Q5K's (d, -dmin) pair of vectors for kQSuperBlocks blocks, or MatMulQ4XS's d.
+// kQSuperBlocks blocks, MatMulQ4K's, Q5K's and Q2K's (d, -dmin) pair of vectors for kQSuperBlocks blocks, or
+// MatMulQ4XS's d.
 template <int Bits>
 constexpr int64_t GroupScales(int64_t KB) {
   const int64_t super_blocks = (KB + kQSuperBlocks - 1) / kQSuperBlocks;
-  return kQSub16Of<Bits>             ? super_blocks * kQGroup
+  return kQSub16Of<Bits>             ? super_blocks * (kQSub16MinsOf<Bits> ? 2 : 1) * kQGroup
          : kQSuperBlockDMOf<Bits>    ? super_blocks * kScaleVectors<Bits> * kQGroup
                                      : KB * kScaleVectors<Bits> * kQGroup;
 }
@@ -104,8 +105,8 @@ ALWAYS_INLINE void PrefetchAhead(const uint8_t* block_codes, const S* block_scal
 #include "matmul_q_sub16_group.h"
 
 template <int Bits, typename S, int MT, bool Pairs>
-void TileRows(const uint8_t* codes, const S* scales, const int8_t* xq, const float* xs, const float* bias, float* y,
-              int64_t KB, int64_t N, int64_t t, int64_t g0, int64_t g1) {
+void TileRows(const uint8_t* codes, const S* scales, const int8_t* xq, const float* xs, const float* hs,
+              const float* bias, float* y, int64_t KB, int64_t N, int64_t t, int64_t g0, int64_t g1) {
   const int64_t xq_stride = KB * kQBlock, xs_stride = 2 * KB;
   float* y_rows = y + (Pairs ? t / 2 : t) * N;
   for (int64_t g = g0; g < g1; ++g) {
@@ -115,7 +116,8 @@ void TileRows(const uint8_t* codes, const S* scales, const int8_t* xq, const flo
     const int64_t valid = MinI(kQGroup, N - n0);
     if constexpr (kQSub16Of<Bits>)
       GroupRowsSub16<Bits, S, MT, Pairs>(group_codes, group_scales, xq + t * xq_stride, xq_stride, xs + t * xs_stride,
-                                         xs_stride, bias ? bias + n0 : nullptr, y_rows + n0, N, KB, valid);
+                                         hs ? hs + t * xs_stride : nullptr, xs_stride, bias ? bias + n0 : nullptr,
+                                         y_rows + n0, N, KB, valid);
     else
       GroupRows<Bits, S, MT, Pairs>(group_codes, group_scales, xq + t * xq_stride, xq_stride, xs + t * xs_stride,
                                     xs_stride, bias ? bias + n0 : nullptr, y_rows + n0, N, KB, valid);
@@ -124,24 +126,25 @@ void TileRows(const uint8_t* codes, const S* scales, const int8_t* xq, const flo
 
 // The last rows < kTileRows of a range, in one pass over the weights (Pairs: an even count).
 template <int Bits, typename S, int MT, bool Pairs>
-void LastRows(const uint8_t* codes, const S* scales, const int8_t* xq, const float* xs, const float* bias, float* y,
-              int64_t KB, int64_t N, int64_t t, int64_t rows, int64_t g0, int64_t g1) {
+void LastRows(const uint8_t* codes, const S* scales, const int8_t* xq, const float* xs, const float* hs,
+              const float* bias, float* y, int64_t KB, int64_t N, int64_t t, int64_t rows, int64_t g0, int64_t g1) {
   constexpr int kStep = Pairs ? 2 : 1;
   if constexpr (MT > kStep) {
-    if (rows < MT) return LastRows<Bits, S, MT - kStep, Pairs>(codes, scales, xq, xs, bias, y, KB, N, t, rows, g0, g1);
+    if (rows < MT)
+      return LastRows<Bits, S, MT - kStep, Pairs>(codes, scales, xq, xs, hs, bias, y, KB, N, t, rows, g0, g1);
   }
-  if constexpr (MT >= 1) TileRows<Bits, S, MT, Pairs>(codes, scales, xq, xs, bias, y, KB, N, t, g0, g1);
+  if constexpr (MT >= 1) TileRows<Bits, S, MT, Pairs>(codes, scales, xq, xs, hs, bias, y, KB, N, t, g0, g1);
 }
 
 template <int Bits, typename S, bool Pairs>
-void Tile(const uint8_t* codes, const S* scales, const int8_t* xq, const float* xs, const float* bias, float* y,
-          int64_t KB, int64_t N, int64_t t0, int64_t t1, int64_t g0, int64_t g1) {
+void Tile(const uint8_t* codes, const S* scales, const int8_t* xq, const float* xs, const float* hs, const float* bias,
+          float* y, int64_t KB, int64_t N, int64_t t0, int64_t t1, int64_t g0, int64_t g1) {
   constexpr int kLast = kTileRows - (Pairs ? 2 : 1);  // the most rows a last tile can have
   if (kRowsOuter && t1 - t0 > 2 * kTileRows) {  // a prefill task: its codes come from L2, not memory
     int64_t t = t0;
     for (; t + kTileRows <= t1; t += kTileRows)  // each tile of rows stays in L1 while its groups pass
-      TileRows<Bits, S, kTileRows, Pairs>(codes, scales, xq, xs, bias, y, KB, N, t, g0, g1);
-    if (t < t1) LastRows<Bits, S, kLast, Pairs>(codes, scales, xq, xs, bias, y, KB, N, t, t1 - t, g0, g1);
+      TileRows<Bits, S, kTileRows, Pairs>(codes, scales, xq, xs, hs, bias, y, KB, N, t, g0, g1);
+    if (t < t1) LastRows<Bits, S, kLast, Pairs>(codes, scales, xq, xs, hs, bias, y, KB, N, t, t1 - t, g0, g1);
     return;
   }
   for (int64_t g = g0; g < g1; ++g) {  // a group's codes stay in L1 while every tile of rows passes
@@ -159,32 +162,56 @@ void Tile(const uint8_t* codes, const S* scales, const int8_t* xq, const float* 
       }
     }
     for (; t + kTileRows <= t1; t += kTileRows)
-      TileRows<Bits, S, kTileRows, Pairs>(codes, scales, xq, xs, bias, y, KB, N, t, g, g + 1);
-    if (t < t1) LastRows<Bits, S, kLast, Pairs>(codes, scales, xq, xs, bias, y, KB, N, t, t1 - t, g, g + 1);
+      TileRows<Bits, S, kTileRows, Pairs>(codes, scales, xq, xs, hs, bias, y, KB, N, t, g, g + 1);
+    if (t < t1) LastRows<Bits, S, kLast, Pairs>(codes, scales, xq, xs, hs, bias, y, KB, N, t, t1 - t, g, g + 1);
   }
 }
 
 template <int Bits, typename S>
-void TileOf(const uint8_t* codes, const S* scales, bool pairs, const int8_t* xq, const float* xs, const float* bias,
-            float* y, int64_t KB, int64_t N, int64_t t0, int64_t t1, int64_t g0, int64_t g1) {
+void TileOf(const uint8_t* codes, const S* scales, bool pairs, const int8_t* xq, const float* xs, const float* hs,
+            const float* bias, float* y, int64_t KB, int64_t N, int64_t t0, int64_t t1, int64_t g0, int64_t g1) {
   if (pairs)
-    Tile<Bits, S, true>(codes, scales, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
+    Tile<Bits, S, true>(codes, scales, xq, xs, hs, bias, y, KB, N, t0, t1, g0, g1);
   else
-    Tile<Bits, S, false>(codes, scales, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
+    Tile<Bits, S, false>(codes, scales, xq, xs, hs, bias, y, KB, N, t0, t1, g0, g1);
 }
 
 template <int Bits>
 void TileOfBits(const uint8_t* codes, const void* scales, bool half, bool pairs, const int8_t* xq, const float* xs,
-                const float* bias, float* y, int64_t KB, int64_t N, int64_t t0, int64_t t1, int64_t g0, int64_t g1) {
+                const float* hs, const float* bias, float* y, int64_t KB, int64_t N, int64_t t0, int64_t t1,
+                int64_t g0, int64_t g1) {
   if (half)
-    TileOf<Bits>(codes, static_cast<const uint16_t*>(scales), pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
+    TileOf<Bits>(codes, static_cast<const uint16_t*>(scales), pairs, xq, xs, hs, bias, y, KB, N, t0, t1, g0, g1);
   else
-    TileOf<Bits>(codes, static_cast<const float*>(scales), pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
+    TileOf<Bits>(codes, static_cast<const float*>(scales), pairs, xq, xs, hs, bias, y, KB, N, t0, t1, g0, g1);
+}
+
+// MatMulQ2K's halves of block b (see the header), from the codes QuantizePairAt / QuantizeAt stored: a row's, or
+// with a residual the pair's two int8 rows (kPairCodes16: this build's int16 codes 256 * xq + xq', whose low byte is
+// xq', |xq'| <= 127; each half of a block is 16 of them, in an order of their own).
+void HalfSums(const int8_t* xq, const float* xs, int64_t KB, int64_t b, bool residual, float* halves) {
+  for (int64_t h = 0; h < 2; ++h) {
+    int32_t coarse = 0, fine = 0;
+    for (int64_t i = 0; i < kQBlock / 2; ++i) {
+      const int64_t at = kQBlock * b + kQBlock / 2 * h + i;
+      if (residual && kPairCodes16) {
+        int16_t code;
+        __builtin_memcpy(&code, xq + 2 * at, 2);
+        const int32_t low = static_cast<int8_t>(static_cast<uint8_t>(code & 0xFF));
+        coarse += (code - low) >> kResidualShift, fine += low;
+      } else {
+        coarse += xq[at];
+        if (residual) fine += xq[kQBlock * KB + at];
+      }
+    }
+    halves[2 * b + h] = xs[2 * b] * static_cast<float>(coarse);
+    if (residual) halves[2 * KB + 2 * b + h] = xs[2 * KB + 2 * b] * static_cast<float>(fine);
+  }
 }
 
 // A row of x to int8 blocks and, with a residual, the part of each block the codes miss (see the
-// header and QuantizePairAt).
-void QuantizeRow(const float* x, int64_t K, int64_t KB, bool residual, int8_t* xq, float* xs) {
+// header and QuantizePairAt); halves, if any, MatMulQ2K's.
+void QuantizeRow(const float* x, int64_t K, int64_t KB, bool residual, int8_t* xq, float* xs, float* halves) {
   float pad[kQBlock];
   for (int64_t b = 0; b < KB; ++b) {
     const int64_t k0 = b * kQBlock;
@@ -192,61 +219,65 @@ void QuantizeRow(const float* x, int64_t K, int64_t KB, bool residual, int8_t* x
     const float amax = BlockAmax(in), inverse = Inverse(amax);
     if (!residual) {
       BlockScales(amax, QuantizeAt(in, inverse, xq + k0), xs + 2 * b);
-      continue;
+    } else {
+      int32_t sums[2];
+      const float dx = CodeStep(amax);
+      QuantizePairAt(in, inverse, dx, xq, KB, b, sums);
+      BlockScales(amax, sums[0], xs + 2 * b);
+      const float fine = dx / kResidualSteps;
+      xs[2 * KB + 2 * b] = fine;
+      xs[2 * KB + 2 * b + 1] = fine * static_cast<float>(sums[1]);
     }
-    int32_t sums[2];
-    const float dx = CodeStep(amax);
-    QuantizePairAt(in, inverse, dx, xq, KB, b, sums);
-    BlockScales(amax, sums[0], xs + 2 * b);
-    const float fine = dx / kResidualSteps;
-    xs[2 * KB + 2 * b] = fine;
-    xs[2 * KB + 2 * b + 1] = fine * static_cast<float>(sums[1]);
+    if (halves) HalfSums(xq, xs, KB, b, residual, halves);
   }
 }
 
 }  // namespace
 
-void QuantizeRows(const float* x, int64_t T, int64_t K, bool residual, int8_t* xq, float* xs) {
+void QuantizeRows(const float* x, int64_t T, int64_t K, bool residual, int8_t* xq, float* xs, float* halves) {
   const int64_t KB = (K + kQBlock - 1) / kQBlock, rows = residual ? 2 : 1;
   for (int64_t t = 0; t < T; ++t)
-    QuantizeRow(x + t * K, K, KB, residual, xq + t * rows * KB * kQBlock, xs + t * rows * KB * 2);
+    QuantizeRow(x + t * K, K, KB, residual, xq + t * rows * KB * kQBlock, xs + t * rows * KB * 2,
+                halves ? halves + t * rows * KB * 2 : nullptr);
 }
 
 void AdaptRows(int bits, int8_t* xq, int64_t count) {
-  if ((bits != kQ3K && bits != kQ6K) || !kSub16UnsignedRows) return;
+  if ((bits != kQ2K && bits != kQ3K && bits != kQ6K) || !kSub16UnsignedRows) return;
   uint8_t* bytes = reinterpret_cast<uint8_t*>(xq);
   for (int64_t i = 0; i < count; ++i) bytes[i] ^= 0x80;
 }
 
 void QTile(int bits, const uint8_t* codes, const void* scales, bool half, bool pairs, const int8_t* xq,
-           const float* xs, const float* bias, float* y, int64_t KB, int64_t N, int64_t t0, int64_t t1, int64_t g0,
-           int64_t g1) {
+           const float* xs, const float* halves, const float* bias, float* y, int64_t KB, int64_t N, int64_t t0,
+           int64_t t1, int64_t g0, int64_t g1) {
   if (bits == 4)
-    TileOfBits<4>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
+    TileOfBits<4>(codes, scales, half, pairs, xq, xs, halves, bias, y, KB, N, t0, t1, g0, g1);
   else if (bits == (4 | kQCentred))
-    TileOfBits<4 | kQCentred>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
+    TileOfBits<4 | kQCentred>(codes, scales, half, pairs, xq, xs, halves, bias, y, KB, N, t0, t1, g0, g1);
   else if (bits == (5 | kQCentred))
-    TileOfBits<5 | kQCentred>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
+    TileOfBits<5 | kQCentred>(codes, scales, half, pairs, xq, xs, halves, bias, y, KB, N, t0, t1, g0, g1);
   else if (bits == (8 | kQCentred))
-    TileOfBits<8 | kQCentred>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
+    TileOfBits<8 | kQCentred>(codes, scales, half, pairs, xq, xs, halves, bias, y, KB, N, t0, t1, g0, g1);
   else if (bits == (kQ4NL | kQCentred))
-    TileOfBits<kQ4NL | kQCentred>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
+    TileOfBits<kQ4NL | kQCentred>(codes, scales, half, pairs, xq, xs, halves, bias, y, KB, N, t0, t1, g0, g1);
   else if (bits == kQ4NL)
-    TileOfBits<kQ4NL>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
+    TileOfBits<kQ4NL>(codes, scales, half, pairs, xq, xs, halves, bias, y, KB, N, t0, t1, g0, g1);
   else if (bits == kQ6K)
-    TileOfBits<kQ6K>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
+    TileOfBits<kQ6K>(codes, scales, half, pairs, xq, xs, halves, bias, y, KB, N, t0, t1, g0, g1);
+  else if (bits == kQ2K)
+    TileOfBits<kQ2K>(codes, scales, half, pairs, xq, xs, halves, bias, y, KB, N, t0, t1, g0, g1);
   else if (bits == kQ3K)
-    TileOfBits<kQ3K>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
+    TileOfBits<kQ3K>(codes, scales, half, pairs, xq, xs, halves, bias, y, KB, N, t0, t1, g0, g1);
   else if (bits == kQ4XS)
-    TileOfBits<kQ4XS>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
+    TileOfBits<kQ4XS>(codes, scales, half, pairs, xq, xs, halves, bias, y, KB, N, t0, t1, g0, g1);
   else if (bits == kQ4K)
-    TileOfBits<kQ4K>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
+    TileOfBits<kQ4K>(codes, scales, half, pairs, xq, xs, halves, bias, y, KB, N, t0, t1, g0, g1);
   else if (bits == kQ5K)
-    TileOfBits<kQ5K>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
+    TileOfBits<kQ5K>(codes, scales, half, pairs, xq, xs, halves, bias, y, KB, N, t0, t1, g0, g1);
   else if (bits == 5)
-    TileOfBits<5>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
+    TileOfBits<5>(codes, scales, half, pairs, xq, xs, halves, bias, y, KB, N, t0, t1, g0, g1);
   else
-    TileOfBits<8>(codes, scales, half, pairs, xq, xs, bias, y, KB, N, t0, t1, g0, g1);
+    TileOfBits<8>(codes, scales, half, pairs, xq, xs, halves, bias, y, KB, N, t0, t1, g0, g1);
 }
 
 }  // namespace ORTSERVE_ISA

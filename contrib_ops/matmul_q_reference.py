@@ -1,7 +1,7 @@
 """Numpy references of ortserve's quantised linears and lookups (domain ``ortserve``): MatMulQ4 / Q5 / Q8 / Q4NL,
-their centred forms (Q4S / Q5S / Q8S / Q4NLS), MatMulQ4XS, MatMulQ4K / Q5K, the sub16 MatMulQ3K / Q6K and the GatherQ
-of each, with their weight layouts (``pack_q``, ``pack_q4xs``, ``pack_qk``, ``pack_sub16``) and the activations'
-quantisation (``quantize_activations``).
+their centred forms (Q4S / Q5S / Q8S / Q4NLS), MatMulQ4XS, MatMulQ4K / Q5K, the sub16 MatMulQ2K / Q3K / Q6K and the
+GatherQ of each, with their weight layouts (``pack_q``, ``pack_q4xs``, ``pack_qk``, ``pack_sub16``, ``pack_q2k``) and
+the activations' quantisation (``quantize_activations``).
 
 This file is the specification: the C++ ops in ``contrib_ops/`` (``matmul_q_kernel.h`` has the layouts) must match it.
 """
@@ -127,12 +127,8 @@ def pack_qk(codes, sub_scales, mins, d, dmin, bits=4, scale_dtype=np.float16):
     sub = np.zeros((groups * Q_GROUP, k_blocks, 2), np.uint8)
     sub[:n, :, 0], sub[:n, :, 1] = sub_scales, mins
     sub = sub.reshape(groups, Q_GROUP, k_blocks, 2).transpose(0, 2, 3, 1).reshape(groups, k_blocks, QK_SUB_BYTES)
-    super_blocks = -(-k_blocks // Q_SUPER_BLOCKS)
-    scales = np.zeros((groups * Q_GROUP, super_blocks, 2), np.float32)
-    scales[:n, :, 0], scales[:n, :, 1] = d, -np.asarray(dmin, np.float32)
-    scales = scales.reshape(groups, Q_GROUP, super_blocks, 2).transpose(0, 2, 3, 1)
     packed = np.concatenate([packed, sub], axis=-1)
-    return np.ascontiguousarray(packed), np.ascontiguousarray(scales.astype(scale_dtype))
+    return np.ascontiguousarray(packed), _super_block_scales(d, groups, k_blocks, scale_dtype, dmin)
 
 
 def unpack_qk(packed, scales, n, k):
@@ -144,9 +140,8 @@ def unpack_qk(packed, scales, n, k):
     codes, _, _ = unpack_q(packed[..., : width - QK_SUB_BYTES], unit, n, k)
     sub = packed[..., width - QK_SUB_BYTES :].reshape(groups, k_blocks, 2, Q_GROUP).transpose(0, 3, 1, 2)
     sub = sub.reshape(groups * Q_GROUP, k_blocks, 2)[:n]
-    s = np.asarray(scales, np.float32).transpose(0, 3, 1, 2).reshape(groups * Q_GROUP, -1, 2)[:n]
-    fields = (sub[..., 0], sub[..., 1], s[..., 0], -s[..., 1])
-    return (codes, *(np.ascontiguousarray(f) for f in fields))
+    d, dmin = _super_block_d(scales, n, k)
+    return (codes, *(np.ascontiguousarray(f) for f in (sub[..., 0], sub[..., 1], d, dmin)))
 
 
 Q4XS_BLOCK_BYTES = Q_BLOCK_BYTES[4] + Q_GROUP  # MatMulQ4XS: MatMulQ4NL's 4-bit layout, then 16 int8 sub-scales
@@ -177,19 +172,21 @@ def unpack_q4xs(packed, scales, n, k):
     return indices, np.ascontiguousarray(sub), np.ascontiguousarray(_super_block_d(scales, n, k))
 
 
-SUB16_BLOCK_BYTES = {3: 224, 6: 416}  # MatMulQ3K / MatMulQ6K: a block's codes, then 2 x 16 int8 sub-scales
-SUB16_MIDDLE = {3: 4, 6: 32}  # their codes' middle: w = d * sc * (q - middle)
+# MatMulQ3K / MatMulQ6K: a block's codes, then 2 x 16 int8 sub-scales; MatMulQ2K: its codes, then 2 x 16 u8 sc | mn << 4
+SUB16_BLOCK_BYTES = {2: 160, 3: 224, 6: 416}
+SUB16_MIDDLE = {2: 0, 3: 4, 6: 32}  # their codes' middle: w = d * sc * (q - middle) (MatMulQ2K: - dmin * mn)
 _SUB16_BITS = {width: bits for bits, width in SUB16_BLOCK_BYTES.items()}
 
 
 def pack_sub16(codes, sub_scales, d, bits=6, scale_dtype=np.float16):
     """The weight layout (contrib_ops/matmul_q_kernel.h) of MatMulQ6K (``bits`` 6, GGUF's Q6_K, W = d * sc * (q - 32))
-    or MatMulQ3K (3, Q3_K, W = d * sc * (q - 4)): codes uint8 [N, K] (0..2^bits - 1), sc int8 [N, ceil(K / 16)] per
-    row and 16 columns, d [N, ceil(K / 256)] per row and 256 columns -> (packed uint8 [G, KB, 416 | 224], scales
-    [G, ceil(KB / 8), 16] of scale_dtype: d). A Q6K block is pack_q's 5-bit block of q & 31, then the sixth bits in
-    the fifth bits' layout; a Q3K block is q & 3 of vectors c, c + 2, c + 4, c + 6 at bits 0, 2, 4, 6 of the bytes
-    of vector c < 2 (128 bytes), then the third bits in the fifth bits' layout. Either ends with the 16 rows' sc
-    of the block's columns 0..15, then those of 16..31; padding is 0."""
+    or MatMulQ3K (3, Q3_K, W = d * sc * (q - 4)) (2: MatMulQ2K's codes and sub-scale bytes, for ``pack_q2k``):
+    codes uint8 [N, K] (0..2^bits - 1), sc int8 [N, ceil(K / 16)] per row and 16 columns, d [N, ceil(K / 256)] per
+    row and 256 columns -> (packed uint8 [G, KB, 416 | 224 | 160], scales [G, ceil(KB / 8), 16] of scale_dtype: d).
+    A Q6K block is pack_q's 5-bit block of q & 31, then the sixth bits in the fifth bits' layout; a Q3K block is q & 3
+    of vectors c, c + 2, c + 4, c + 6 at bits 0, 2, 4, 6 of the bytes of vector c < 2 (128 bytes), then the third bits
+    in the fifth bits' layout (a Q2K block: those 128 bytes alone). Either ends with the 16 rows' sc of the block's
+    columns 0..15, then those of 16..31; padding is 0."""
     codes = np.asarray(codes, np.uint8)
     n, k = codes.shape
     groups, k_blocks = -(-n // Q_GROUP), -(-k // Q_BLOCK)
@@ -201,86 +198,132 @@ def pack_sub16(codes, sub_scales, d, bits=6, scale_dtype=np.float16):
         eight, _ = pack_q(codes & 3, none, none, 8)  # [G, KB, 512]: vector v's 64 bytes at 64v
         v = eight.reshape(groups, k_blocks, 4, 2, 64)  # [.., p, c, lane]: vector c + 2p
         low = (v[:, :, 0] | v[:, :, 1] << 2 | v[:, :, 2] << 4 | v[:, :, 3] << 6).reshape(groups, k_blocks, 128)
-    sub = np.zeros((groups * Q_GROUP, 2 * k_blocks), np.int8)
-    sub[:n, : sub_scales.shape[1]] = sub_scales
-    sub = sub.reshape(groups, Q_GROUP, k_blocks, 2).transpose(0, 2, 3, 1).reshape(groups, k_blocks, 2 * Q_GROUP)
-    packed = np.concatenate([low, top[..., Q_BLOCK_BYTES[4] :], sub.view(np.uint8)], axis=-1)
+    top_bits = top[..., Q_BLOCK_BYTES[4] :] if bits > 2 else top[..., :0]
+    packed = np.concatenate([low, top_bits, _per_half(sub_scales, groups, k_blocks, np.int8).view(np.uint8)], axis=-1)
     return np.ascontiguousarray(packed), _super_block_scales(d, groups, k_blocks, scale_dtype)
 
 
-def _super_block_scales(d, groups, k_blocks, scale_dtype):
-    """d [N, ceil(K / 256)] as scales [G, ceil(KB / 8), 16] of scale_dtype (padding 0)."""
+def pack_q2k(codes, sub_scales, mins, d, dmin, scale_dtype=np.float16):
+    """MatMulQ2K's weight layout (contrib_ops/matmul_q_kernel.h) of W = d * sc * q - dmin * mn, GGUF's Q2_K: codes
+    uint8 [N, K] (0..3), sc and mn uint8 [N, ceil(K / 16)] (0..15) per row and 16 columns, d and dmin [N, ceil(K /
+    256)] -> (packed uint8 [G, KB, 160], scales [G, ceil(KB / 8), 2, 16] of scale_dtype: d, then -dmin). A block is
+    MatMulQ3K's 2-bit fields of the codes, then sc | mn << 4 of the 16 rows for columns 0..15, then for 16..31."""
+    n, k = np.shape(codes)
+    sub = (np.asarray(sub_scales, np.uint8) | np.asarray(mins, np.uint8) << 4).view(np.int8)
+    packed, _ = pack_sub16(codes, sub, np.zeros((n, 1), np.float32), 2)
+    return packed, _super_block_scales(d, -(-n // Q_GROUP), -(-k // Q_BLOCK), scale_dtype, dmin)
+
+
+def _per_half(values, groups, k_blocks, dtype):
+    """A value per row and 16 columns [N, <= 2 KB] as a block's bytes [G, KB, 32]: the 16 rows' for columns 0..15,
+    then for 16..31 (padding 0)."""
+    out = np.zeros((groups * Q_GROUP, 2 * k_blocks), dtype)
+    out[: values.shape[0], : values.shape[1]] = values
+    return out.reshape(groups, Q_GROUP, k_blocks, 2).transpose(0, 2, 3, 1).reshape(groups, k_blocks, 2 * Q_GROUP)
+
+
+def _super_block_scales(d, groups, k_blocks, scale_dtype, dmin=None):
+    """d [N, ceil(K / 256)] as scales [G, ceil(KB / 8), 16] of scale_dtype (padding 0); with dmin, [G, ceil(KB / 8),
+    2, 16]: d, then -dmin."""
     super_blocks = -(-k_blocks // Q_SUPER_BLOCKS)
-    scales = np.zeros((groups * Q_GROUP, super_blocks), np.float32)
-    scales[: d.shape[0], : d.shape[1]] = d
-    return np.ascontiguousarray(scales.reshape(groups, Q_GROUP, super_blocks).transpose(0, 2, 1).astype(scale_dtype))
+    fields = [d] if dmin is None else [d, -np.asarray(dmin, np.float32)]
+    scales = np.zeros((groups * Q_GROUP, super_blocks, len(fields)), np.float32)
+    for i, f in enumerate(fields):
+        scales[: f.shape[0], : f.shape[1], i] = f
+    scales = scales.reshape(groups, Q_GROUP, super_blocks, len(fields)).transpose(0, 2, 3, 1)
+    return np.ascontiguousarray((scales[:, :, 0] if dmin is None else scales).astype(scale_dtype))
 
 
 def _super_block_d(scales, n, k):
-    """_super_block_scales' inverse: d float32 [N, ceil(K / 256)]."""
-    groups = scales.shape[0]
-    return np.asarray(scales, np.float32).transpose(0, 2, 1).reshape(groups * Q_GROUP, -1)[:n, : -(-k // 256)]
+    """_super_block_scales' inverse: d float32 [N, ceil(K / 256)], or (d, dmin) from scales [G, ceil(KB / 8), 2, 16]."""
+    s = np.asarray(scales, np.float32)
+    s = s[:, :, None] if s.ndim == 3 else s
+    fields = s.transpose(0, 3, 1, 2).reshape(s.shape[0] * Q_GROUP, s.shape[1], -1)[:n, : -(-k // 256)]
+    return fields[..., 0] if s.shape[2] == 1 else (fields[..., 0], -fields[..., 1])
 
 
 def sub16_bits(packed):
-    """A sub16 weight's code width, 3 or 6, from its block's bytes."""
+    """A sub16 weight's code width, 2, 3 or 6, from its block's bytes."""
     return _SUB16_BITS[packed.shape[-1]]
 
 
+def _from_halves(bytes_, n, k):
+    """_per_half's inverse: a block's 32 bytes [G, KB, 32] -> [N, ceil(K / 16)]."""
+    groups, k_blocks, _ = bytes_.shape
+    values = bytes_.reshape(groups, k_blocks, 2, Q_GROUP).transpose(0, 3, 1, 2)
+    return np.ascontiguousarray(values.reshape(groups * Q_GROUP, 2 * k_blocks)[:n, : -(-k // 16)])
+
+
 def unpack_sub16(packed, scales, n, k):
-    """pack_sub16's inverse: (codes uint8 [N, K], sc int8 [N, ceil(K / 16)], d float32 [N, ceil(K / 256)])."""
+    """pack_sub16's inverse: (codes uint8 [N, K], sc int8 [N, ceil(K / 16)], d float32 [N, ceil(K / 256)]); of a
+    MatMulQ2K weight (pack_q2k): (codes, sc, d, mn uint8 [N, ceil(K / 16)], dmin float32 [N, ceil(K / 256)])."""
     groups, k_blocks, width = packed.shape
     bits = sub16_bits(packed)
     packed = np.asarray(packed, np.uint8)
-    codes_end, top_end = width - 2 * Q_GROUP, width - 2 * Q_GROUP - 64
+    codes_end = width - 2 * Q_GROUP
     unit = np.zeros((groups, k_blocks, 2, Q_GROUP), np.float16)
-    nibbles = np.zeros((groups, k_blocks, Q_BLOCK_BYTES[4]), np.uint8)
-    top_block = np.concatenate([nibbles, packed[..., top_end:codes_end]], axis=-1)  # the top bits as fifth bits
-    top, _, _ = unpack_q(top_block, unit, n, k)
     if bits == 6:
         low, _, _ = unpack_q(packed[..., : Q_BLOCK_BYTES[5]], unit, n, k)
     else:
         shifts = (2 * np.arange(4, dtype=np.uint8))[:, None, None]  # vector c + 2p at bits 2p of c's bytes
         fields = (packed[..., :128].reshape(groups, k_blocks, 1, 2, 64) >> shifts) & 3
         low, _, _ = unpack_q(fields.reshape(groups, k_blocks, 512), unit, n, k)
+    sub = _from_halves(packed[..., codes_end:], n, k)
+    if bits == 2:
+        d, dmin = _super_block_d(scales, n, k)
+        return low, sub & 15, np.ascontiguousarray(d), sub >> 4, np.ascontiguousarray(dmin)
+    nibbles = np.zeros((groups, k_blocks, Q_BLOCK_BYTES[4]), np.uint8)
+    top_block = np.concatenate([nibbles, packed[..., codes_end - 64 : codes_end]], axis=-1)  # top bits as fifth bits
+    top, _, _ = unpack_q(top_block, unit, n, k)
     codes = low | ((top >> 4) << (bits - 1))
-    sub = packed[..., codes_end:].view(np.int8).reshape(groups, k_blocks, 2, Q_GROUP).transpose(0, 3, 1, 2)
-    sub = sub.reshape(groups * Q_GROUP, 2 * k_blocks)[:n, : -(-k // 16)]
-    return codes, np.ascontiguousarray(sub), np.ascontiguousarray(_super_block_d(scales, n, k))
+    return codes, sub.view(np.int8), np.ascontiguousarray(_super_block_d(scales, n, k))
+
+
+def _sub16_terms(packed, scales, n, k):
+    """(q - middle int64 [N, K], d * sc float32 [N, ceil(K / 16)], -dmin * mn float32 [N, ceil(K / 16)] or None)."""
+    codes, sub, d, *mins = unpack_sub16(packed, scales, n, k)
+    halves = np.arange(sub.shape[1]) // 16
+    step = d[:, halves] * sub.astype(np.float32)
+    offset = -(mins[1][:, halves] * mins[0].astype(np.float32)) if mins else None
+    return codes.astype(np.int64) - SUB16_MIDDLE[sub16_bits(packed)], step, offset
 
 
 def dequantize_sub16(packed, scales, n, k):
     """The float32 weight [N, K] a MatMulQ3K / Q6K node holds: (d * sc) * (q - middle), in float32 and in that
-    order (as gguf's Q3_K and Q6_K dequantisers)."""
-    codes, sub, d = unpack_sub16(packed, scales, n, k)
-    columns = np.arange(k)
-    step = d[:, columns // 256] * sub[:, columns // 16].astype(np.float32)
-    middle = np.float32(SUB16_MIDDLE[sub16_bits(packed)])
-    return (step * (codes.astype(np.float32) - middle)).astype(np.float32)
+    order (as gguf's Q3_K and Q6_K dequantisers); a MatMulQ2K one (d * sc) * q - dmin * mn (as gguf's Q2_K)."""
+    signed, step, offset = _sub16_terms(packed, scales, n, k)
+    columns = np.arange(k) // 16
+    w = step[:, columns] * signed.astype(np.float32)
+    return (w if offset is None else w + offset[:, columns]).astype(np.float32)
 
 
 def gather_sub16(packed, scales, indices, n, k):
-    """GatherQ3K / Q6K: rows ``indices`` of ``dequantize_sub16`` -> float32 [T, K]."""
+    """GatherQ2K / Q3K / Q6K: rows ``indices`` of ``dequantize_sub16`` -> float32 [T, K]."""
     return dequantize_sub16(packed, scales, n, k)[np.asarray(indices, np.int64)]
 
 
 def matmul_sub16(x, packed, scales, n, bias=None, activation_bits=8):
-    """MatMulQ3K / Q6K: y[t, r] = sum over blocks b and their halves h of dx[t,b] * d[r, b / 8] * sc[r, 2b + h] *
-    ((q - middle)[r, half] . xq[t, half]) (+ bias[r]), with ``quantize_activations``' int8 activations (16
-    bits: summed over x's row and its residual's): the integer dot products exactly, the rest in float64."""
+    """MatMulQ2K / Q3K / Q6K: y[t, r] = sum over blocks b and their halves h of dx[t,b] * d[r, b / 8] * sc[r, 2b + h] *
+    ((q - middle)[r, half] . xq[t, half]) (MatMulQ2K: - dmin[r, b / 8] * mn[r, 2b + h] * dx[t,b] * sum(xq[t, half]))
+    (+ bias[r]), with ``quantize_activations``' int8 activations (16 bits: summed over x's row and its residual's):
+    the integer dot products exactly, the rest in float64."""
     x = np.asarray(x, np.float32)
     t, k = x.shape
-    codes, sub, d = unpack_sub16(packed, scales, n, k)
+    signed_codes, step_16, offset_16 = _sub16_terms(packed, scales, n, k)
     xq, dx, _ = quantize_activations(x, residual=activation_bits == 16)
     rows, k_blocks = dx.shape
     signed = np.zeros((n, k_blocks * Q_BLOCK), np.int64)
-    signed[:, :k] = codes.astype(np.int64) - SUB16_MIDDLE[sub16_bits(packed)]
+    signed[:, :k] = signed_codes
     halves = (rows, k_blocks, 2, 16)
-    dots = np.einsum("tbhi,nbhi->tnbh", xq.reshape(halves).astype(np.int64), signed.reshape(n, k_blocks, 2, 16))
-    sc = np.zeros((n, 2 * k_blocks), np.float64)
-    sc[:, : sub.shape[1]] = sub
-    step = sc.reshape(n, k_blocks, 2) * d.astype(np.float64)[:, np.arange(k_blocks) // Q_SUPER_BLOCKS, None]
+    x_halves = xq.reshape(halves).astype(np.int64)
+    dots = np.einsum("tbhi,nbhi->tnbh", x_halves, signed.reshape(n, k_blocks, 2, 16))
+    per_half = np.zeros((2, n, 2 * k_blocks), np.float64)  # d * sc, -dmin * mn
+    per_half[0, :, : step_16.shape[1]] = step_16
+    if offset_16 is not None:
+        per_half[1, :, : offset_16.shape[1]] = offset_16
+    step, offset = per_half.reshape(2, n, k_blocks, 2)
     y = np.einsum("tnbh,nbh,tb->tn", dots.astype(np.float64), step, dx.astype(np.float64))
+    y += np.einsum("tbh,nbh,tb->tn", x_halves.sum(-1).astype(np.float64), offset, dx.astype(np.float64))
     y = y.reshape(t, rows // t if t else 1, n).sum(axis=1)
     if bias is not None:
         y += np.asarray(bias, np.float64)

@@ -1,7 +1,9 @@
-// The group kernel of the sub16 layouts, MatMulQ3K and MatMulQ6K, GroupRowsSub16, for each ISA (the layouts are in
+// The group kernel of the sub16 layouts, MatMulQ2K, Q3K and Q6K, GroupRowsSub16, for each ISA (the layouts are in
 // matmul_q_kernel.h). w = d * sc * (q - middle) has a scale per 16 columns, so each block of 32 gives two integer
 // dot products a weight row, one per half, each scaled in float: acc[row] += dot_h * (sc_h[row] * d[row] * dx). The
-// codes are taken as signed, s = q - middle (Q6K: -32..31, Q3K: -4..3), so no zero point is left over:
+// codes are taken as signed, s = q - middle (Q6K: -32..31, Q3K: -4..3, Q2K: 0..3), so no zero point is left over;
+// MatMulQ2K's w = d * sc * q - dmin * mn adds its mins' terms, -dmin * mn_h[row] * dx * sum(xq) over each half
+// (QuantizeRows' halves):
 //   AVX-512 VNNI: vpdpbusd wants one unsigned operand, so the activations go in as x + 128 (x xor 0x80,
 //     stored so once a call by AdaptRows), and the 128 * sum(s) that adds, a weight row and half, starts
 //     the dot products' chains negated, worked out once a block for every row of x;
@@ -10,6 +12,20 @@
 //   AVX2, 16-bit activations: s sign-extended to int16 pairs in vpmaddwd against the int16 codes;
 //   generic: one code at a time.
 // Included INSIDE matmul_q_kernel.cc's ISA namespace after the ISA's group kernel; no includes of its own.
+
+// Where the group's d (MatMulQ2K: then its -dmin) of block b start.
+template <int Bits, typename S>
+ALWAYS_INLINE const S* Sub16ScalesAt(const S* scales, int64_t b) {
+  return scales + b / kQSuperBlocks * (kQSub16MinsOf<Bits> ? 2 : 1) * kQGroup;
+}
+
+// MatMulQ2K's dx * sum(xq) over block b's two halves for row i of x (Pairs: the pair's rows i and i + 1, added).
+template <bool Pairs>
+ALWAYS_INLINE void HalvesOf(const float* hs, int64_t xs_stride, int64_t i, int64_t b, float& lo, float& hi) {
+  const float* h = hs + i * xs_stride + 2 * b;
+  lo = h[0], hi = h[1];
+  if constexpr (Pairs) lo += h[xs_stride], hi += h[xs_stride + 1];
+}
 
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
 
@@ -35,16 +51,18 @@ ALWAYS_INLINE void SignedCodes(const uint8_t* c, __m512i* w) {
       w[v] = _mm512_mask_add_epi8(w[v], fifth, w[v], sixteen);
       w[v] = _mm512_mask_sub_epi8(w[v], ~sixth, w[v], thirty_two);
     }
-  } else {  // kQ3K
+  } else {  // kQ3K, kQ2K: the 2-bit fields
     const __m512i two_bits = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
     for (int j = 0; j < 2; ++j) {
       const __m512i raw = _mm512_loadu_si512(c + 64 * j);
       for (int p = 0; p < 4; ++p) w[j + 2 * p] = _mm512_and_si512(_mm512_srli_epi16(raw, 2 * p), two_bits);
     }
-    for (int v = 0; v < 8; ++v) {  // - 4 where the third bit is not set: q - 4
-      uint64_t third;
-      __builtin_memcpy(&third, c + kQ3KThirdBits + 8 * v, 8);
-      w[v] = _mm512_mask_sub_epi8(w[v], ~third, w[v], four);
+    if constexpr (Bits == kQ3K) {
+      for (int v = 0; v < 8; ++v) {  // - 4 where the third bit is not set: q - 4
+        uint64_t third;
+        __builtin_memcpy(&third, c + kQ3KThirdBits + 8 * v, 8);
+        w[v] = _mm512_mask_sub_epi8(w[v], ~third, w[v], four);
+      }
     }
   }
 }
@@ -64,28 +82,38 @@ ALWAYS_INLINE __m512i HalfDot(const __m512i* w, const int8_t* xu, __m512i minus_
   return _mm512_add_epi32(s0, s1);
 }
 
+// A half's sub-scale bytes of the 16 rows at c: int8 (MatMulQ3K, Q6K) or u8 sc | mn << 4 (MatMulQ2K: nibble = 0, sc;
+// 1, mn), as floats times the 16 rows' scale s.
+template <int Bits>
+ALWAYS_INLINE __m512 SubStep(const uint8_t* c, int h, __m512 s, int nibble = 0) {
+  __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(c + kQSubScalesOf<Bits> + kQGroup * h));
+  if constexpr (kQSub16MinsOf<Bits>) bytes = _mm_and_si128(_mm_srli_epi16(bytes, 4 * nibble), _mm_set1_epi8(0x0F));
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)), s);
+}
+
 template <int Bits, typename S, int MT, bool Pairs>
 ALWAYS_INLINE void GroupRowsSub16(const uint8_t* codes, const S* scales, const int8_t* xq, int64_t xq_stride,
-                                  const float* xs, int64_t xs_stride, const float* bias, float* y, int64_t y_stride,
-                                  int64_t KB, int64_t valid) {
+                                  const float* xs, const float* hs, int64_t xs_stride, const float* bias, float* y,
+                                  int64_t y_stride, int64_t KB, int64_t valid) {
   static_assert(!Pairs || MT % 2 == 0, "a pair is two rows");
   constexpr int kStep = Pairs ? 2 : 1, kOut = MT / kStep;
   __m512 acc[kOut];
   for (int o = 0; o < kOut; ++o) acc[o] = _mm512_setzero_ps();
   for (int64_t b = 0; b < KB; ++b) {
     const uint8_t* c = codes + b * kQBlockBytesOf<Bits>;
-    const S* sd = scales + b / kQSuperBlocks * kQGroup;
+    const S* sd = Sub16ScalesAt<Bits>(scales, b);
     PrefetchAhead<Bits>(c, sd);
     __m512i w[8];
     SignedCodes<Bits>(c, w);
     const __m512i zero = _mm512_setzero_si512();
     const __m512i minus_lo = _mm512_sub_epi32(zero, HalfExcess(w)), minus_hi = _mm512_sub_epi32(zero, HalfExcess(w + 4));
     const __m512 d = Load16(sd);
-    const auto sub = [&](int h) {
-      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(c + kQSubScalesOf<Bits> + kQGroup * h));
-      return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)), d);
-    };
-    const __m512 step_lo = sub(0), step_hi = sub(1);
+    const __m512 step_lo = SubStep<Bits>(c, 0, d), step_hi = SubStep<Bits>(c, 1, d);
+    __m512 min_lo = d, min_hi = d;  // MatMulQ2K: -dmin * mn
+    if constexpr (kQSub16MinsOf<Bits>) {
+      const __m512 minus_dmin = Load16(sd + kQGroup);
+      min_lo = SubStep<Bits>(c, 0, minus_dmin, 1), min_hi = SubStep<Bits>(c, 1, minus_dmin, 1);
+    }
     for (int o = 0; o < kOut; ++o) {
       const int64_t i = o * kStep;
       const int8_t* xu = xq + i * xq_stride + b * kQBlock;  // x + 128 (kSub16UnsignedRows)
@@ -97,6 +125,11 @@ ALWAYS_INLINE void GroupRowsSub16(const uint8_t* codes, const S* scales, const i
       const __m512 both = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), step_lo, _mm512_mul_ps(_mm512_cvtepi32_ps(hi), step_hi));
       const float dx = xs[i * xs_stride + 2 * b + (Pairs ? xs_stride : 0)];  // Pairs: the residual's, dx / 256
       acc[o] = _mm512_fmadd_ps(both, _mm512_set1_ps(dx), acc[o]);
+      if constexpr (kQSub16MinsOf<Bits>) {
+        float lo_sum, hi_sum;
+        HalvesOf<Pairs>(hs, xs_stride, i, b, lo_sum, hi_sum);
+        acc[o] = _mm512_fmadd_ps(min_lo, _mm512_set1_ps(lo_sum), _mm512_fmadd_ps(min_hi, _mm512_set1_ps(hi_sum), acc[o]));
+      }
     }
   }
   const __mmask16 mask = valid >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << valid) - 1);
@@ -117,12 +150,14 @@ ALWAYS_INLINE __m256i BitBytes(uint32_t bits) {
 }
 
 // Vector v's codes for rows 8h..8h+7 as signed bytes (columns 4v..4v+3). Q6K: the nibble, + 16 where the fifth
-// bit is set, - 32 where the sixth is not; Q3K: the 2-bit field, - 4 where the third bit is not set.
+// bit is set, - 32 where the sixth is not; Q3K: the 2-bit field, - 4 where the third bit is not set; Q2K: the
+// 2-bit field.
 template <int Bits>
 ALWAYS_INLINE __m256i SignedCodes(const uint8_t* c, int v, int64_t h) {
-  if constexpr (Bits == kQ3K) {
+  if constexpr (Bits == kQ3K || Bits == kQ2K) {
     const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * (v % 2) + 32 * h));
     const __m256i low = _mm256_and_si256(_mm256_srli_epi16(raw, 2 * (v / 2)), _mm256_set1_epi8(3));
+    if constexpr (Bits == kQ2K) return low;
     uint32_t third;
     __builtin_memcpy(&third, c + kQ3KThirdBits + 8 * v + 4 * h, 4);
     return _mm256_add_epi8(low, _mm256_andnot_si256(BitBytes(third), _mm256_set1_epi8(-4)));
@@ -137,25 +172,26 @@ ALWAYS_INLINE __m256i SignedCodes(const uint8_t* c, int v, int64_t h) {
   return _mm256_add_epi8(low, _mm256_add_epi8(plus, minus));
 }
 
-// sc * d of rows 8h..8h+7 for the block's half `half`.
+// sc * d of rows 8h..8h+7 for the block's half `half` (MatMulQ2K, nibble 1: mn * -dmin).
 template <int Bits, typename S>
-ALWAYS_INLINE __m256 SubStep(const uint8_t* c, const S* sd, int64_t h, int half) {
-  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + kQSubScalesOf<Bits> + kQGroup * half + 8 * h));
-  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)), Load8(sd + 8 * h));
+ALWAYS_INLINE __m256 SubStep(const uint8_t* c, const S* sd, int64_t h, int half, int nibble = 0) {
+  __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + kQSubScalesOf<Bits> + kQGroup * half + 8 * h));
+  if constexpr (kQSub16MinsOf<Bits>) bytes = _mm_and_si128(_mm_srli_epi16(bytes, 4 * nibble), _mm_set1_epi8(0x0F));
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)), Load8(sd + kQGroup * nibble + 8 * h));
 }
 
 // 16-bit activations: pairs [0, MT / 2) of QuantizePairAt's int16 codes against the group, a column half at a
 // time (sums a pair and row half: 16 * 32 * 32639 < 2^31).
 template <int Bits, typename S, int MT>
 ALWAYS_INLINE void GroupPairsSub16(const uint8_t* codes, const S* scales, const int8_t* xq, int64_t xq_stride,
-                                   const float* xs, int64_t xs_stride, const float* bias, float* y, int64_t y_stride,
-                                   int64_t KB, int64_t valid) {
+                                   const float* xs, const float* hs, int64_t xs_stride, const float* bias, float* y,
+                                   int64_t y_stride, int64_t KB, int64_t valid) {
   constexpr int kOut = MT / 2;
   __m256 acc[kOut][2];
   for (int o = 0; o < kOut; ++o) acc[o][0] = acc[o][1] = _mm256_setzero_ps();
   for (int64_t b = 0; b < KB; ++b) {
     const uint8_t* c = codes + b * kQBlockBytesOf<Bits>;
-    const S* sd = scales + b / kQSuperBlocks * kQGroup;
+    const S* sd = Sub16ScalesAt<Bits>(scales, b);
     PrefetchAhead<Bits>(c, sd);
     const int8_t* xb = xq + 2 * kQBlock * b;
     for (int half = 0; half < 2; ++half) {
@@ -180,6 +216,14 @@ ALWAYS_INLINE void GroupPairsSub16(const uint8_t* codes, const S* scales, const 
           const __m256 dx = _mm256_set1_ps(xs[2 * o * xs_stride + xs_stride + 2 * b]);  // the pair's dx / 256
           acc[o][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[o][h]), _mm256_mul_ps(step, dx), acc[o][h]);
         }
+        if constexpr (kQSub16MinsOf<Bits>) {
+          const __m256 min = SubStep<Bits>(c, sd, h, half, 1);
+          for (int o = 0; o < kOut; ++o) {
+            float halves[2];
+            HalvesOf<true>(hs, xs_stride, 2 * o, b, halves[0], halves[1]);
+            acc[o][h] = _mm256_fmadd_ps(min, _mm256_set1_ps(halves[half]), acc[o][h]);
+          }
+        }
       }
     }
   }
@@ -189,10 +233,10 @@ ALWAYS_INLINE void GroupPairsSub16(const uint8_t* codes, const S* scales, const 
 
 template <int Bits, typename S, int MT, bool Pairs>
 ALWAYS_INLINE void GroupRowsSub16(const uint8_t* codes, const S* scales, const int8_t* xq, int64_t xq_stride,
-                                  const float* xs, int64_t xs_stride, const float* bias, float* y, int64_t y_stride,
-                                  int64_t KB, int64_t valid) {
+                                  const float* xs, const float* hs, int64_t xs_stride, const float* bias, float* y,
+                                  int64_t y_stride, int64_t KB, int64_t valid) {
   if constexpr (Pairs) {
-    return GroupPairsSub16<Bits, S, MT>(codes, scales, xq, xq_stride, xs, xs_stride, bias, y, y_stride, KB, valid);
+    return GroupPairsSub16<Bits, S, MT>(codes, scales, xq, xq_stride, xs, hs, xs_stride, bias, y, y_stride, KB, valid);
   }
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t h = 0; h < 2 && 8 * h < valid; ++h) {
@@ -200,7 +244,7 @@ ALWAYS_INLINE void GroupRowsSub16(const uint8_t* codes, const S* scales, const i
     for (int o = 0; o < MT; ++o) acc[o] = _mm256_setzero_ps();
     for (int64_t b = 0; b < KB; ++b) {
       const uint8_t* c = codes + b * kQBlockBytesOf<Bits>;
-      const S* sd = scales + b / kQSuperBlocks * kQGroup;
+      const S* sd = Sub16ScalesAt<Bits>(scales, b);
       if (h == 0) PrefetchAhead<Bits>(c, sd);
       __m256i w[8], size[8];  // the signed codes, and their magnitudes for vpmaddubsw
       for (int v = 0; v < 8; ++v) w[v] = SignedCodes<Bits>(c, v, h), size[v] = _mm256_abs_epi8(w[v]);
@@ -215,6 +259,12 @@ ALWAYS_INLINE void GroupRowsSub16(const uint8_t* codes, const S* scales, const i
         const __m256 dx = _mm256_set1_ps(xs[o * xs_stride + 2 * b]);
         acc[o] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(lo, ones)), _mm256_mul_ps(step_lo, dx), acc[o]);
         acc[o] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(hi, ones)), _mm256_mul_ps(step_hi, dx), acc[o]);
+        if constexpr (kQSub16MinsOf<Bits>) {
+          float lo_sum, hi_sum;
+          HalvesOf<false>(hs, xs_stride, o, b, lo_sum, hi_sum);
+          acc[o] = _mm256_fmadd_ps(SubStep<Bits>(c, sd, h, 0, 1), _mm256_set1_ps(lo_sum), acc[o]);
+          acc[o] = _mm256_fmadd_ps(SubStep<Bits>(c, sd, h, 1, 1), _mm256_set1_ps(hi_sum), acc[o]);
+        }
       }
     }
     for (int o = 0; o < MT; ++o) StoreHalf(acc[o], h, valid, bias, y + o * y_stride);
@@ -225,12 +275,13 @@ ALWAYS_INLINE void GroupRowsSub16(const uint8_t* codes, const S* scales, const i
 
 constexpr bool kSub16UnsignedRows = false;
 
-// The code of row r and column 4v + j of the block at c (Q6K: 6 bits, Q3K: 3).
+// The code of row r and column 4v + j of the block at c (Q6K: 6 bits, Q3K: 3, Q2K: 2).
 template <int Bits>
 ALWAYS_INLINE int32_t Sub16Code(const uint8_t* c, int64_t r, int64_t v, int64_t j) {
   const int64_t lane = 4 * r + j;
-  if constexpr (Bits == kQ3K) {
+  if constexpr (Bits == kQ3K || Bits == kQ2K) {
     const int32_t low = (c[64 * (v % 2) + lane] >> (2 * (v / 2))) & 3;
+    if constexpr (Bits == kQ2K) return low;
     return low | ((c[kQ3KThirdBits + 8 * v + lane / 8] >> (lane % 8)) & 1) << 2;
   }
   const uint8_t byte = c[64 * (v % 4) + lane];
@@ -242,21 +293,24 @@ ALWAYS_INLINE int32_t Sub16Code(const uint8_t* c, int64_t r, int64_t v, int64_t 
 
 template <int Bits, typename S, int MT, bool Pairs>
 ALWAYS_INLINE void GroupRowsSub16(const uint8_t* codes, const S* scales, const int8_t* xq, int64_t xq_stride,
-                                  const float* xs, int64_t xs_stride, const float* bias, float* y, int64_t y_stride,
-                                  int64_t KB, int64_t valid) {
+                                  const float* xs, const float* hs, int64_t xs_stride, const float* bias, float* y,
+                                  int64_t y_stride, int64_t KB, int64_t valid) {
   for (int64_t r = 0; r < valid; ++r) {
     float acc[MT] = {};
     for (int i = 0; i < MT; ++i)
       for (int64_t b = 0; b < KB; ++b) {
         const uint8_t* c = codes + b * kQBlockBytesOf<Bits>;
-        const float d = Scale(scales + b / kQSuperBlocks * kQGroup + r);
+        const S* sd = Sub16ScalesAt<Bits>(scales, b) + r;
         const int8_t* xb = xq + i * xq_stride + b * kQBlock;
         for (int64_t half = 0; half < 2; ++half) {
           int32_t dot = 0;
           for (int64_t v = 4 * half; v < 4 * half + 4; ++v)
             for (int64_t j = 0; j < 4; ++j) dot += (Sub16Code<Bits>(c, r, v, j) - kQMiddleOf<Bits>) * xb[4 * v + j];
-          const float sub = static_cast<float>(static_cast<int8_t>(c[kQSubScalesOf<Bits> + kQGroup * half + r]));
-          acc[i] += static_cast<float>(dot) * (sub * d * xs[i * xs_stride + 2 * b]);
+          const uint8_t byte = c[kQSubScalesOf<Bits> + kQGroup * half + r];
+          const float sub = static_cast<float>(kQSub16MinsOf<Bits> ? byte & 0x0F : static_cast<int8_t>(byte));
+          acc[i] += static_cast<float>(dot) * (sub * Scale(sd) * xs[i * xs_stride + 2 * b]);
+          if constexpr (kQSub16MinsOf<Bits>)  // -dmin * mn times this row's dx * sum(xq) over the half
+            acc[i] += Scale(sd + kQGroup) * static_cast<float>(byte >> 4) * hs[i * xs_stride + 2 * b + half];
         }
       }
     const float add = bias ? bias[r] : 0.f;

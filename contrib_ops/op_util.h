@@ -52,23 +52,23 @@ inline std::string QSuffix(int bits) {
   if (bits == kQ4XS) return "4XS";
   if (bits & kQCentred) return QSuffix(bits & ~kQCentred) + "S";
   if (bits == kQ4NL) return "4NL";
-  if (bits == kQ4K || bits == kQ5K || bits == kQ3K || bits == kQ6K) return std::to_string(bits & 0xF) + "K";
+  if (bits == kQ4K || bits == kQ5K || bits == kQ2K || bits == kQ3K || bits == kQ6K) return std::to_string(bits & 0xF) + "K";
   return std::to_string(bits);
 }
 
 // The scales a quantised op's weight [N, K] has: a (d, m) pair per row and block of 32 columns, [G, KB, 2, 16],
-// MatMulQ3K's, Q6K's and Q4XS's d per row and 8 blocks, [G, ceil(KB / 8), 16], or MatMulQ4K's and Q5K's (d, -dmin),
+// MatMulQ3K's, Q6K's and Q4XS's d per row and 8 blocks, [G, ceil(KB / 8), 16], or MatMulQ4K's, Q5K's and Q2K's (d, -dmin),
 // [G, ceil(KB / 8), 2, 16]; the centred layouts' d per row and block, [G, KB, 16].
 inline std::vector<int64_t> QScalesShape(int bits, int64_t G, int64_t KB) {
   const int64_t super_blocks = (KB + kQSuperBlocks - 1) / kQSuperBlocks;
   if (bits == kQ3K || bits == kQ6K || bits == kQ4XS) return {G, super_blocks, kQGroup};
-  if (bits == kQ4K || bits == kQ5K) return {G, super_blocks, 2, kQGroup};
+  if (bits == kQ4K || bits == kQ5K || bits == kQ2K) return {G, super_blocks, 2, kQGroup};
   if (bits & kQCentred) return {G, KB, kQGroup};
   return {G, KB, 2, kQGroup};
 }
 
-// The 26 kernels of a quantised op, Op<bits, scale type>: 4, 5 and 8 bits and Q4NL (each centred too: "S"), Q4K, Q5K,
-// Q3K, Q6K and Q4XS, each with fp16
+// The 28 kernels of a quantised op, Op<bits, scale type>: 4, 5 and 8 bits and Q4NL (each centred too: "S"), Q4K, Q5K,
+// Q2K, Q3K, Q6K and Q4XS, each with fp16
 // or fp32 scales, named base + QSuffix ("MatMulQ4", "MatMulQ4NL"); onnxruntime picks by the scales' type.
 // Made once.
 template <template <int, typename> class Op>
@@ -96,6 +96,7 @@ std::vector<Ort::Custom::OrtLiteCustomOp*> QuantizedKernels(const std::string& b
     add(std::integral_constant<int, kQ6K>{});
     add(std::integral_constant<int, kQ3K>{});
     add(std::integral_constant<int, kQ4XS>{});
+    add(std::integral_constant<int, kQ2K>{});
     return all;
   }();
   std::vector<Ort::Custom::OrtLiteCustomOp*> out;

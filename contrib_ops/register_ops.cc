@@ -5,7 +5,7 @@
 //   7: + MatMulQ5, GatherQ5;  8: + MatMulF;  9: + the linears' input stage;  10: + MatMulQ4NL, GatherQ4NL;
 //   11: + MatMulQ6K, GatherQ6K;  12: + MatMulQ4K, MatMulQ5K, GatherQ4K, GatherQ5K;
 //   13: + the centred MatMulQ4S, Q5S, Q8S, Q4NLS and their GatherQ;  14: + MatMulQ3K, GatherQ3K;
-//   15: + MatMulQ4XS, GatherQ4XS
+//   15: + MatMulQ4XS, GatherQ4XS;  16: + MatMulQ2K, GatherQ2K
 #include <memory>
 #include <mutex>
 #include <vector>

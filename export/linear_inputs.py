@@ -1,5 +1,5 @@
 """Folds the norm or the gated activation in front of a linear into the linear's own node: the input
-stage of MatMulF and MatMulQ4 / Q5 / Q8 / Q4NL / Q4K / Q5K / Q6K / Q3K / Q4XS (contrib_ops/linear_input.h, since
+stage of MatMulF and MatMulQ4 / Q5 / Q8 / Q4NL / Q4K / Q5K / Q6K / Q3K / Q2K / Q4XS (contrib_ops/linear_input.h, since
 op_version 9).
 Every node is a kernel launch, and a small model's decode step is mostly launches: a Llama layer goes from eight
 nodes to five (qkv with the attention norm, attention, o, gate_up with the MLP norm, down with the
@@ -22,7 +22,7 @@ from .graph_io import MS, OURS
 
 # op: its weight inputs after x
 # MatMulQ / GatherQ op suffixes
-Q_FORMATS = ("4", "5", "8", "4NL", "4S", "5S", "8S", "4NLS", "4K", "5K", "6K", "3K", "4XS")
+Q_FORMATS = ("4", "5", "8", "4NL", "4S", "5S", "8S", "4NLS", "4K", "5K", "6K", "3K", "2K", "4XS")
 LINEARS = {"MatMulF": 1, **{f"MatMulQ{q}": 2 for q in Q_FORMATS}}
 NO_BIAS = "const.f32.no_bias"  # a [0] tensor: the bias slot of a linear without one, before the stage's inputs
 

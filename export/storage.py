@@ -2,11 +2,11 @@
 quantised here. One rule, decided per tensor before any weight is read:
 
 - ``--precision fp32``: fp32 (a GGUF tensor is dequantised exactly).
-- a GGUF tensor of a format in ``gguf_blocks.FORMATS`` or a K-quant (``kquants``: Q4_K, Q5_K, Q6_K, Q3_K), or a
+- a GGUF tensor of a format in ``gguf_blocks.FORMATS`` or a K-quant (``kquants``: Q4_K, Q5_K, Q6_K, Q3_K, Q2_K), or a
   quantised Hugging Face checkpoint's linear grouped in blocks of 32 (``hf_quantized``): its codes, imported
   exactly, whatever the
   precision (Q8_0 stays 8-bit under int4: re-quantising would only lose information).
-- a GGUF tensor of another quantised format (Q2_K, IQ1-IQ3), or a quantised checkpoint's
+- a GGUF tensor of another quantised format (IQ1-IQ3, TQ), or a quantised checkpoint's
   linear without an exact integer form (FP8, groups under 32 columns): dequantised, then quantised
   to the precision (when none is given int4, and int8 for FP8) -- export lists these.
 - a float tensor: the precision (fp32 when none is given), quantised by ``qweight.quantize_q``.
@@ -33,10 +33,10 @@ from .weights import WeightSource
 @dataclass(frozen=True)
 class Storage:
     kind: Literal["fp32", "exact", "quantize"]
-    bits: int = 32  # the codes' width: 4, 5, 8 (MatMulQ4 / Q5 / Q8 and their variants), 6 / 3 (MatMulQ6K / Q3K)
+    bits: int = 32  # the codes' width: 4, 5, 8 (MatMulQ4 / Q5 / Q8 and variants), 6 / 3 / 2 (MatMulQ6K / Q3K / Q2K)
     source_type: str = "F32"  # the GGUF type of the source tensor (F32 for safetensors)
     # "NL": IQ4 (MatMulQ4NL); "S": centred codes, m = -middle * d (Q4_0, Q5_0, Q8_0, and IQ4: "NLS"); "K": GGUF's
-    # K-quant super-blocks (MatMulQ4K / Q5K / Q6K / Q3K)
+    # K-quant super-blocks (MatMulQ4K / Q5K / Q6K / Q3K / Q2K)
     variant: str = ""
 
     @property
@@ -47,12 +47,13 @@ class Storage:
 
     @property
     def q_format(self) -> str:
-        """The MatMulQ / GatherQ op's suffix: '4', '5', '8', '4NL', '4S', '5S', '8S', '4NLS', '4K', '5K' or '6K'."""
+        """The MatMulQ / GatherQ op's suffix: '4', '5', '8', '4NL', '4S', '5S', '8S', '4NLS', '4K', '5K', '6K', '3K',
+        '2K' or '4XS'."""
         return f"{self.bits}{self.variant}"
 
     @property
     def label(self) -> str:
-        """For the export report: 'Q4_K (exact)', 'int4', 'fp32', 'Q2_K -> int4'."""
+        """For the export report: 'Q4_K (exact)', 'int4', 'fp32', 'IQ3_XXS -> int4'."""
         if self.kind == "exact":
             return f"{self.source_type} (exact)"
         name = "fp32" if self.kind == "fp32" else f"int{self.bits}"

@@ -27,10 +27,12 @@ FORMAT_VERSION = 1
 # GatherQ4K, GatherQ5K (GGUF's Q4_K and Q5_K at 4.625 and 5.625 bits a weight, with their sub-scales), 13 = + the
 # centred MatMulQ4S, Q5S, Q8S, Q4NLS and their GatherQ (Q4_0, Q5_0, Q8_0 and IQ4 without a stored m per block),
 # 14 = + MatMulQ3K, GatherQ3K (GGUF's Q3_K at 3.5625 bits a weight: 3-bit codes, int8 sub-scales per 16 columns),
-# 15 = + MatMulQ4XS, GatherQ4XS (GGUF's IQ4_XS at 4.3125 bits a weight: its int8 ls - 32 beside the indices).
+# 15 = + MatMulQ4XS, GatherQ4XS (GGUF's IQ4_XS at 4.3125 bits a weight: its int8 ls - 32 beside the indices),
+# 16 = + MatMulQ2K, GatherQ2K (GGUF's Q2_K at its own 2.625 bits a weight: 2-bit codes, a 4-bit sub-scale and min per
+# 16 columns).
 # An artifact records the set its graph needs (needed_op_version), so that a new export of a graph
 # without the latest ops still loads on an installation one version behind.
-OP_VERSION = 15
+OP_VERSION = 16
 EXPORT_BASE_OP_VERSION = 9  # every graph this exporter writes: the linears' input stage
 OP_ADDED_AFTER_BASE = {
     **{op: 10 for op in ("MatMulQ4NL", "GatherQ4NL")},
@@ -39,6 +41,7 @@ OP_ADDED_AFTER_BASE = {
     **{f"{kind}Q{q}S": 13 for kind in ("MatMul", "Gather") for q in ("4", "5", "8", "4NL")},
     **{op: 14 for op in ("MatMulQ3K", "GatherQ3K")},
     **{op: 15 for op in ("MatMulQ4XS", "GatherQ4XS")},
+    **{op: 16 for op in ("MatMulQ2K", "GatherQ2K")},
 }
 MANIFEST = "ortserve.json"
 MODEL_FILE = "model.onnx"

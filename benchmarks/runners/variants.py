@@ -11,10 +11,10 @@
   many sequences, shared prefixes);
 - ortserve with int8 activations in its quantised linears (``--activation-bits 8``, exported so):
   the same activation rounding as llama.cpp's, against ortserve's default of 16 bits;
-- llama.cpp's IQ4_XS, Q4_K_M and Q3_K_M files of the model (llama-quantize from f32, no importance matrix),
-  each served by llama.cpp and by ortserve (its codes imported exactly: MatMulQ4NLS; MatMulQ4K / Q5K / Q6K for
-  Q4_K_M's mix, and MatMulQ3K too for Q3_K_M's; a width not a multiple of 256 takes llama-quantize's fallback
-  type, IQ4_NL for Q3_K, so Q3_K needs a model such as the Qwen2.5-1.5B shape).
+- llama.cpp's IQ4_XS, Q4_K_M, Q3_K_M and Q2_K files of the model (llama-quantize from f32, no importance
+  matrix), each served by llama.cpp and by ortserve (its codes imported exactly: MatMulQ4NLS; MatMulQ4K / Q5K / Q6K
+  for Q4_K_M's mix, MatMulQ3K too for Q3_K_M's, MatMulQ2K for Q2_K's; a width not a multiple of 256 takes
+  llama-quantize's fallback type, IQ4_NL for Q3_K, so Q3_K and Q2_K need a model such as the Qwen2.5-1.5B shape).
 """
 
 from __future__ import annotations
@@ -162,6 +162,14 @@ class OrtserveQ3KM(OrtserveFile):
     SYSTEM, FILE_TYPE = "ortserve-q3km", "q3_k_m"
 
 
+class LlamaCppQ2K(LlamaCppFile):
+    SYSTEM, FILE_TYPE = "llama.cpp-q2k", "q2_k"
+
+
+class OrtserveQ2K(OrtserveFile):
+    SYSTEM, FILE_TYPE = "ortserve-q2k", "q2_k"
+
+
 VARIANTS = (
     OrtserveNgram,
     LlamaCppNgram,
@@ -177,4 +185,6 @@ VARIANTS = (
     OrtserveQ4KM,
     LlamaCppQ3KM,
     OrtserveQ3KM,
+    LlamaCppQ2K,
+    OrtserveQ2K,
 )

@@ -11,7 +11,7 @@ from ortserve.ops.matmul_q_reference import dequantize_q, dequantize_sub16
 
 
 def imported(artifact: Path, label: str) -> np.ndarray:
-    """The [N, K] weight of the MatMulQ4 / Q5 / Q8 / Q4NL (or centred) / Q4K / Q5K / Q6K / Q3K (or GatherQ) node
+    """The [N, K] weight of the MatMulQ4 / Q5 / Q8 / Q4NL (or centred) / Q4K / Q5K / Q6K / Q3K / Q2K (or GatherQ) node
     ``label``, dequantised from its initialisers."""
     model = onnx.load(artifact / "model.onnx", load_external_data=False)
     onnx.external_data_helper.load_external_data_for_model(model, str(artifact))
@@ -20,6 +20,6 @@ def imported(artifact: Path, label: str) -> np.ndarray:
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     init = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer if t.name.startswith(label)}
     codes, scales, n, k = init[f"{label}.codes"], init[f"{label}.scales"], attrs["N"], attrs["K"]
-    if node.op_type.endswith(("Q6K", "Q3K")):
+    if node.op_type.endswith(("Q6K", "Q3K", "Q2K")):
         return dequantize_sub16(codes, scales, n, k)
     return dequantize_q(codes, scales, n, k, "Q4NL" in node.op_type)

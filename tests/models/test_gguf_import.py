@@ -1,5 +1,5 @@
-"""A GGUF's quantised tensors are imported exactly: every linear's MatMulQ4 / Q5 / Q8 / Q4NL / Q4K / Q5K / Q6K / Q3K
-initialisers dequantise, bit for bit, to what gguf's own ``dequantize()`` gives for the same tensor,
+"""A GGUF's quantised tensors are imported exactly: every linear's MatMulQ4 / Q5 / Q8 / Q4NL / Q4K / Q5K / Q6K / Q3K /
+Q2K / Q4XS initialisers dequantise, bit for bit, to what gguf's own ``dequantize()`` gives for the same tensor,
 and the graph computes with those weights."""
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ OPS = {
     "Q5_K": "MatMulQ5K",
     "Q6_K": "MatMulQ6K",
     "Q3_K": "MatMulQ3K",
+    "Q2_K": "MatMulQ2K",
 }
 
 
@@ -100,12 +101,12 @@ def test_imported_weights_dequantise_bit_exactly_to_ggufs_own(qtype, tiny_gguf):
     manifest = load_manifest(artifact)
     assert manifest.weight_formats == {f"{qtype} (exact)": 8}  # q, k, v, o, gate, up, down, the head
     # MatMulQ6K came with op_version 11, MatMulQ4K and Q5K with 12, the centred ops with 13, MatMulQ3K with 14,
-    # MatMulQ4XS with 15
-    versions = {"Q4_1": 9, "Q5_1": 9, "Q6_K": 11, "Q4_K": 12, "Q5_K": 12, "Q3_K": 14, "IQ4_XS": 15}
+    # MatMulQ4XS with 15, MatMulQ2K with 16
+    versions = {"Q4_1": 9, "Q5_1": 9, "Q6_K": 11, "Q4_K": 12, "Q5_K": 12, "Q3_K": 14, "IQ4_XS": 15, "Q2_K": 16}
     assert manifest.op_version == versions.get(qtype, 13)
 
 
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q3_K", "IQ4_XS", "Q8_0"])
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q3_K", "Q2_K", "IQ4_XS", "Q8_0"])
 def test_an_untied_embedding_is_looked_up_in_its_own_codes(qtype, tmp_path):
     """An untied GGUF (an LM head beside token_embd): the lookup gathers rows from the embedding's own
     codes, which dequantise bit for bit to gguf's, and the artifact holds no fp32 table of it."""
@@ -136,6 +137,7 @@ def test_an_untied_embedding_is_looked_up_in_its_own_codes(qtype, tmp_path):
         ("Q5_K", ".scales", np.float16),
         ("IQ4_NL", ".scales", np.float16),
         ("IQ4_XS", ".scales", np.float16),
+        ("Q2_K", ".scales", np.float16),
     ],
 )
 def test_scales_and_minimums_are_fp16_where_fp16_holds_them_exactly(qtype, name, stored, tiny_gguf):
@@ -167,7 +169,7 @@ def test_the_graph_computes_with_the_imported_weights(qtype, tiny_gguf, tmp_path
         assert np.abs(ours - reference).max() <= tolerance * max(1.0, float(np.abs(reference).max()))
 
 
-@pytest.mark.parametrize("qtype", ["Q2_K"])
+@pytest.mark.parametrize("qtype", ["IQ3_XXS"])
 def test_formats_without_an_exact_form_are_requantised_and_export_says_so(qtype, tiny_gguf, caplog):
     with caplog.at_level(logging.WARNING):
         _, artifact = tiny_gguf(qtype)

@@ -1,7 +1,7 @@
 """Tiny GGUF files written with the gguf library, in the layout llama.cpp's converter gives a Llama:
 random weights, every linear (and the tied embedding) stored in one chosen GGUF type, and a small
 byte-level tokenizer (fast to convert). Quantised with ``gguf.quants.quantize`` where gguf can
-(Q4_0, Q4_1, Q5_0, Q5_1, Q8_0); for the K-quants and IQ4 formats, which gguf only dequantises,
+(Q4_0, Q4_1, Q5_0, Q5_1, Q8_0); for the K-quants and IQ formats, which gguf only dequantises,
 with random blocks of valid bytes and small scales."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import numpy as np
 
 CONFIG = dict(hidden=256, heads=8, kv_heads=4, head_dim=32, intermediate=512, layers=1, vocab=320)
 QUANTISED_BY_GGUF = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
-RANDOM_BLOCKS = ("Q4_K", "Q5_K", "Q6_K", "Q3_K", "IQ4_NL", "IQ4_XS", "Q2_K")
-FORMATS = QUANTISED_BY_GGUF + RANDOM_BLOCKS[:6]  # the formats imported exactly
+RANDOM_BLOCKS = ("Q4_K", "Q5_K", "Q6_K", "Q3_K", "Q2_K", "IQ4_NL", "IQ4_XS", "IQ3_XXS")
+FORMATS = QUANTISED_BY_GGUF + RANDOM_BLOCKS[:7]  # the formats imported exactly
 _HALF_AT = {
     "Q4_K": (0, 2),
     "Q5_K": (0, 2),
@@ -22,6 +22,7 @@ _HALF_AT = {
     "IQ4_XS": (0,),
     "Q2_K": (80, 82),
     "Q3_K": (108,),
+    "IQ3_XXS": (0,),
 }  # fp16 fields
 
 
