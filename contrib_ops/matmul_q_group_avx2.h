@@ -6,8 +6,6 @@
 
 constexpr int kTileRows = 8;
 constexpr bool kRowsOuter = false;  // groups outer, as the widened tiles need
-// QuantizePairAt stores a pair's codes as int16 codes 256 * xq + xq', not as its two int8 rows.
-constexpr bool kPairCodes16 = true;
 
 ALWAYS_INLINE float HorizontalMax(__m256 v) {
   __m128 r = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -34,20 +32,26 @@ ALWAYS_INLINE __m256i Codes8(__m256 scaled) {
   return _mm256_min_epi32(_mm256_max_epi32(q, _mm256_set1_epi32(-127)), _mm256_set1_epi32(127));
 }
 
-// A block's 32 codes as int8 into out; returns their sum.
-ALWAYS_INLINE int32_t Store32(const __m256i* q, int8_t* out) {
+// The sums of a block's halves of codes q[0..3] (8 columns each): columns 0..15, then 16..31.
+ALWAYS_INLINE void HalfSums(const __m256i* q, int32_t* halves) {
+  halves[0] = HorizontalSum(_mm256_add_epi32(q[0], q[1]));
+  halves[1] = HorizontalSum(_mm256_add_epi32(q[2], q[3]));
+}
+
+// A block's 32 codes as int8 into out, the sums of its halves into halves.
+ALWAYS_INLINE void Store32(const __m256i* q, int8_t* out, int32_t* halves) {
   // int32 -> int8; the two packs interleave 128-bit lanes, the permute restores order
   const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
   const __m256i ordered = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), ordered);
-  return HorizontalSum(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+  HalfSums(q, halves);
 }
 
-ALWAYS_INLINE int32_t QuantizeAt(const float* in, float inverse, int8_t* out) {
+ALWAYS_INLINE void QuantizeAt(const float* in, float inverse, int8_t* out, int32_t* halves) {
   const __m256 id = _mm256_set1_ps(inverse);
   __m256i q[4];
   for (int j = 0; j < 4; ++j) q[j] = Codes8(_mm256_mul_ps(_mm256_loadu_ps(in + 8 * j), id));
-  return Store32(q, out);
+  Store32(q, out, halves);
 }
 
 // 16-bit activations (a pair of int8 rows, see matmul_q_kernel.h) are kept on AVX2 as one int16 code
@@ -79,8 +83,8 @@ ALWAYS_INLINE void QuantizePairAt(const float* in, float inverse, float dx, int8
     const __m256i packed = _mm256_packs_epi32(code[2 * half], code[2 * half + 1]);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(pair + 2 * kQBlock * b + 32 * half), _mm256_shuffle_epi8(packed, pairs));
   }
-  sums[0] = HorizontalSum(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
-  sums[1] = HorizontalSum(_mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3])));
+  HalfSums(q, sums);
+  HalfSums(r, sums + 2);
 }
 
 // Outputs 8h..8h+7 of a group's row (those below `valid`): a vector of 8 sums, plus the bias.

@@ -7,8 +7,6 @@
 // tile's activations stay in L1 while the task's groups' codes pass from L2.
 constexpr int kTileRows = 16;
 constexpr bool kRowsOuter = true;
-// QuantizePairAt stores a pair's codes as its two int8 rows (not as int16 codes 256 * xq + xq').
-constexpr bool kPairCodes16 = false;
 
 // Only the AVX2 build widens a block's codes once for many pairs (matmul_q_group_avx2.h); declared for
 // matmul_q_kernel.cc's Tile, which never calls it here.
@@ -33,34 +31,34 @@ ALWAYS_INLINE void Store16(__m512i q, int8_t* out) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtsepi32_epi8(q));
 }
 
-ALWAYS_INLINE int32_t QuantizeAt(const float* in, float inverse, int8_t* out) {
+// The block's codes into out, and the sums of its halves' (columns 0..15, 16..31) into halves.
+ALWAYS_INLINE void QuantizeAt(const float* in, float inverse, int8_t* out, int32_t* halves) {
   const __m512 id = _mm512_set1_ps(inverse);
   const __m512i q0 = Codes16(_mm512_mul_ps(_mm512_loadu_ps(in), id));
   const __m512i q1 = Codes16(_mm512_mul_ps(_mm512_loadu_ps(in + 16), id));
   Store16(q0, out);
   Store16(q1, out + 16);
-  return _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+  halves[0] = _mm512_reduce_add_epi32(q0);
+  halves[1] = _mm512_reduce_add_epi32(q1);
 }
 
 // QuantizeAt, and in the same pass the codes of what it misses, x - dx * q rounded once, on the grid
-// kResidualSteps times finer (block b of the pair's rows: codes, then the residual's; sums: both code sums).
+// kResidualSteps times finer (block b of the pair's rows: codes, then the residual's; sums: the halves' code sums,
+// then the residual's).
 ALWAYS_INLINE void QuantizePairAt(const float* in, float inverse, float dx, int8_t* pair, int64_t KB, int64_t b,
                                   int32_t* sums) {
   int8_t *out = pair + kQBlock * b, *fine_out = pair + kQBlock * (KB + b);  // the pair's two int8 rows
   const __m512 id = _mm512_set1_ps(inverse), fine = _mm512_set1_ps(inverse * kResidualSteps);
   const __m512 step = _mm512_set1_ps(dx);
-  __m512i sum = _mm512_setzero_si512(), fine_sum = _mm512_setzero_si512();
   for (int j = 0; j < 2; ++j) {
     const __m512 x = _mm512_loadu_ps(in + 16 * j);
     const __m512i q = Codes16(_mm512_mul_ps(x, id));
     const __m512i r = Codes16(_mm512_mul_ps(_mm512_fnmadd_ps(step, _mm512_cvtepi32_ps(q), x), fine));
     Store16(q, out + 16 * j);
     Store16(r, fine_out + 16 * j);
-    sum = _mm512_add_epi32(sum, q);
-    fine_sum = _mm512_add_epi32(fine_sum, r);
+    sums[j] = _mm512_reduce_add_epi32(q);
+    sums[2 + j] = _mm512_reduce_add_epi32(r);
   }
-  sums[0] = _mm512_reduce_add_epi32(sum);
-  sums[1] = _mm512_reduce_add_epi32(fine_sum);
 }
 
 template <typename S>

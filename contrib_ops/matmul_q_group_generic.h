@@ -4,8 +4,6 @@
 
 constexpr int kTileRows = 2;
 constexpr bool kRowsOuter = false;
-// QuantizePairAt stores a pair's codes as its two int8 rows (not as int16 codes 256 * xq + xq').
-constexpr bool kPairCodes16 = false;
 
 // Only the AVX2 build widens a block's codes once for many pairs (matmul_q_group_avx2.h); declared for
 // matmul_q_kernel.cc's Tile, which never calls it here.
@@ -21,25 +19,26 @@ ALWAYS_INLINE float BlockAmax(const float* in) {
   return amax;
 }
 
-ALWAYS_INLINE int32_t QuantizeAt(const float* in, float inverse, int8_t* out) {
-  int32_t sum = 0;
+// The block's codes into out, and the sums of its halves' (columns 0..15, 16..31) into halves.
+ALWAYS_INLINE void QuantizeAt(const float* in, float inverse, int8_t* out, int32_t* halves) {
+  halves[0] = halves[1] = 0;
   for (int64_t i = 0; i < kQBlock; ++i) {
     const float v = __builtin_fminf(__builtin_fmaxf(__builtin_rintf(in[i] * inverse), -127.f), 127.f);
     out[i] = static_cast<int8_t>(v);
-    sum += out[i];
+    halves[i / (kQBlock / 2)] += out[i];
   }
-  return sum;
 }
 
 // QuantizeAt, and the codes of what it misses, x - dx * q rounded once, on the grid kResidualSteps
-// times finer (block b of the pair's rows: codes, then the residual's; sums: both code sums).
+// times finer (block b of the pair's rows: codes, then the residual's; sums: the halves' code sums, then the
+// residual's).
 ALWAYS_INLINE void QuantizePairAt(const float* in, float inverse, float dx, int8_t* pair, int64_t KB, int64_t b,
                                   int32_t* sums) {
   int8_t *out = pair + kQBlock * b, *fine_out = pair + kQBlock * (KB + b);  // the pair's two int8 rows
   float rest[kQBlock];
-  sums[0] = QuantizeAt(in, inverse, out);
+  QuantizeAt(in, inverse, out, sums);
   for (int64_t i = 0; i < kQBlock; ++i) rest[i] = __builtin_fmaf(-dx, static_cast<float>(out[i]), in[i]);
-  sums[1] = QuantizeAt(rest, inverse * kResidualSteps, fine_out);
+  QuantizeAt(rest, inverse * kResidualSteps, fine_out, sums + 2);
 }
 
 // The code of row r and column 4q + j of the block at c.

@@ -54,13 +54,6 @@ ALWAYS_INLINE const S* BlockScalesAt(const S* scales, int64_t b) {
 
 ALWAYS_INLINE float CodeStep(float amax) { return amax / 127.f; }  // dx: one int8 code's worth of x
 
-// One block's quantisation: dx and the codes' sum follow from amax (see the header).
-ALWAYS_INLINE void BlockScales(float amax, int32_t sum, float* s) {
-  const float dx = CodeStep(amax);
-  s[0] = dx;
-  s[1] = dx * static_cast<float>(sum);
-}
-
 ALWAYS_INLINE float Inverse(float amax) { return amax > 0.f ? 127.f / amax : 0.f; }
 
 // A block of up to 32 values of x, zero-padded to 32.
@@ -186,29 +179,6 @@ void TileOfBits(const uint8_t* codes, const void* scales, bool half, bool pairs,
     TileOf<Bits>(codes, static_cast<const float*>(scales), pairs, xq, xs, hs, bias, y, KB, N, t0, t1, g0, g1);
 }
 
-// MatMulQ2K's halves of block b (see the header), from the codes QuantizePairAt / QuantizeAt stored: a row's, or
-// with a residual the pair's two int8 rows (kPairCodes16: this build's int16 codes 256 * xq + xq', whose low byte is
-// xq', |xq'| <= 127; each half of a block is 16 of them, in an order of their own).
-void HalfSums(const int8_t* xq, const float* xs, int64_t KB, int64_t b, bool residual, float* halves) {
-  for (int64_t h = 0; h < 2; ++h) {
-    int32_t coarse = 0, fine = 0;
-    for (int64_t i = 0; i < kQBlock / 2; ++i) {
-      const int64_t at = kQBlock * b + kQBlock / 2 * h + i;
-      if (residual && kPairCodes16) {
-        int16_t code;
-        __builtin_memcpy(&code, xq + 2 * at, 2);
-        const int32_t low = static_cast<int8_t>(static_cast<uint8_t>(code & 0xFF));
-        coarse += (code - low) >> kResidualShift, fine += low;
-      } else {
-        coarse += xq[at];
-        if (residual) fine += xq[kQBlock * KB + at];
-      }
-    }
-    halves[2 * b + h] = xs[2 * b] * static_cast<float>(coarse);
-    if (residual) halves[2 * KB + 2 * b + h] = xs[2 * KB + 2 * b] * static_cast<float>(fine);
-  }
-}
-
 // A row of x to int8 blocks and, with a residual, the part of each block the codes miss (see the
 // header and QuantizePairAt); halves, if any, MatMulQ2K's.
 void QuantizeRow(const float* x, int64_t K, int64_t KB, bool residual, int8_t* xq, float* xs, float* halves) {
@@ -217,18 +187,22 @@ void QuantizeRow(const float* x, int64_t K, int64_t KB, bool residual, int8_t* x
     const int64_t k0 = b * kQBlock;
     const float* in = Block32(x + k0, MinI(kQBlock, K - k0), pad);
     const float amax = BlockAmax(in), inverse = Inverse(amax);
-    if (!residual) {
-      BlockScales(amax, QuantizeAt(in, inverse, xq + k0), xs + 2 * b);
+    int32_t sums[4];  // the halves' code sums (QuantizeAt), then the residual's
+    if (residual) {
+      QuantizePairAt(in, inverse, CodeStep(amax), xq, KB, b, sums);
     } else {
-      int32_t sums[2];
-      const float dx = CodeStep(amax);
-      QuantizePairAt(in, inverse, dx, xq, KB, b, sums);
-      BlockScales(amax, sums[0], xs + 2 * b);
-      const float fine = dx / kResidualSteps;
-      xs[2 * KB + 2 * b] = fine;
-      xs[2 * KB + 2 * b + 1] = fine * static_cast<float>(sums[1]);
+      QuantizeAt(in, inverse, xq + k0, sums);
     }
-    if (halves) HalfSums(xq, xs, KB, b, residual, halves);
+    for (int64_t row = 0; row < (residual ? 2 : 1); ++row) {  // x's codes, then (residual) what they miss
+      const float step = row == 0 ? CodeStep(amax) : CodeStep(amax) / kResidualSteps;  // the residual's grid
+      const int32_t* half = sums + 2 * row;
+      float* s = xs + row * 2 * KB + 2 * b;
+      s[0] = step, s[1] = step * static_cast<float>(half[0] + half[1]);
+      if (halves) {
+        float* h = halves + row * 2 * KB + 2 * b;
+        h[0] = step * static_cast<float>(half[0]), h[1] = step * static_cast<float>(half[1]);
+      }
+    }
   }
 }
 
@@ -242,7 +216,7 @@ void QuantizeRows(const float* x, int64_t T, int64_t K, bool residual, int8_t* x
 }
 
 void AdaptRows(int bits, int8_t* xq, int64_t count) {
-  if ((bits != kQ2K && bits != kQ3K && bits != kQ6K) || !kSub16UnsignedRows) return;
+  if ((bits != kQ3K && bits != kQ6K) || !kSub16UnsignedRows) return;
   uint8_t* bytes = reinterpret_cast<uint8_t*>(xq);
   for (int64_t i = 0; i < count; ++i) bytes[i] ^= 0x80;
 }

@@ -135,10 +135,9 @@ constexpr int64_t kQBlockBytesOf = kQCodeBytesOf<Bits> + ((Bits & kQSuperScaled)
 // bytes are a build's own: the AVX2 build stores the 16-bit codes 256 * xq + xq' there instead, as int16
 // (matmul_q_group_avx2.h), so a build's QTile reads only its own build's QuantizeRows.
 // halves (MatMulQ2K's, else nullptr: not written): [R, KB, 2] as xs, each int8 row's dx * sum(xq) over the block's
-// columns 0..15 and over 16..31 (its mins' terms).
+// columns 0..15 and over 16..31 (its mins' terms), summed as the codes are formed.
 // AdaptRows: QuantizeRows' `count` int8 codes at xq, in place, as this build's QTile reads them for `bits`
-// (the AVX-512 build's sub16 layouts, MatMulQ2K, Q3K and Q6K: as unsigned bytes x + 128; every other kernel: as they
-// are).
+// (the AVX-512 build's MatMulQ3K and Q6K: as unsigned bytes x + 128; every other kernel: as they are).
 // QTile: y[t, 16g + r] = sum_b xs[t,b,0] * d * dot(q, xq) + m * xs[t,b,1] (+ bias) for rows
 // [t0, t1) of xq and groups [g0, g1); only columns < N are written. pairs: y[t / 2] gets the sum of
 // rows t and t + 1 (t0, t1 even). bits: 4, 5, 8, kQ4NL (each of them | kQCentred too), kQ4K, kQ5K, kQ2K, kQ3K or

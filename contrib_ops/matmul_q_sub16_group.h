@@ -6,7 +6,8 @@
 // (QuantizeRows' halves):
 //   AVX-512 VNNI: vpdpbusd wants one unsigned operand, so the activations go in as x + 128 (x xor 0x80,
 //     stored so once a call by AdaptRows), and the 128 * sum(s) that adds, a weight row and half, starts
-//     the dot products' chains negated, worked out once a block for every row of x;
+//     the dot products' chains negated, worked out once a block for every row of x (MatMulQ2K's codes are
+//     the unsigned operand);
 //   AVX2, 8-bit activations: vpmaddubsw on |s| against x carrying s's sign (vpsignb): a chain of 4
 //     (16 columns) stays below 4 * 2 * 32 * 127 = 32512 (Q6K), under int16's limit;
 //   AVX2, 16-bit activations: s sign-extended to int16 pairs in vpmaddwd against the int16 codes;
@@ -29,8 +30,8 @@ ALWAYS_INLINE void HalvesOf(const float* hs, int64_t xs_stride, int64_t i, int64
 
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
 
-// This build's sub16 kernels read their activations as unsigned bytes, x + 128 (AdaptRows stores them so): a
-// broadcast from memory costs no ALU op, where x xor 0x80 a block in the kernel (stored, then broadcast)
+// This build's MatMulQ3K and Q6K kernels read their activations as unsigned bytes, x + 128 (AdaptRows stores them
+// so): a broadcast from memory costs no ALU op, where x xor 0x80 a block in the kernel (stored, then broadcast)
 // took half as long again as the whole product.
 constexpr bool kSub16UnsignedRows = true;
 
@@ -73,12 +74,15 @@ ALWAYS_INLINE __m512i HalfExcess(const __m512i* w) {
   return _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(static_cast<char>(0x80)), sum);
 }
 
-// The exact sum(x * s) over a half's 16 columns for the 16 rows of w[0..3]: (x + 128) . s, from -excess.
+// The exact sum(x * s) over a half's 16 columns for the 16 rows of w[0..3]: (x + 128) . s, from -excess; MatMulQ2K's
+// codes are unsigned already, so its x is as it is (AdaptRows leaves it) and its dot products start from 0.
+template <int Bits>
 ALWAYS_INLINE __m512i HalfDot(const __m512i* w, const int8_t* xu, __m512i minus_excess) {
-  const auto x = [&](int q) { return _mm512_set1_epi32(Load32(xu + 4 * q)); };
-  __m512i s0 = _mm512_dpbusd_epi32(minus_excess, x(0), w[0]), s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), x(1), w[1]);
-  s0 = _mm512_dpbusd_epi32(s0, x(2), w[2]);
-  s1 = _mm512_dpbusd_epi32(s1, x(3), w[3]);
+  const auto dot = [&](__m512i acc, int q) {
+    const __m512i x = _mm512_set1_epi32(Load32(xu + 4 * q));
+    return kQSub16MinsOf<Bits> ? _mm512_dpbusd_epi32(acc, w[q], x) : _mm512_dpbusd_epi32(acc, x, w[q]);
+  };
+  const __m512i s0 = dot(dot(minus_excess, 0), 2), s1 = dot(dot(_mm512_setzero_si512(), 1), 3);
   return _mm512_add_epi32(s0, s1);
 }
 
@@ -106,7 +110,9 @@ ALWAYS_INLINE void GroupRowsSub16(const uint8_t* codes, const S* scales, const i
     __m512i w[8];
     SignedCodes<Bits>(c, w);
     const __m512i zero = _mm512_setzero_si512();
-    const __m512i minus_lo = _mm512_sub_epi32(zero, HalfExcess(w)), minus_hi = _mm512_sub_epi32(zero, HalfExcess(w + 4));
+    __m512i minus_lo = zero, minus_hi = zero;
+    if constexpr (!kQSub16MinsOf<Bits>)
+      minus_lo = _mm512_sub_epi32(zero, HalfExcess(w)), minus_hi = _mm512_sub_epi32(zero, HalfExcess(w + 4));
     const __m512 d = Load16(sd);
     const __m512 step_lo = SubStep<Bits>(c, 0, d), step_hi = SubStep<Bits>(c, 1, d);
     __m512 min_lo = d, min_hi = d;  // MatMulQ2K: -dmin * mn
@@ -116,11 +122,11 @@ ALWAYS_INLINE void GroupRowsSub16(const uint8_t* codes, const S* scales, const i
     }
     for (int o = 0; o < kOut; ++o) {
       const int64_t i = o * kStep;
-      const int8_t* xu = xq + i * xq_stride + b * kQBlock;  // x + 128 (kSub16UnsignedRows)
-      __m512i lo = HalfDot(w, xu, minus_lo), hi = HalfDot(w + 4, xu + 16, minus_hi);
+      const int8_t* xu = xq + i * xq_stride + b * kQBlock;  // x + 128 (kSub16UnsignedRows; MatMulQ2K: x)
+      __m512i lo = HalfDot<Bits>(w, xu, minus_lo), hi = HalfDot<Bits>(w + 4, xu + 16, minus_hi);
       if constexpr (Pairs) {  // the residual row, 256 times finer, added as integers (256 * 16 * 127 * 32 < 2^31)
-        lo = _mm512_add_epi32(_mm512_slli_epi32(lo, kResidualShift), HalfDot(w, xu + xq_stride, minus_lo));
-        hi = _mm512_add_epi32(_mm512_slli_epi32(hi, kResidualShift), HalfDot(w + 4, xu + xq_stride + 16, minus_hi));
+        lo = _mm512_add_epi32(_mm512_slli_epi32(lo, kResidualShift), HalfDot<Bits>(w, xu + xq_stride, minus_lo));
+        hi = _mm512_add_epi32(_mm512_slli_epi32(hi, kResidualShift), HalfDot<Bits>(w + 4, xu + xq_stride + 16, minus_hi));
       }
       const __m512 both = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), step_lo, _mm512_mul_ps(_mm512_cvtepi32_ps(hi), step_hi));
       const float dx = xs[i * xs_stride + 2 * b + (Pairs ? xs_stride : 0)];  // Pairs: the residual's, dx / 256
