@@ -86,13 +86,18 @@ ALWAYS_INLINE __m512i HalfDot(const __m512i* w, const int8_t* xu, __m512i minus_
   return _mm512_add_epi32(s0, s1);
 }
 
-// A half's sub-scale bytes of the 16 rows at c: int8 (MatMulQ3K, Q6K) or u8 sc | mn << 4 (MatMulQ2K: nibble = 0, sc;
-// 1, mn), as floats times the 16 rows' scale s.
+// A half's sc * d of the 16 rows at c, and (MatMulQ2K, whose bytes are sc | mn << 4) their mn * -dmin; the int8 sc of
+// MatMulQ3K and Q6K.
 template <int Bits>
-ALWAYS_INLINE __m512 SubStep(const uint8_t* c, int h, __m512 s, int nibble = 0) {
-  __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(c + kQSubScalesOf<Bits> + kQGroup * h));
-  if constexpr (kQSub16MinsOf<Bits>) bytes = _mm_and_si128(_mm_srli_epi16(bytes, 4 * nibble), _mm_set1_epi8(0x0F));
-  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)), s);
+ALWAYS_INLINE void SubSteps(const uint8_t* c, int h, __m512 d, __m512 minus_dmin, __m512& step, __m512& min) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(c + kQSubScalesOf<Bits> + kQGroup * h));
+  if constexpr (kQSub16MinsOf<Bits>) {
+    const __m512i both = _mm512_cvtepu8_epi32(bytes);
+    step = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(both, _mm512_set1_epi32(0x0F))), d);
+    min = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(both, 4)), minus_dmin);
+  } else {
+    step = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)), d);
+  }
 }
 
 template <int Bits, typename S, int MT, bool Pairs>
@@ -113,13 +118,10 @@ ALWAYS_INLINE void GroupRowsSub16(const uint8_t* codes, const S* scales, const i
     __m512i minus_lo = zero, minus_hi = zero;
     if constexpr (!kQSub16MinsOf<Bits>)
       minus_lo = _mm512_sub_epi32(zero, HalfExcess(w)), minus_hi = _mm512_sub_epi32(zero, HalfExcess(w + 4));
-    const __m512 d = Load16(sd);
-    const __m512 step_lo = SubStep<Bits>(c, 0, d), step_hi = SubStep<Bits>(c, 1, d);
-    __m512 min_lo = d, min_hi = d;  // MatMulQ2K: -dmin * mn
-    if constexpr (kQSub16MinsOf<Bits>) {
-      const __m512 minus_dmin = Load16(sd + kQGroup);
-      min_lo = SubStep<Bits>(c, 0, minus_dmin, 1), min_hi = SubStep<Bits>(c, 1, minus_dmin, 1);
-    }
+    const __m512 d = Load16(sd), minus_dmin = kQSub16MinsOf<Bits> ? Load16(sd + kQGroup) : d;
+    __m512 step_lo, step_hi, min_lo = d, min_hi = d;  // min: MatMulQ2K's -dmin * mn
+    SubSteps<Bits>(c, 0, d, minus_dmin, step_lo, min_lo);
+    SubSteps<Bits>(c, 1, d, minus_dmin, step_hi, min_hi);
     for (int o = 0; o < kOut; ++o) {
       const int64_t i = o * kStep;
       const int8_t* xu = xq + i * xq_stride + b * kQBlock;  // x + 128 (kSub16UnsignedRows; MatMulQ2K: x)
@@ -255,6 +257,8 @@ ALWAYS_INLINE void GroupRowsSub16(const uint8_t* codes, const S* scales, const i
       __m256i w[8], size[8];  // the signed codes, and their magnitudes for vpmaddubsw
       for (int v = 0; v < 8; ++v) w[v] = SignedCodes<Bits>(c, v, h), size[v] = _mm256_abs_epi8(w[v]);
       const __m256 step_lo = SubStep<Bits>(c, sd, h, 0), step_hi = SubStep<Bits>(c, sd, h, 1);
+      __m256 min_lo = step_lo, min_hi = step_hi;  // MatMulQ2K's -dmin * mn
+      if constexpr (kQSub16MinsOf<Bits>) min_lo = SubStep<Bits>(c, sd, h, 0, 1), min_hi = SubStep<Bits>(c, sd, h, 1, 1);
       for (int o = 0; o < MT; ++o) {
         const int8_t* xb = xq + o * xq_stride + b * kQBlock;
         __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
@@ -268,8 +272,7 @@ ALWAYS_INLINE void GroupRowsSub16(const uint8_t* codes, const S* scales, const i
         if constexpr (kQSub16MinsOf<Bits>) {
           float lo_sum, hi_sum;
           HalvesOf<false>(hs, xs_stride, o, b, lo_sum, hi_sum);
-          acc[o] = _mm256_fmadd_ps(SubStep<Bits>(c, sd, h, 0, 1), _mm256_set1_ps(lo_sum), acc[o]);
-          acc[o] = _mm256_fmadd_ps(SubStep<Bits>(c, sd, h, 1, 1), _mm256_set1_ps(hi_sum), acc[o]);
+          acc[o] = _mm256_fmadd_ps(min_lo, _mm256_set1_ps(lo_sum), _mm256_fmadd_ps(min_hi, _mm256_set1_ps(hi_sum), acc[o]));
         }
       }
     }
