@@ -191,14 +191,15 @@ def pack_sub16(codes, sub_scales, d, bits=6, scale_dtype=np.float16):
     n, k = codes.shape
     groups, k_blocks = -(-n // Q_GROUP), -(-k // Q_BLOCK)
     none = np.zeros((n, k_blocks), np.float32)
-    top, _ = pack_q(((codes >> (bits - 1)) & 1) << 4, none, none, 5)  # the sixth or third bits
+    top_bits = np.zeros((groups, k_blocks, 0), np.uint8)  # the sixth or third bits in the fifth bits' layout
+    if bits > 2:
+        top_bits = pack_q(((codes >> (bits - 1)) & 1) << 4, none, none, 5)[0][..., Q_BLOCK_BYTES[4] :]
     if bits == 6:
         low, _ = pack_q(codes & 31, none, none, 5)
     else:
         eight, _ = pack_q(codes & 3, none, none, 8)  # [G, KB, 512]: vector v's 64 bytes at 64v
         v = eight.reshape(groups, k_blocks, 4, 2, 64)  # [.., p, c, lane]: vector c + 2p
         low = (v[:, :, 0] | v[:, :, 1] << 2 | v[:, :, 2] << 4 | v[:, :, 3] << 6).reshape(groups, k_blocks, 128)
-    top_bits = top[..., Q_BLOCK_BYTES[4] :] if bits > 2 else top[..., :0]
     packed = np.concatenate([low, top_bits, _per_half(sub_scales, groups, k_blocks, np.int8).view(np.uint8)], axis=-1)
     return np.ascontiguousarray(packed), _super_block_scales(d, groups, k_blocks, scale_dtype)
 
@@ -282,9 +283,9 @@ def unpack_sub16(packed, scales, n, k):
 def _sub16_terms(packed, scales, n, k):
     """(q - middle int64 [N, K], d * sc float32 [N, ceil(K / 16)], -dmin * mn float32 [N, ceil(K / 16)] or None)."""
     codes, sub, d, *mins = unpack_sub16(packed, scales, n, k)
-    halves = np.arange(sub.shape[1]) // 16
-    step = d[:, halves] * sub.astype(np.float32)
-    offset = -(mins[1][:, halves] * mins[0].astype(np.float32)) if mins else None
+    super_block = np.arange(sub.shape[1]) // 16  # of each 16 columns
+    step = d[:, super_block] * sub.astype(np.float32)
+    offset = -(mins[1][:, super_block] * mins[0].astype(np.float32)) if mins else None
     return codes.astype(np.int64) - SUB16_MIDDLE[sub16_bits(packed)], step, offset
 
 
