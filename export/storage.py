@@ -6,7 +6,7 @@ quantised here. One rule, decided per tensor before any weight is read:
   quantised Hugging Face checkpoint's linear grouped in blocks of 32 (``hf_quantized``): its codes, imported
   exactly, whatever the
   precision (Q8_0 stays 8-bit under int4: re-quantising would only lose information).
-- a GGUF tensor of another quantised format (IQ1-IQ3, TQ), or a quantised checkpoint's
+- a GGUF tensor of another quantised format (IQ1-IQ3), or a quantised checkpoint's
   linear without an exact integer form (FP8, groups under 32 columns): dequantised, then quantised
   to the precision (when none is given int4, and int8 for FP8) -- export lists these.
 - a float tensor: the precision (fp32 when none is given), quantised by ``qweight.quantize_q``.
